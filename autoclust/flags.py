@@ -1,0 +1,212 @@
+"""AUTOCLUST_FLAGS: one parser for the environment variable and keyword overrides.
+
+Modelled on TF_XLA_FLAGS: space-separated `--name=value`; booleans as `--name`,
+`--name=true` or `--name=false`. Keyword overrides use the same names
+(`InferenceSession(path, auto_jit=1, must_compile=True)`) and win over the env var.
+An unknown flag or a bad value raises FlagError listing the known flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from typing import Any
+
+from autoclust.errors import FlagError
+
+ENV_VAR = "AUTOCLUST_FLAGS"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    name: str
+    type: type  # bool, int, str or list (comma-separated strings)
+    default: Any
+    help: str
+    choices: tuple = ()
+    changes_code: bool = False  # part of the compile-cache key
+
+
+SPECS: tuple[FlagSpec, ...] = (
+    FlagSpec("auto_jit", int, 2, "0: off (plain onnxruntime); 1: cluster only what the cost "
+             "model expects to win; 2: cluster every legal cluster", (0, 1, 2)),
+    FlagSpec("device", str, "cpu", "where clusters run: cpu (LLVM), gpu (CUDA via CuPy), "
+             "interpreter (NumPy reference, for debugging)", ("cpu", "gpu", "interpreter"),
+             changes_code=True),
+    FlagSpec("min_cluster_size", int, 4, "smallest cluster kept (Identity, Constant and pure "
+             "shape ops count 0)"),
+    FlagSpec("max_cluster_size", int, 0, "largest cluster in nodes; 0 means no limit"),
+    FlagSpec("clustering_fuel", int, -1, "only the first N candidates (stable order) may "
+             "cluster; -1 means unlimited. For bisecting a miscompile"),
+    FlagSpec("ops_to_cluster", list, (), "only these ops or groups may cluster (ELEMENTWISE, "
+             "REDUCTION, NORMALIZATION, LAYOUT, SHAPE, MATMUL, FUSIBLE); empty means all"),
+    FlagSpec("cluster_exclude_ops", list, (), "ops or groups never clustered"),
+    FlagSpec("dump_to", str, "", "directory for clustering and per-cluster dumps"),
+    FlagSpec("dump_inputs", bool, False, "with --dump_to, save each cluster's first real "
+             "inputs as cluster_NNNN.inputs.npz"),
+    FlagSpec("dump_llvm", bool, True, "with --dump_to, write .ll and .s for CPU clusters"),
+    FlagSpec("cache_dir", str, "", "persistent cache of compiled code"),
+    FlagSpec("threads", int, 0, "threads for compiled kernels and onnxruntime; 0 means "
+             "onnxruntime's default (all cores)", changes_code=True),
+    FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
+    FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
+             changes_code=True),
+    FlagSpec("check_numerics", bool, False, "check cluster outputs for NaN/inf and warn "
+             "naming the cluster"),
+    FlagSpec("verify_passes", bool, False, "run Graph.verify() after every pass (debug)"),
+    FlagSpec("megamorphic_compiles", int, 10, "a cluster compiled more than this many times "
+             "with fewer than 50 runs per compile falls back to onnxruntime"),
+    FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
+             "always reassociate)", changes_code=True),
+    FlagSpec("log", bool, False, "print one line per compile and fallback to stderr"),
+)
+
+_BY_NAME = {s.name: s for s in SPECS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flags:
+    """Parsed flag values; attribute per flag (flags.auto_jit, flags.dump_to, ...)."""
+
+    values: tuple  # ((name, value), ...) sorted, hashable
+
+    def __getattr__(self, name: str) -> Any:
+        for key, value in object.__getattribute__(self, "values"):
+            if key == name:
+                return value
+        raise AttributeError(name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.values)
+
+    def replace(self, **overrides: Any) -> Flags:
+        """A copy with some flags changed (values are validated)."""
+        merged = self.as_dict()
+        for name, value in overrides.items():
+            merged[name] = _convert(_spec(name), value)
+        return Flags(tuple(sorted(merged.items())))
+
+    def code_key(self) -> tuple:
+        """The flags that change generated code, for compile-cache keys."""
+        return tuple((n, v) for n, v in self.values if _BY_NAME[n].changes_code)
+
+    def to_string(self) -> str:
+        """Non-default flags in AUTOCLUST_FLAGS syntax."""
+        parts = []
+        for name, value in self.values:
+            if value == _BY_NAME[name].default:
+                continue
+            if isinstance(value, tuple):
+                value = ",".join(value)
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
+            parts.append(f"--{name}={value}")
+        return " ".join(parts)
+
+
+def _known() -> str:
+    return ", ".join(f"--{s.name}" for s in SPECS)
+
+
+def _spec(name: str) -> FlagSpec:
+    spec = _BY_NAME.get(name)
+    if spec is None:
+        raise FlagError(f"unknown flag --{name}; known flags: {_known()}")
+    return spec
+
+
+def _convert(spec: FlagSpec, raw: Any) -> Any:
+    value: Any
+    if spec.type is bool:
+        if isinstance(raw, bool):
+            value = raw
+        elif str(raw).lower() in ("1", "true", "yes", "on"):
+            value = True
+        elif str(raw).lower() in ("0", "false", "no", "off"):
+            value = False
+        else:
+            raise FlagError(f"--{spec.name} takes true or false, got {raw!r}")
+    elif spec.type is int:
+        if isinstance(raw, bool):
+            raise FlagError(f"--{spec.name} takes an integer, got {raw!r}")
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise FlagError(f"--{spec.name} takes an integer, got {raw!r}") from None
+    elif spec.type is list:
+        if isinstance(raw, str):
+            items = [p.strip() for p in raw.split(",")]
+        else:
+            items = [str(p).strip() for p in raw]
+        value = tuple(p for p in items if p)
+    else:
+        value = str(raw)
+    if spec.choices and value not in spec.choices:
+        allowed = ", ".join(str(c) for c in spec.choices)
+        raise FlagError(f"--{spec.name}={raw} is not one of: {allowed}")
+    if spec.type is int and value < -1:
+        raise FlagError(f"--{spec.name} must be >= -1, got {value}")
+    return value
+
+
+def parse_string(text: str) -> dict[str, Any]:
+    """Parse `--a=1 --b` into {name: converted value}; raises FlagError."""
+    out: dict[str, Any] = {}
+    try:
+        tokens = shlex.split(text or "")
+    except ValueError as exc:
+        raise FlagError(f"cannot parse {ENV_VAR}={text!r}: {exc}") from None
+    for token in tokens:
+        if not token.startswith("--"):
+            raise FlagError(f"flags look like --name=value, got {token!r}; known flags: {_known()}")
+        name, eq, raw = token[2:].partition("=")
+        spec = _spec(name.replace("-", "_"))
+        if not eq:
+            if spec.type is not bool:
+                raise FlagError(f"--{spec.name} needs a value (--{spec.name}=...)")
+            raw = "true"
+        out[spec.name] = _convert(spec, raw)
+    return out
+
+
+def parse(env: str | None = None, **overrides: Any) -> Flags:
+    """Flags from AUTOCLUST_FLAGS (or `env` when given) plus keyword overrides."""
+    text = os.environ.get(ENV_VAR, "") if env is None else env
+    values = {s.name: s.default for s in SPECS}
+    values.update(parse_string(text))
+    for name, raw in overrides.items():
+        if raw is None:
+            continue
+        spec = _spec(name)
+        values[spec.name] = _convert(spec, raw)
+    return Flags(tuple(sorted(values.items())))
+
+
+def env_requests_jit() -> bool:
+    """True when AUTOCLUST_FLAGS asks for --auto_jit=1 or 2 (used by the import hook)."""
+    text = os.environ.get(ENV_VAR, "")
+    if "auto_jit" not in text:
+        return False
+    try:
+        return parse_string(text).get("auto_jit", 0) > 0
+    except FlagError:
+        return True  # let the session raise the FlagError with the full message
+
+
+def table() -> str:
+    """Every flag with its default and meaning, for `autoclust flags`."""
+    rows = []
+    for s in SPECS:
+        default = s.default
+        if isinstance(default, tuple):
+            default = ",".join(default) or "''"
+        elif default == "":
+            default = "''"
+        rows.append((f"--{s.name}", s.type.__name__, str(default), s.help))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    w2 = max(len(r[2]) for r in rows)
+    lines = [f"{'flag':<{w0}}  {'type':<{w1}}  {'default':<{w2}}  meaning"]
+    lines += [f"{a:<{w0}}  {b:<{w1}}  {c:<{w2}}  {d}" for a, b, c, d in rows]
+    return "\n".join(lines)

@@ -1,0 +1,261 @@
+"""The op table: every supported op defined once.
+
+An OpDef holds an op's kind, its dtype+shape rule (`infer`, symbolic-aware), its NumPy
+reference (`ref`, the semantics), which inputs decide output shapes by their *values*
+(`shape_inputs`: Reshape's shape, Expand's shape, Slice's starts/ends/axes/steps, ...),
+and whether its output shape depends on data (`data_dependent`: NonZero, Unique).
+
+Rules are written against ONE form of each op: the newest opset's. The ONNX importer
+rewrites older forms (axes/min/max/pads/split/... as attributes) into inputs before ops
+see them, so `ref` and `infer` never branch on opset.
+
+Contracts:
+- `infer(ctx) -> list[(dtype, shape)]`, one entry per output; raise ShapeInferenceError
+  (via `ctx.fail(...)`) on inputs the op rejects. Shapes follow autoclust.ir: int, str
+  (symbolic), None (unknown) dims; None for unknown rank.
+- `ref(inputs, attrs) -> list[np.ndarray]`: inputs are numpy arrays (None for omitted
+  optional inputs); outputs must have exactly the dtypes onnxruntime produces.
+- Backends read `kind` and their own lowering tables keyed by op name.
+
+Modules register ops on import: elementwise, reduction, normalization, layout, shape,
+library. `get(op, domain)` returns the OpDef or None.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from autoclust.errors import ShapeInferenceError
+from autoclust.ir import Dim, Graph, Node, Shape
+
+# Op kinds.
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"        # ReduceX, ArgMax/Min, CumSum
+NORMALIZATION = "normalization"  # Softmax, LayerNorm, BatchNorm, ... (row reductions + math)
+LAYOUT = "layout"              # Reshape, Transpose, Slice, Concat, Gather, Pad, ...
+SHAPE = "shape"                # Shape, Size, ConstantOfShape, Range (shape computations)
+LIBRARY = "library"            # MatMul, Gemm, Conv, pooling, Einsum
+DATA_DEPENDENT = "data_dependent"  # NonZero, Unique, TopK: never compiled
+KINDS = (ELEMENTWISE, REDUCTION, NORMALIZATION, LAYOUT, SHAPE, LIBRARY, DATA_DEPENDENT)
+
+# Op groups for --ops_to_cluster / --cluster_exclude_ops. Each op is in the group of its
+# kind (MATMUL for library calls) plus any listed in OpDef.groups; FUSIBLE is every kind
+# that can fuse into a loop nest.
+GROUP_OF_KIND = {ELEMENTWISE: "ELEMENTWISE", REDUCTION: "REDUCTION",
+                 NORMALIZATION: "NORMALIZATION", LAYOUT: "LAYOUT", SHAPE: "SHAPE",
+                 LIBRARY: "MATMUL", DATA_DEPENDENT: "DATA_DEPENDENT"}
+FUSIBLE_KINDS = (ELEMENTWISE, REDUCTION, NORMALIZATION, LAYOUT, SHAPE)
+
+FLOAT_TYPES = (np.dtype("float16"), np.dtype("float32"), np.dtype("float64"))
+INT_TYPES = tuple(np.dtype(t) for t in ("int8", "int16", "int32", "int64",
+                                        "uint8", "uint16", "uint32", "uint64"))
+BOOL = np.dtype("bool")
+INT64 = np.dtype("int64")
+NUMERIC_TYPES = FLOAT_TYPES + INT_TYPES
+ALL_TYPES = NUMERIC_TYPES + (BOOL,)
+# dtypes the compiled backends support (float16 computes in float32).
+COMPILABLE_TYPES = frozenset(np.dtype(t) for t in
+                             ("float16", "float32", "float64", "int32", "int64", "bool"))
+
+TypeShape = tuple[np.dtype, Shape]
+
+
+class InferContext:
+    """What an op's infer rule sees: input types, known constant input values, attrs."""
+
+    def __init__(self, op: str, dtypes: Sequence[np.dtype | None], shapes: Sequence[Shape],
+                 values: Sequence[np.ndarray | None], attrs: dict[str, Any],
+                 present: Sequence[bool], node_name: str = ""):
+        self.op = op
+        self.dtypes = list(dtypes)
+        self.shapes = list(shapes)
+        self.values = list(values)
+        self.attrs = attrs
+        self.present = list(present)
+        self.node_name = node_name
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.dtypes)
+
+    def has(self, i: int) -> bool:
+        """True when optional input i is given."""
+        return i < len(self.present) and self.present[i]
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    def value(self, i: int) -> np.ndarray | None:
+        """The constant value of input i when known (constants, folded shape chains)."""
+        return self.values[i] if self.has(i) else None
+
+    def rank(self, i: int) -> int | None:
+        s = self.shapes[i] if self.has(i) else None
+        return None if s is None else len(s)
+
+    def fail(self, message: str) -> ShapeInferenceError:
+        where = f"node {self.node_name!r} " if self.node_name else ""
+        return ShapeInferenceError(f"{where}({self.op}): {message}")
+
+
+InferFn = Callable[[InferContext], list[TypeShape]]
+RefFn = Callable[[list[np.ndarray | None], dict[str, Any]], list[np.ndarray]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    op: str
+    kind: str
+    infer: InferFn
+    ref: RefFn
+    domain: str = ""
+    shape_inputs: tuple[int, ...] = ()   # inputs whose values decide output shapes
+    data_dependent: bool = False         # output shape depends on input data
+    groups: tuple[str, ...] = ()         # extra groups (e.g. NORMALIZATION for ReduceMean? no)
+    dtypes: frozenset | None = None      # dtypes compiled code supports; None = COMPILABLE_TYPES
+    doc: str = ""
+
+    def group_names(self) -> set[str]:
+        names = {GROUP_OF_KIND[self.kind], *self.groups}
+        if self.kind in FUSIBLE_KINDS:
+            names.add("FUSIBLE")
+        return names
+
+
+_TABLE: dict[tuple[str, str], OpDef] = {}
+
+
+def register(op: str, kind: str, infer: InferFn, ref: RefFn, **kw: Any) -> OpDef:
+    """Add an op to the table (once: a second registration is a bug)."""
+    domain = kw.get("domain", "")
+    key = (domain, op)
+    if key in _TABLE:
+        raise RuntimeError(f"op {op} registered twice")
+    d = OpDef(op, kind, infer, ref, **kw)
+    _TABLE[key] = d
+    return d
+
+
+def get(op: str, domain: str = "") -> OpDef | None:
+    """The OpDef for (domain, op), or None when the op is not in the table."""
+    if domain == "ai.onnx":
+        domain = ""
+    return _TABLE.get((domain, op))
+
+
+def all_ops() -> list[OpDef]:
+    return sorted(_TABLE.values(), key=lambda d: (d.domain, d.op))
+
+
+# ---- shared shape helpers ---------------------------------------------------------------
+
+def broadcast_dims(a: Dim, b: Dim) -> Dim:
+    """Multidirectional broadcasting of two dims (symbolic-aware)."""
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    if a == b:
+        return a
+    if isinstance(a, int) and isinstance(b, int):
+        raise ShapeInferenceError(f"cannot broadcast dims {a} and {b}")
+    if isinstance(a, int):  # a is known and != 1: b must be a or 1 -> result a
+        return a
+    if isinstance(b, int):
+        return b
+    return None  # two different symbols (or unknowns): either could be 1
+
+
+def broadcast_shapes(*shapes: Shape) -> Shape:
+    """numpy-style broadcasting of several shapes; None if any rank is unknown."""
+    if any(s is None for s in shapes):
+        return None
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = [1] * rank
+    for s in shapes:
+        padded = (1,) * (rank - len(s)) + tuple(s)
+        out = [broadcast_dims(x, y) for x, y in zip(out, padded)]
+    return tuple(out)
+
+
+def normalize_axis(axis: int, rank: int, ctx: InferContext | None = None) -> int:
+    """Map a possibly negative axis into [0, rank); raise on out of range."""
+    if not -rank <= axis < max(rank, 1):
+        msg = f"axis {axis} is out of range for rank {rank}"
+        raise ctx.fail(msg) if ctx else ShapeInferenceError(msg)
+    return axis + rank if axis < 0 else axis
+
+
+def dim_product(dims: Sequence[Dim]) -> Dim:
+    """Product of dims, None when any is not a known int."""
+    out = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return None
+        out *= d
+    return out
+
+
+def same_as_input(i: int = 0) -> InferFn:
+    """infer rule: one output with input i's dtype and shape."""
+    def infer(ctx: InferContext) -> list[TypeShape]:
+        return [(ctx.dtypes[i], ctx.shapes[i])]
+    return infer
+
+
+# ---- running rules on graph nodes ---------------------------------------------------------
+
+def context_for(node: Node, graph: Graph | None = None,
+                known: dict[str, np.ndarray] | None = None) -> InferContext:
+    """Build the InferContext of `node`: constant values come from `graph` initializers
+    and from `known` (values folded elsewhere, e.g. shape chains)."""
+    dtypes, shapes, values, present = [], [], [], []
+    for v in node.inputs:
+        if v is None:
+            dtypes.append(None)
+            shapes.append(None)
+            values.append(None)
+            present.append(False)
+            continue
+        dtypes.append(v.dtype)
+        shapes.append(v.shape)
+        val = None
+        if known is not None and v.name in known:
+            val = known[v.name]
+        elif graph is not None:
+            val = graph.constant_value(v)
+        values.append(val)
+        present.append(True)
+    return InferContext(node.op, dtypes, shapes, values, node.attrs, present, node.name)
+
+
+def infer_node(node: Node, graph: Graph | None = None,
+               known: dict[str, np.ndarray] | None = None) -> list[TypeShape]:
+    """Run the op's infer rule on `node` and return [(dtype, shape)] per output."""
+    d = get(node.op, node.domain)
+    if d is None:
+        raise ShapeInferenceError(f"node {node.name!r}: op {node.qualified_op} is not in the "
+                                  "op table")
+    return d.infer(context_for(node, graph, known))
+
+
+def run_ref(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    """Run the op's NumPy reference on concrete inputs."""
+    d = get(node.op, node.domain)
+    if d is None:
+        raise ShapeInferenceError(f"op {node.qualified_op} has no reference implementation")
+    return d.ref(inputs, node.attrs)
+
+
+def _load_all() -> None:
+    # Imported for their registrations; order does not matter.
+    from autoclust.ops import (  # noqa: F401
+        elementwise, layout, library, normalization, reduction, shape,
+    )
+
+
+_load_all()
