@@ -7,6 +7,20 @@
 
 __version__ = "0.1.0"
 
+
+def _add_source_tree() -> None:
+    # importers/, backends/, tools/ and models/ install as autoclust.importers, ... (see
+    # pyproject.toml). Run from a source checkout without installing, they sit beside this
+    # package: let the import system find them there too (after the installed locations).
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "pyproject.toml")) and \
+            os.path.isdir(os.path.join(root, "importers")) and root not in __path__:
+        __path__.append(root)
+
+
+_add_source_tree()
+
 from autoclust import errors  # noqa: E402,F401
 from autoclust.errors import (  # noqa: E402,F401
     AutoclustError, FlagError, InvalidInputError, ModelLoadError, NotCompilableError,

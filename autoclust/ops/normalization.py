@@ -1,1 +1,235 @@
-"""Placeholder: filled by its owner."""
+"""Normalizations: Softmax family (opset 13), LayerNorm, BatchNorm, Instance/Group/Lp/MVN.
+
+float16 inputs compute in float32 and round once, as onnxruntime does. Statistics use the
+two-pass mean/variance (what onnxruntime's kernels compute to within float32 rounding).
+Hardmax picks the first maximum; onnxruntime's Hardmax of a row holding NaN is not copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autoclust.ops import (
+    FLOAT_TYPES,
+    NORMALIZATION,
+    InferContext,
+    TypeShape,
+    normalize_axis,
+    register,
+)
+
+Arrays = list[np.ndarray | None]
+F32 = np.dtype("float32")
+
+
+def _check_float(ctx: InferContext, indices: tuple[int, ...] = (0,)) -> None:
+    for i in indices:
+        if ctx.has(i) and ctx.dtypes[i] is not None and ctx.dtypes[i] not in FLOAT_TYPES:
+            raise ctx.fail(f"input {i} must be float16/32/64, got {ctx.dtypes[i]}")
+
+
+def _compute_type(x: np.ndarray) -> np.dtype:
+    return F32 if x.dtype == np.float16 else x.dtype
+
+
+def _floating_ref(fn: Callable[[Arrays, dict[str, Any]], np.ndarray]):
+    """Wrap fn(inputs in compute dtype, attrs) -> output in input 0's dtype."""
+    def ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+        ct = _compute_type(inputs[0])
+        work = [None if x is None else x.astype(ct) for x in inputs]
+        with np.errstate(all="ignore"):
+            return [fn(work, attrs).astype(inputs[0].dtype)]
+    return ref
+
+
+def _infer_axis_op(ctx: InferContext) -> list[TypeShape]:
+    _check_float(ctx)
+    if ctx.shapes[0] is not None:
+        normalize_axis(int(ctx.attr("axis", -1)), len(ctx.shapes[0]), ctx)
+    return [(ctx.dtypes[0], ctx.shapes[0])]
+
+
+# ---- Softmax / LogSoftmax / Hardmax ----------------------------------------------------------
+
+def _axis(x: np.ndarray, attrs: dict[str, Any]) -> int:
+    return normalize_axis(int(attrs.get("axis", -1)), max(x.ndim, 1))
+
+
+def _softmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x = inputs[0]
+    ax = _axis(x, attrs)
+    e = np.exp(x - np.max(x, axis=ax, keepdims=True))
+    return e / np.sum(e, axis=ax, keepdims=True)
+
+
+def _log_softmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x = inputs[0]
+    ax = _axis(x, attrs)
+    s = x - np.max(x, axis=ax, keepdims=True)
+    return s - np.log(np.sum(np.exp(s), axis=ax, keepdims=True))
+
+
+def _hardmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x = inputs[0]
+    ax = _axis(x, attrs)
+    if x.size == 0:
+        return np.zeros_like(x)
+    idx = np.argmax(x, axis=ax, keepdims=True)
+    return (np.arange(x.shape[ax]).reshape([-1 if i == ax else 1 for i in range(x.ndim)])
+            == idx).astype(x.dtype)
+
+
+for _op, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax)):
+    register(_op, NORMALIZATION, _infer_axis_op, _floating_ref(_fn),
+             doc=f"{_op}(x) along one axis (opset 13 form, axis=-1).")
+
+
+# ---- LayerNormalization -------------------------------------------------------------------
+
+def _infer_layer_norm(ctx: InferContext) -> list[TypeShape]:
+    _check_float(ctx, (0, 1, 2))
+    shape = ctx.shapes[0]
+    out = [(ctx.dtypes[0], shape)]
+    stat_type = F32 if ctx.attr("stash_type", 1) == 1 else ctx.dtypes[0]
+    if shape is None:
+        stat_shape = None
+    else:
+        axis = normalize_axis(int(ctx.attr("axis", -1)), len(shape), ctx)
+        stat_shape = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
+    return out + [(stat_type, stat_shape)] * 2
+
+
+def _layer_norm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    axis = normalize_axis(int(attrs.get("axis", -1)), x.ndim)
+    stash = F32 if attrs.get("stash_type", 1) == 1 else x.dtype
+    ct = np.promote_types(stash, _compute_type(x))
+    axes = tuple(range(axis, x.ndim))
+    with np.errstate(all="ignore"):
+        xs = x.astype(ct)
+        mean = np.mean(xs, axis=axes, keepdims=True)
+        var = np.mean(np.square(xs - mean), axis=axes, keepdims=True)
+        inv_std = 1.0 / np.sqrt(var + np.asarray(attrs.get("epsilon", 1e-5), ct))
+        y = (xs - mean) * inv_std * scale.astype(ct)
+        if bias is not None:
+            y = y + bias.astype(ct)
+    return [y.astype(x.dtype), mean.astype(stash), inv_std.astype(stash)]
+
+
+register("LayerNormalization", NORMALIZATION, _infer_layer_norm, _layer_norm_ref,
+         doc="LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?) (opset 17).")
+
+
+# ---- BatchNorm / InstanceNorm / GroupNorm --------------------------------------------------
+
+def _channel_shape(x: np.ndarray) -> list[int]:
+    """Broadcast shape of a per-channel (axis 1) vector against x."""
+    return [-1 if i == 1 else 1 for i in range(x.ndim)]
+
+
+def _batch_norm(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x, scale, bias, mean, var = inputs[:5]
+    cs = _channel_shape(x)
+    inv = scale.reshape(cs) / np.sqrt(var.reshape(cs) + attrs.get("epsilon", 1e-5))
+    return (x - mean.reshape(cs)) * inv + bias.reshape(cs)
+
+
+def _normalize_groups(x: np.ndarray, groups: int, eps: float) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) with statistics per (n, group) over the rest."""
+    g = x.reshape(x.shape[0], groups, -1)
+    mean = np.mean(g, axis=2, keepdims=True)
+    var = np.mean(np.square(g - mean), axis=2, keepdims=True)
+    return ((g - mean) / np.sqrt(var + eps)).reshape(x.shape)
+
+
+def _instance_norm(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x, scale, bias = inputs[:3]
+    cs = _channel_shape(x)
+    y = _normalize_groups(x, x.shape[1], attrs.get("epsilon", 1e-5))
+    return y * scale.reshape(cs) + bias.reshape(cs)
+
+
+def _group_norm(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x, scale, bias = inputs[:3]
+    cs = _channel_shape(x)
+    y = _normalize_groups(x, int(attrs["num_groups"]), attrs.get("epsilon", 1e-5))
+    return y * scale.reshape(cs) + bias.reshape(cs)
+
+
+def _infer_channel_norm(n_params: int) -> Callable[[InferContext], list[TypeShape]]:
+    def infer(ctx: InferContext) -> list[TypeShape]:
+        _check_float(ctx, tuple(range(1 + n_params)))
+        shape = ctx.shapes[0]
+        if shape is not None and len(shape) < 2:
+            raise ctx.fail(f"input must have rank >= 2 (N, C, ...), got shape {shape}")
+        c = None if shape is None else shape[1]
+        for i in range(1, 1 + n_params):
+            p = ctx.shapes[i]
+            bad = p is not None and (len(p) != 1 or isinstance(c, int) and
+                                     isinstance(p[0], int) and p[0] != c)
+            if bad:
+                raise ctx.fail(f"input {i} has shape {p}, expected ({c},)")
+        groups = ctx.attr("num_groups")
+        bad_groups = groups is None or groups <= 0 or (isinstance(c, int) and c % groups)
+        if ctx.op == "GroupNormalization" and bad_groups:
+            raise ctx.fail(f"num_groups={groups} does not divide channels {c}")
+        return [(ctx.dtypes[0], shape)]
+    return infer
+
+
+register("BatchNormalization", NORMALIZATION, _infer_channel_norm(4),
+         _floating_ref(_batch_norm),
+         doc="BatchNormalization(X, scale, B, mean, var), inference form (opset 15).")
+register("InstanceNormalization", NORMALIZATION, _infer_channel_norm(2),
+         _floating_ref(_instance_norm),
+         doc="InstanceNormalization(input, scale, B): per (n, c) statistics.")
+register("GroupNormalization", NORMALIZATION, _infer_channel_norm(2),
+         _floating_ref(_group_norm),
+         doc="GroupNormalization(X, scale[C], bias[C]) with num_groups (opset 21).")
+
+
+# ---- LpNormalization / MeanVarianceNormalization -------------------------------------------
+
+def _lp_norm(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x = inputs[0]
+    ax = _axis(x, attrs)
+    p = int(attrs.get("p", 2))
+    if p == 1:
+        norm = np.sum(np.abs(x), axis=ax, keepdims=True)
+    else:
+        norm = np.sqrt(np.sum(x * x, axis=ax, keepdims=True))
+    # onnxruntime leaves an all-zero slice at zero instead of 0/0.
+    return np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm))
+
+
+def _infer_lp(ctx: InferContext) -> list[TypeShape]:
+    if ctx.attr("p", 2) not in (1, 2):
+        raise ctx.fail(f"p must be 1 or 2, got {ctx.attr('p')}")
+    return _infer_axis_op(ctx)
+
+
+def _mvn(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    x = inputs[0]
+    axes = tuple(normalize_axis(int(a), x.ndim) for a in attrs.get("axes", [0, 2, 3]))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    var = np.mean(np.square(x - mean), axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(var)
+
+
+def _infer_mvn(ctx: InferContext) -> list[TypeShape]:
+    _check_float(ctx)
+    shape = ctx.shapes[0]
+    if shape is not None:
+        for a in ctx.attr("axes", [0, 2, 3]):
+            normalize_axis(int(a), len(shape), ctx)
+    return [(ctx.dtypes[0], shape)]
+
+
+register("LpNormalization", NORMALIZATION, _infer_lp, _floating_ref(_lp_norm),
+         doc="LpNormalization(x): x / ||x||_p along axis (p in 1, 2).")
+register("MeanVarianceNormalization", NORMALIZATION, _infer_mvn, _floating_ref(_mvn),
+         doc="MeanVarianceNormalization(x): (x - mean) / std over axes (default [0, 2, 3]).")

@@ -1,1 +1,316 @@
-"""Placeholder: filled by its owner."""
+"""Reductions: ReduceX (opset 18 form), ArgMax/ArgMin, CumSum, TopK.
+
+Semantics follow onnxruntime 1.31 where the spec leaves room:
+- empty reductions give the identity: 0 (Sum, Mean, L1, L2, SumSquare), 1 (Prod), -inf
+  (Max, LogSum, LogSumExp), +inf (Min); for integers Max/Min give the dtype's lowest /
+  highest value.
+- axes empty with noop_with_empty_axes=1 reduce over no axes: the elementwise part still
+  applies (ReduceL1 -> abs, ReduceSumSquare -> x*x, ReduceLogSum -> log).
+- NaN in Max/Min/ArgMax/ArgMin: onnxruntime folds `acc = x if x > acc else acc` from the
+  first element, so a NaN propagates only when it is the first reduced element; otherwise
+  it is skipped.
+- integer Mean truncates toward zero (C++ division); integer L2/LogSum/LogSumExp compute in
+  float and truncate; float16 computes in float32 and rounds once.
+- TopK breaks ties by lower index and puts NaN last; the order among several NaNs and the
+  order of sorted=0 outputs are onnxruntime implementation details we do not copy (the
+  reference always returns sorted outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autoclust.errors import ShapeInferenceError
+from autoclust.ops import (
+    DATA_DEPENDENT,
+    FLOAT_TYPES,
+    INT64,
+    NUMERIC_TYPES,
+    REDUCTION,
+    InferContext,
+    TypeShape,
+    normalize_axis,
+    register,
+)
+
+Arrays = list[np.ndarray | None]
+AXIS_TYPES = (np.dtype("int32"), np.dtype("int64"))
+
+
+def _check_dtype(ctx: InferContext, allowed: tuple[np.dtype, ...] = NUMERIC_TYPES) -> None:
+    dt = ctx.dtypes[0]
+    if dt is not None and dt not in allowed:
+        raise ctx.fail(f"input 0 has unsupported dtype {dt}")
+
+
+# ---- ReduceX --------------------------------------------------------------------------
+
+def _reduce_axes(ctx: InferContext, rank: int) -> list[int] | None:
+    """Sorted reduced axes, or None when the axes input is not constant."""
+    empty = not ctx.has(1) or ctx.shapes[1] == (0,)
+    if not empty:
+        v = ctx.value(1)
+        if v is None:
+            return None
+        empty = v.size == 0
+    if empty:
+        return [] if ctx.attr("noop_with_empty_axes", 0) else list(range(rank))
+    axes = {normalize_axis(int(a), rank, ctx) for a in ctx.value(1).ravel()}
+    return sorted(axes)
+
+
+def _infer_reduce(ctx: InferContext) -> list[TypeShape]:
+    _check_dtype(ctx)
+    shape, keep = ctx.shapes[0], ctx.attr("keepdims", 1)
+    if shape is None:
+        return [(ctx.dtypes[0], None)]
+    axes = _reduce_axes(ctx, len(shape))
+    if axes is None:  # axes only known at run time
+        if keep:
+            return [(ctx.dtypes[0], (None,) * len(shape))]
+        n = ctx.shapes[1]
+        ok = n is not None and len(n) == 1 and isinstance(n[0], int)
+        return [(ctx.dtypes[0], (None,) * (len(shape) - n[0]) if ok else None)]
+    if keep:
+        out = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    else:
+        out = tuple(d for i, d in enumerate(shape) if i not in axes)
+    return [(ctx.dtypes[0], out)]
+
+
+def _ref_axes(x: np.ndarray, axes_in: np.ndarray | None, attrs: dict[str, Any]) -> tuple:
+    if axes_in is None or axes_in.size == 0:
+        return () if attrs.get("noop_with_empty_axes", 0) else tuple(range(x.ndim))
+    try:
+        return tuple(sorted({normalize_axis(int(a), x.ndim) for a in axes_in.ravel()}))
+    except ShapeInferenceError as exc:
+        raise ShapeInferenceError(f"reduce axes {axes_in.tolist()}: {exc}") from None
+
+
+def _first_is_nan(x: np.ndarray, axes: tuple) -> np.ndarray:
+    """Per output element: is the first reduced element (row-major) NaN?"""
+    index = tuple(slice(0, 1) if i in axes else slice(None) for i in range(x.ndim))
+    first = x[index] if x.size else np.zeros([1 if i in axes else d
+                                              for i, d in enumerate(x.shape)], x.dtype)
+    return np.isnan(first)
+
+
+def _max_min(x: np.ndarray, axes: tuple, is_max: bool) -> np.ndarray:
+    if x.dtype.kind == "f":
+        fill = -np.inf if is_max else np.inf
+        fn = np.max if is_max else np.min
+        clean = np.where(np.isnan(x), fill, x)
+        out = fn(clean, axis=axes, keepdims=True, initial=fill)
+        # onnxruntime skips NaN unless it is the first element (see module docstring).
+        return np.where(_first_is_nan(x, axes), np.nan, out).astype(x.dtype)
+    info = np.iinfo(x.dtype)
+    if is_max:
+        return np.max(x, axis=axes, keepdims=True, initial=info.min)
+    return np.min(x, axis=axes, keepdims=True, initial=info.max)
+
+
+def _int_mean(x: np.ndarray, axes: tuple) -> np.ndarray:
+    s = np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    if n == 0:
+        return s
+    q = np.abs(s) // n  # C++ integer division truncates toward zero
+    return (np.sign(s) * q).astype(x.dtype)
+
+
+def _float_mean(x: np.ndarray, axes: tuple) -> np.ndarray:
+    s = np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    return s / n if n else s  # onnxruntime: the mean of nothing is 0, not NaN
+
+
+def _log_sum_exp(x: np.ndarray, axes: tuple) -> np.ndarray:
+    low = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+    m = np.max(x, axis=axes, keepdims=True, initial=low)
+    shift = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+    e = np.exp(x - shift)
+    if x.dtype.kind in "iu":
+        e = np.trunc(e)  # onnxruntime computes exp in the integer type
+    return np.log(np.sum(e, axis=axes, keepdims=True)) + shift
+
+
+def _float_ops() -> dict[str, Callable[[np.ndarray, tuple], np.ndarray]]:
+    def s(x: np.ndarray, axes: tuple) -> np.ndarray:
+        return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+    return {
+        "ReduceSum": s,
+        "ReduceMean": _float_mean,
+        "ReduceMax": lambda x, a: _max_min(x, a, True),
+        "ReduceMin": lambda x, a: _max_min(x, a, False),
+        "ReduceProd": lambda x, a: np.prod(x, axis=a, keepdims=True, dtype=x.dtype),
+        "ReduceL1": lambda x, a: s(np.abs(x), a),
+        "ReduceL2": lambda x, a: np.sqrt(s(x * x, a)),
+        "ReduceLogSum": lambda x, a: np.log(s(x, a)),
+        "ReduceLogSumExp": _log_sum_exp,
+        "ReduceSumSquare": lambda x, a: s(x * x, a),
+    }
+
+
+_REDUCE_FNS = _float_ops()
+# Integer ops computed in float64 and truncated (onnxruntime casts the float result).
+_VIA_FLOAT = ("ReduceL2", "ReduceLogSum")
+
+
+def _reduce_ref(op: str) -> Callable[[Arrays, dict[str, Any]], list[np.ndarray]]:
+    fn = _REDUCE_FNS[op]
+
+    def ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+        x = inputs[0]
+        axes = _ref_axes(x, inputs[1] if len(inputs) > 1 else None, attrs)
+        with np.errstate(all="ignore"):
+            if x.dtype == np.float16:
+                y = fn(x.astype(np.float32), axes)
+            elif x.dtype.kind in "iu" and op == "ReduceMean":
+                y = _int_mean(x, axes)
+            elif x.dtype.kind in "iu" and op in _VIA_FLOAT:
+                y = fn(x.astype(np.float64), axes)
+            else:
+                y = fn(x, axes)
+            y = y.astype(x.dtype)
+        if not attrs.get("keepdims", 1):
+            y = y.reshape([d for i, d in enumerate(y.shape) if i not in axes])
+        return [y]
+    return ref
+
+
+for _op in _REDUCE_FNS:
+    register(_op, REDUCTION, _infer_reduce, _reduce_ref(_op), shape_inputs=(1,),
+             doc=f"{_op}(data, axes?) with keepdims and noop_with_empty_axes (opset 18).")
+
+
+# ---- ArgMax / ArgMin --------------------------------------------------------------------
+
+def _infer_arg(ctx: InferContext) -> list[TypeShape]:
+    _check_dtype(ctx)
+    shape = ctx.shapes[0]
+    if shape is None:
+        return [(INT64, None)]
+    axis = normalize_axis(int(ctx.attr("axis", 0)), len(shape), ctx)
+    if shape[axis] == 0:
+        raise ctx.fail(f"cannot take {ctx.op} over empty axis {axis} of shape {shape}")
+    if ctx.attr("keepdims", 1):
+        return [(INT64, tuple(1 if i == axis else d for i, d in enumerate(shape)))]
+    return [(INT64, tuple(d for i, d in enumerate(shape) if i != axis))]
+
+
+def _arg_ref(is_max: bool) -> Callable[[Arrays, dict[str, Any]], list[np.ndarray]]:
+    def ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+        x = inputs[0]
+        axis = normalize_axis(int(attrs.get("axis", 0)), x.ndim)
+        if x.ndim and x.shape[axis] == 0:
+            raise ShapeInferenceError(f"Arg{'Max' if is_max else 'Min'} over empty axis "
+                                      f"{axis} of shape {x.shape}")
+        nan_first = None
+        if x.dtype.kind == "f":
+            nan_first = np.take(np.isnan(x), [0], axis=axis) if x.ndim else np.isnan(x)
+            x = np.where(np.isnan(x), -np.inf if is_max else np.inf, x)
+        fn = np.argmax if is_max else np.argmin
+        if attrs.get("select_last_index", 0) and x.ndim:
+            idx = x.shape[axis] - 1 - fn(np.flip(x, axis), axis=axis, keepdims=True)
+        else:
+            idx = fn(x, axis=axis, keepdims=True) if x.ndim else np.asarray(0)
+        if nan_first is not None:
+            idx = np.where(nan_first, 0, idx)  # a leading NaN is never replaced
+        idx = idx.astype(np.int64)
+        if not attrs.get("keepdims", 1) and x.ndim:
+            idx = np.squeeze(idx, axis)
+        return [idx]
+    return ref
+
+
+register("ArgMax", REDUCTION, _infer_arg, _arg_ref(True),
+         doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.")
+register("ArgMin", REDUCTION, _infer_arg, _arg_ref(False),
+         doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.")
+
+
+# ---- CumSum ---------------------------------------------------------------------------
+
+_CUMSUM_TYPES = FLOAT_TYPES + tuple(np.dtype(t) for t in ("int32", "int64", "uint32",
+                                                          "uint64"))
+
+
+def _infer_cumsum(ctx: InferContext) -> list[TypeShape]:
+    _check_dtype(ctx, _CUMSUM_TYPES)
+    if ctx.dtypes[1] not in AXIS_TYPES:
+        raise ctx.fail(f"axis input must be int32 or int64, got {ctx.dtypes[1]}")
+    if ctx.shapes[1] is not None and len(ctx.shapes[1]) > 1:
+        raise ctx.fail(f"axis input must be a scalar or 1 element, got shape {ctx.shapes[1]}")
+    v, rank = ctx.value(1), ctx.rank(0)
+    if v is not None and rank is not None:
+        normalize_axis(int(v.ravel()[0]), rank, ctx)
+    return [(ctx.dtypes[0], ctx.shapes[0])]
+
+
+def _cumsum_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+    x = inputs[0]
+    axis = normalize_axis(int(inputs[1].ravel()[0]), x.ndim)
+    work = x.astype(np.float32) if x.dtype == np.float16 else x
+    if attrs.get("reverse", 0):
+        work = np.flip(work, axis)
+    with np.errstate(all="ignore"):
+        y = np.cumsum(work, axis=axis, dtype=work.dtype)
+    if attrs.get("exclusive", 0):
+        # [a, b, c] -> [0, a, a+b]
+        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)),
+                            np.take(y, np.arange(y.shape[axis] - 1), axis=axis)], axis=axis)
+    if attrs.get("reverse", 0):
+        y = np.flip(y, axis)
+    return [np.ascontiguousarray(y).astype(x.dtype)]
+
+
+register("CumSum", REDUCTION, _infer_cumsum, _cumsum_ref, shape_inputs=(1,),
+         doc="CumSum(x, axis): running sum along axis; exclusive, reverse attrs.")
+
+
+# ---- TopK -----------------------------------------------------------------------------
+
+def _infer_topk(ctx: InferContext) -> list[TypeShape]:
+    _check_dtype(ctx)
+    if ctx.dtypes[1] != INT64:
+        raise ctx.fail(f"K must be int64, got {ctx.dtypes[1]}")
+    shape, k = ctx.shapes[0], ctx.value(1)
+    if shape is None:
+        return [(ctx.dtypes[0], None), (INT64, None)]
+    axis = normalize_axis(int(ctx.attr("axis", -1)), len(shape), ctx)
+    dim = None
+    if k is not None:
+        dim = int(k.ravel()[0])
+        n = shape[axis]
+        if dim < 0 or (isinstance(n, int) and dim > n):
+            raise ctx.fail(f"K={dim} is out of range for axis {axis} of shape {shape}")
+    out = tuple(dim if i == axis else d for i, d in enumerate(shape))
+    return [(ctx.dtypes[0], out), (INT64, out)]
+
+
+def _sort_order(x: np.ndarray, axis: int, largest: bool) -> np.ndarray:
+    """Stable order along axis: largest/smallest first, ties by lower index, NaN last."""
+    if x.dtype.kind == "f":
+        key = -x if largest else x
+        return np.lexsort((key, np.isnan(x)), axis=axis)
+    key = ~x if largest else x  # ~ reverses order for signed and unsigned ints alike
+    return np.argsort(key, axis=axis, kind="stable")
+
+
+def _topk_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+    x, k = inputs[0], int(inputs[1].ravel()[0])
+    axis = normalize_axis(int(attrs.get("axis", -1)), x.ndim)
+    if not 0 <= k <= x.shape[axis]:
+        raise ShapeInferenceError(f"TopK: K={k} is out of range for axis {axis} of shape "
+                                  f"{x.shape}")
+    with np.errstate(all="ignore"):
+        order = _sort_order(x, axis, bool(attrs.get("largest", 1)))
+    idx = np.take(order, np.arange(k), axis=axis).astype(np.int64)
+    return [np.take_along_axis(x, idx, axis=axis), idx]
+
+
+register("TopK", DATA_DEPENDENT, _infer_topk, _topk_ref, shape_inputs=(1,),
+         doc="TopK(X, K) -> (values, int64 indices); axis, largest, sorted.")

@@ -1,1 +1,208 @@
-"""Placeholder: filled by its owner."""
+"""Shape computations (Shape, Size, ConstantOfShape, Range, EyeLike) and data-dependent ops
+(NonZero, Unique).
+
+`SHAPE_LIKE_OPS` names the ops that, fed only by small int tensors derived from shapes, are
+shape computations: clustering pulls them into their consumer's cluster and constant
+folding evaluates them once shapes are concrete.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from autoclust.errors import ShapeInferenceError
+from autoclust.ops import (
+    DATA_DEPENDENT,
+    INT64,
+    SHAPE,
+    InferContext,
+    TypeShape,
+    dim_product,
+    normalize_axis,
+    register,
+)
+
+Arrays = list[np.ndarray | None]
+Attrs = dict[str, Any]
+
+SHAPE_LIKE_OPS: frozenset[str] = frozenset({
+    "Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Add",
+    "Sub", "Mul", "Div", "Equal", "Where", "ConstantOfShape", "Range", "Reshape", "Identity",
+    "ReduceProd", "Max", "Min", "Neg", "Abs", "Expand", "Tile", "Mod", "Floor", "Ceil",
+})
+
+
+def _tensor_attr(value: Any) -> np.ndarray:
+    """A tensor attribute as numpy: the importer gives arrays; raw TensorProtos convert."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "raw_data") and hasattr(value, "data_type"):
+        from onnx import numpy_helper  # only for attrs that skipped the importer
+        return numpy_helper.to_array(value)
+    return np.asarray(value)
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    from onnx import helper
+    return np.dtype(helper.tensor_dtype_to_np_dtype(int(elem_type)))
+
+
+# ---- Shape, Size -------------------------------------------------------------------------
+
+def _shape_range(attrs: Attrs, rank: int) -> range:
+    # Python slicing clamps start/end exactly as ONNX Shape-15 does.
+    return range(rank)[slice(int(attrs.get("start", 0)), attrs.get("end"))]
+
+
+def _shape_infer(ctx: InferContext) -> list[TypeShape]:
+    x = ctx.shapes[0]
+    return [(INT64, (None if x is None else len(_shape_range(ctx.attrs, len(x))),))]
+
+
+def _shape_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    x = inputs[0]
+    return [np.array([x.shape[i] for i in _shape_range(attrs, x.ndim)], dtype=np.int64)]
+
+
+def _size_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    return [np.array(inputs[0].size, dtype=np.int64)]
+
+
+# ---- ConstantOfShape, Range, EyeLike -----------------------------------------------------
+
+def _fill_value(attrs: Attrs) -> np.ndarray:
+    v = attrs.get("value")
+    if v is None:
+        return np.zeros((), np.float32)
+    v = _tensor_attr(v)
+    if v.size != 1:
+        raise ShapeInferenceError(f"(ConstantOfShape): value has {v.size} elements, not 1")
+    return v.reshape(())
+
+
+def _constant_of_shape_infer(ctx: InferContext) -> list[TypeShape]:
+    dtype = _fill_value(ctx.attrs).dtype
+    dims = ctx.value(0)
+    if dims is None:
+        s = ctx.shapes[0]
+        n = s[0] if s is not None and len(s) == 1 and isinstance(s[0], int) else None
+        return [(dtype, None if n is None else (None,) * n)]
+    dims_l = [int(d) for d in np.asarray(dims).reshape(-1)]
+    if any(d < 0 for d in dims_l):
+        raise ctx.fail(f"negative dim in shape {dims_l}")
+    return [(dtype, tuple(dims_l))]
+
+
+def _constant_of_shape_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    value = _fill_value(attrs)
+    dims = [int(d) for d in np.asarray(inputs[0]).reshape(-1)]
+    return [np.full(dims, value, dtype=value.dtype)]
+
+
+def _range_count(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> int:
+    if delta == 0:
+        raise ShapeInferenceError("(Range): delta is 0")
+    # onnxruntime: ceil((limit - start) / delta) in double, the difference in the input type.
+    return max(int(np.ceil(np.float64(limit - start) / np.float64(delta))), 0)
+
+
+def _range_infer(ctx: InferContext) -> list[TypeShape]:
+    vals = [ctx.value(i) for i in range(3)]
+    if any(v is None for v in vals):
+        return [(ctx.dtypes[0], (None,))]
+    if len({np.dtype(ctx.dtypes[i]) for i in range(3)}) != 1:
+        raise ctx.fail(f"start, limit, delta dtypes differ: {ctx.dtypes}")
+    try:
+        return [(ctx.dtypes[0], (_range_count(*(np.asarray(v).reshape(()) for v in vals)),))]
+    except ShapeInferenceError as exc:
+        raise ctx.fail(str(exc).removeprefix("(Range): ")) from None
+
+
+def _range_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    start, limit, delta = (np.asarray(v).reshape(()) for v in inputs)
+    n = _range_count(start, limit, delta)
+    if n == 0:
+        return [np.zeros(0, start.dtype)]
+    # Sequential accumulation (value += delta), as onnxruntime does: matters for floats.
+    steps = np.full(n, delta, dtype=start.dtype)
+    steps[0] = start
+    return [np.cumsum(steps, dtype=start.dtype)]
+
+
+def _eye_like_dtype(ctx_dtype: np.dtype, attrs: Attrs) -> np.dtype:
+    dt = attrs.get("dtype")
+    return np.dtype(ctx_dtype) if dt is None else _np_dtype(dt)
+
+
+def _eye_like_infer(ctx: InferContext) -> list[TypeShape]:
+    x = ctx.shapes[0]
+    if x is not None and len(x) != 2:
+        raise ctx.fail(f"input of shape {x} is not 2-D")
+    return [(_eye_like_dtype(ctx.dtypes[0], ctx.attrs), x)]
+
+
+def _eye_like_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    x = inputs[0]
+    if x.ndim != 2:
+        raise ShapeInferenceError(f"(EyeLike): input of shape {x.shape} is not 2-D")
+    dtype = _eye_like_dtype(x.dtype, attrs)
+    return [np.eye(x.shape[0], x.shape[1], int(attrs.get("k", 0)), dtype=dtype)]
+
+
+# ---- NonZero, Unique (data-dependent) ----------------------------------------------------
+
+def _non_zero_infer(ctx: InferContext) -> list[TypeShape]:
+    x = ctx.shapes[0]
+    # onnxruntime treats a 0-d input as shape (1,): its output has 1 row, not 0.
+    return [(INT64, (None if x is None else max(len(x), 1), None))]
+
+
+def _non_zero_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    x = inputs[0]
+    if x.ndim == 0:  # onnxruntime treats a 0-d input as shape (1,)
+        return [np.zeros((1, int(bool(x))), dtype=np.int64)]
+    return [np.array(np.nonzero(x), dtype=np.int64).reshape(x.ndim, -1)]
+
+
+def _unique_infer(ctx: InferContext) -> list[TypeShape]:
+    x = ctx.shapes[0]
+    axis = ctx.attr("axis")
+    if axis is None:
+        n = None if x is None else dim_product(x)
+        return [(ctx.dtypes[0], (None,)), (INT64, (None,)), (INT64, (n,)), (INT64, (None,))]
+    if x is None:
+        return [(ctx.dtypes[0], None)] + [(INT64, (None,))] * 3
+    a = normalize_axis(int(axis), len(x), ctx)
+    y = tuple(None if i == a else d for i, d in enumerate(x))
+    return [(ctx.dtypes[0], y), (INT64, (None,)), (INT64, (x[a],)), (INT64, (None,))]
+
+
+def _unique_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    x = inputs[0]
+    axis = attrs.get("axis")
+    if axis is not None:
+        axis = int(axis) + x.ndim if int(axis) < 0 else int(axis)
+    y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True,
+                                          return_counts=True, axis=axis)
+    inverse = inverse.reshape(-1)
+    if not attrs.get("sorted", 1):
+        # Order unique values by first occurrence instead of by value.
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        y = np.take(y, order, axis=0 if axis is None else axis)
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    as64 = [np.asarray(a, dtype=np.int64) for a in (first, inverse, counts)]
+    return [y if y.flags.c_contiguous else y.copy(order="C")] + as64
+
+
+register("Shape", SHAPE, _shape_infer, _shape_ref)
+register("Size", SHAPE, lambda ctx: [(INT64, ())], _size_ref)
+register("ConstantOfShape", SHAPE, _constant_of_shape_infer, _constant_of_shape_ref,
+         shape_inputs=(0,))
+register("Range", SHAPE, _range_infer, _range_ref, shape_inputs=(0, 1, 2))
+register("EyeLike", SHAPE, _eye_like_infer, _eye_like_ref)
+register("NonZero", DATA_DEPENDENT, _non_zero_infer, _non_zero_ref, data_dependent=True)
+register("Unique", DATA_DEPENDENT, _unique_infer, _unique_ref, data_dependent=True)

@@ -1,0 +1,15 @@
+"""The cluster optimizer's passes, one module each; autoclust.compile lists their order.
+
+Each pass is `Graph -> Graph` on a graph with concrete shapes (after `specialize`), edits
+through use-def links, and keeps the graph's inputs and the meaning of its outputs.
+"""
+
+from autoclust.passes.cse import cse
+from autoclust.passes.dce import dce
+from autoclust.passes.edits import copy_graph
+from autoclust.passes.fold_constants import fold_constants
+from autoclust.passes.simplify import simplify
+from autoclust.passes.specialize import not_concrete, specialize
+
+__all__ = ["copy_graph", "cse", "dce", "fold_constants", "not_concrete", "simplify",
+           "specialize"]

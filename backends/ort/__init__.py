@@ -1,0 +1,75 @@
+"""The onnxruntime fallback: sessions over whole models and over exported sub-models.
+
+Every sub-session copies the user's SessionOptions (so onnxruntime's own graph
+optimizations and thread settings apply) and turns intra-op thread spinning off: a plan
+runs several sessions one after another, and spinning pools left behind by one session
+would steal the cores from the next (measured in benchmarks/bench_plan_overhead).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from autoclust.errors import ModelLoadError
+
+# The hook replaces onnxruntime.InferenceSession in user programs; our own sessions must
+# always be onnxruntime's class.
+ORIGINAL_SESSION = ort.InferenceSession
+
+_COPIED_OPTIONS = (
+    "graph_optimization_level", "intra_op_num_threads", "inter_op_num_threads",
+    "execution_mode", "enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse",
+    "log_severity_level", "log_verbosity_level", "use_deterministic_compute",
+)
+
+
+def sub_session_options(user: ort.SessionOptions | None, threads: int = 0,
+                        spinning: bool = False) -> ort.SessionOptions:
+    """SessionOptions for a sub-session: the user's settings, spinning off by default."""
+    so = ort.SessionOptions()
+    if user is not None:
+        for name in _COPIED_OPTIONS:
+            try:
+                setattr(so, name, getattr(user, name))
+            except (AttributeError, TypeError):
+                pass
+    if threads > 0 and (user is None or user.intra_op_num_threads == 0):
+        so.intra_op_num_threads = threads
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return so
+
+
+def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOptions | None,
+                   providers: Any = None, provider_options: Any = None) -> Any:
+    """An onnxruntime InferenceSession; load failures become ModelLoadError."""
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    if providers is None:
+        providers = ["CPUExecutionProvider"]
+    try:
+        return ORIGINAL_SESSION(model, options, providers=providers,
+                                provider_options=provider_options)
+    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        where = model if isinstance(model, str) else "model bytes"
+        raise ModelLoadError(f"onnxruntime could not load {where}: {exc}") from None
+
+
+class Segment:
+    """An onnxruntime session over a sub-model, run by name lists."""
+
+    def __init__(self, model: onnx.ModelProto, options: ort.SessionOptions | None,
+                 providers: Any = None, provider_options: Any = None, name: str = "segment"):
+        self.name = name
+        self.session = create_session(model, options, providers, provider_options)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Run with inputs in input_names order; outputs in output_names order."""
+        return self.session.run(self.output_names, dict(zip(self.input_names, inputs)))

@@ -1,0 +1,60 @@
+"""What clustering did and why: the text and JSON behind `autoclust explain`.
+
+    Built 2 clusters covering 9/12 nodes (75.0%)
+      cluster_0000: 5 nodes  Add x2, Exp, Mul, Relu
+      cluster_0001: 4 nodes  Mul, ReduceMean, Sqrt, Sub
+    Unclustered ops: Identity, NonZero, TopK
+    Unclustered nodes:
+      nz (NonZero): data-dependent output shape (NonZero)
+      ...
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from autoclust.clustering import Plan
+from autoclust.ir import Node
+
+
+def _histogram(nodes: list[Node]) -> dict[str, int]:
+    """op -> count, most frequent first (ties by op name), so output is stable."""
+    counts = Counter(n.op for n in nodes)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _format_histogram(hist: dict[str, int]) -> str:
+    return ", ".join(op if n == 1 else f"{op} x{n}" for op, n in hist.items()) or "-"
+
+
+def _unclustered(plan: Plan) -> list[Node]:
+    return [n for n in plan.graph.nodes if n.name in plan.reasons]
+
+
+def explain_text(plan: Plan) -> str:
+    """A human summary: clusters with op histograms, then every unclustered node and why."""
+    total = len(plan.graph.nodes)
+    covered = sum(len(c.nodes) for c in plan.clusters)
+    share = 100.0 * covered / total if total else 0.0
+    summary = f"Built {len(plan.clusters)} clusters covering {covered}/{total} nodes"
+    lines = [f"{summary} ({share:.1f}%)"]
+    for c in plan.clusters:
+        ops = _format_histogram(_histogram(c.nodes))
+        lines.append(f"  {c.name}: {len(c.nodes)} nodes  {ops}")
+    left = _unclustered(plan)
+    lines.append(f"Unclustered ops: {_format_histogram(_histogram(left))}")
+    if left:
+        lines.append("Unclustered nodes:")
+        lines += [f"  {n.name} ({n.op}): {plan.reasons[n.name]}" for n in left]
+    return "\n".join(lines)
+
+
+def explain_json(plan: Plan) -> dict[str, Any]:
+    """The same facts as plain JSON-ready data (see the ARCHITECTURE explain format)."""
+    clusters = [{"id": c.id, "name": c.name, "nodes": [n.name for n in c.nodes],
+                 "ops": _histogram(c.nodes), "inputs": [v.name for v in c.inputs],
+                 "outputs": [v.name for v in c.outputs]} for c in plan.clusters]
+    unclustered = [{"node": n.name, "op": n.op, "reason": plan.reasons[n.name]}
+                   for n in _unclustered(plan)]
+    return {"nodes": len(plan.graph.nodes), "clusters": clusters, "unclustered": unclustered}

@@ -1,0 +1,250 @@
+"""Kernel IR: what fusion produces and backends render (LLVM on CPU, CUDA C on GPU).
+
+A Program is a list of buffers and an ordered list of thunks:
+
+- Kernel: a loop nest over `shape`. The last `n_inner` dims are the reduction ("row")
+  dims: for each outer point, every Reduction runs over the inner dims in order (a phase
+  may read earlier results through Reduced), then the Stores run; a per-row Store runs
+  once per outer point, the others once per inner point. With n_inner == 0 a Kernel is a
+  plain elementwise loop nest.
+- LibraryCall: a library op (MatMul, Conv, ...) writing into preallocated buffers.
+- RefCall: an op run through its NumPy reference (a stopgap for rare ops).
+
+Scalar expressions form a DAG of frozen dataclasses: Load (buffer + affine index map over
+the loop indices), Const, Index (an affine index value), Op (a primitive from PRIMITIVES)
+and Reduced (the result of a reduction phase). dtypes are numpy dtype names.
+
+    softmax over [R, N]:  kernel k0 [R | N]
+      r0 = max(load(x, N*i0 + i1))
+      r1 = sum(exp(load(x, N*i0 + i1) - r0))
+      store y[N*i0 + i1] = exp(load(x, N*i0 + i1) - r0) / r1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+# Primitive scalar ops and their arity. Compare ops yield bool; "cast" converts to the
+# Op's dtype; "select" is (cond, if_true, if_false).
+PRIMITIVES: dict[str, int] = {
+    **{name: 1 for name in (
+        "neg", "abs", "sqrt", "exp", "log", "tanh", "erf", "sigmoid", "floor", "ceil",
+        "round", "sign", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+        "asinh", "acosh", "atanh", "not", "isnan", "bitnot", "cast")},
+    **{name: 2 for name in (
+        "add", "sub", "mul", "div", "mod", "fmod", "pow", "max", "min", "lt", "le", "gt",
+        "ge", "eq", "ne", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr")},
+    "select": 3,
+}
+COMPARE_OPS = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "isnan"})
+REDUCTION_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last",
+                   "argmin_last")
+
+
+@dataclasses.dataclass(frozen=True)
+class Affine:
+    """const + sum(coeffs[k] * i_k) over the loop indices i_k of a kernel."""
+
+    const: int
+    coeffs: tuple[int, ...]
+
+    def __str__(self) -> str:
+        terms = [f"{c}*i{k}" if c != 1 else f"i{k}" for k, c in enumerate(self.coeffs) if c]
+        if self.const or not terms:
+            terms.append(str(self.const))
+        return " + ".join(terms)
+
+    def plus(self, other: Affine, scale: int = 1) -> Affine:
+        """self + scale * other."""
+        coeffs = tuple(a + scale * b for a, b in zip(self.coeffs, other.coeffs))
+        return Affine(self.const + scale * other.const, coeffs)
+
+    def scaled(self, factor: int) -> Affine:
+        return Affine(self.const * factor, tuple(c * factor for c in self.coeffs))
+
+
+def unit(k: int, rank: int) -> Affine:
+    """The affine form of loop index i_k."""
+    return Affine(0, tuple(1 if j == k else 0 for j in range(rank)))
+
+
+def constant(value: int, rank: int) -> Affine:
+    return Affine(value, (0,) * rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class Load:
+    buf: int
+    index: Affine
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    value: Any  # a Python float, int or bool
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Index:
+    """The value of an affine index expression, as int64."""
+
+    index: Affine
+    dtype: str = "int64"
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str
+    args: tuple
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduced:
+    """The result of reduction phase `phase` of the enclosing kernel for this row."""
+
+    phase: int
+    dtype: str
+
+
+Expr = Union[Load, Const, Index, Op, Reduced]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    kind: str  # one of REDUCTION_KINDS; arg* kinds yield the int64 inner index
+    expr: Expr
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    buf: int
+    index: Affine
+    expr: Expr
+    per_row: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str
+    shape: tuple[int, ...]
+    n_inner: int
+    reductions: tuple[Reduction, ...]
+    stores: tuple[Store, ...]
+    nodes: tuple[str, ...] = ()  # graph nodes fused into this kernel (for dumps)
+
+    @property
+    def work(self) -> int:
+        """Loop iterations of one run (a thread-splitting heuristic input)."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * (1 + len(self.reductions))
+
+
+@dataclasses.dataclass(frozen=True)
+class LibraryCall:
+    op: str
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int, ...]
+    attrs: tuple  # sorted (name, value) pairs
+    nodes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RefCall:
+    op: str
+    domain: str
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int, ...]
+    attrs: tuple
+    nodes: tuple[str, ...] = ()
+
+
+Thunk = Union[Kernel, LibraryCall, RefCall]
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    id: int
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    role: str  # "input", "const", "temp", "output"
+    slot: int = -1  # memory-plan slot shared by temps with disjoint lifetimes
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclasses.dataclass
+class Program:
+    buffers: list[Buffer]
+    thunks: list[Thunk]
+    inputs: list[int]          # buffer id per graph input
+    outputs: list[int]         # buffer id per graph output
+    notes: list[str] = dataclasses.field(default_factory=list)  # fusion decisions
+
+
+# ---- printing ------------------------------------------------------------------------------
+
+def format_expr(e: Expr, names: dict[int, str] | None = None) -> str:
+    """One-line text of an expression."""
+    if isinstance(e, Load):
+        name = names.get(e.buf, f"b{e.buf}") if names else f"b{e.buf}"
+        return f"{name}[{e.index}]"
+    if isinstance(e, Const):
+        return f"{e.value!r}:{e.dtype}"
+    if isinstance(e, Index):
+        return f"idx({e.index})"
+    if isinstance(e, Reduced):
+        return f"r{e.phase}"
+    args = ", ".join(format_expr(a, names) for a in e.args)
+    suffix = f":{e.dtype}" if e.name == "cast" else ""
+    return f"{e.name}{suffix}({args})"
+
+
+def format_thunk(t: Thunk, names: dict[int, str] | None = None) -> str:
+    """Text of one thunk, several lines for a kernel."""
+    def bname(b: int | None) -> str:
+        if b is None:
+            return "_"
+        return names.get(b, f"b{b}") if names else f"b{b}"
+
+    if isinstance(t, (LibraryCall, RefCall)):
+        kind = "library" if isinstance(t, LibraryCall) else "reference"
+        ins = ", ".join(bname(b) for b in t.inputs)
+        outs = ", ".join(bname(b) for b in t.outputs)
+        return f"{kind} {t.op}({ins}) -> {outs}   # nodes: {', '.join(t.nodes)}"
+    outer = list(t.shape[:len(t.shape) - t.n_inner])
+    inner = list(t.shape[len(t.shape) - t.n_inner:])
+    dom = f"{outer} | {inner}" if t.n_inner else f"{list(t.shape)}"
+    lines = [f"kernel {t.name} {dom}   # nodes: {', '.join(t.nodes)}"]
+    for k, r in enumerate(t.reductions):
+        lines.append(f"  r{k} = {r.kind}:{r.dtype}({format_expr(r.expr, names)})")
+    for s in t.stores:
+        where = "per row " if s.per_row else ""
+        lines.append(f"  {where}{bname(s.buf)}[{s.index}] = {format_expr(s.expr, names)}")
+    return "\n".join(lines)
+
+
+def format_program(p: Program) -> str:
+    """The `.kernels.txt` dump: buffers, thunks and fusion notes."""
+    names = {b.id: b.name for b in p.buffers}
+    lines = ["buffers:"]
+    for b in p.buffers:
+        slot = f" slot {b.slot}" if b.slot >= 0 else ""
+        lines.append(f"  b{b.id} {b.name}: {b.dtype}{list(b.shape)} {b.role}{slot}")
+    lines.append(f"thunks ({len(p.thunks)}):")
+    lines += [format_thunk(t, names) for t in p.thunks]
+    if p.notes:
+        lines.append("fusion decisions:")
+        lines += [f"  {n}" for n in p.notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,192 @@
+"""simplify: algebraic rewrites, as a table of (op, rule) pairs.
+
+A rule looks at one node and returns None (no match), a Value (the node's output *is* that
+value: forward it), or (op, inputs, attrs) (compute the output with that node instead).
+One guard for every rule, in `_apply`: the result must have exactly the output's dtype and
+shape. So `x*1 -> x` never fires when the 1 broadcasts x to a bigger shape, `Cast -> x`
+only fires when the dtype is unchanged, and `Expand/Reshape -> x` only when nothing changes.
+Rewrites are exact: no reassociation, no rounding change (Div becomes Mul only by an exact
+power-of-two reciprocal; Pow(x, 0.5) becomes Sqrt(x) only for x known >= 0, since
+pow(-inf, 0.5) is +inf but sqrt(-inf) is NaN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from autoclust import ops
+from autoclust.errors import AutoclustError
+from autoclust.ir import Graph, Node, Value
+from autoclust.passes.edits import new_constant, replace_node
+
+Rewrite = tuple[str, list[Value | None], dict[str, Any]]
+Result = Value | Rewrite | None
+Rule = Callable[[Graph, Node], Result]
+
+RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
+NON_NEGATIVE_OPS = ("Abs", "Relu", "Exp", "Sqrt", "Sigmoid", "Softplus")
+
+
+def _is(graph: Graph, v: Value | None, c: float) -> bool:
+    """v is a non-empty constant whose every element equals c."""
+    a = graph.constant_value(v)
+    return a is not None and a.size > 0 and bool(np.all(a == c))
+
+
+def _made_by(v: Value | None, *op_names: str) -> Node | None:
+    p = None if v is None else v.producer
+    return p if p is not None and p.domain in ("", "ai.onnx") and p.op in op_names else None
+
+
+def _non_negative(graph: Graph, v: Value) -> bool:
+    a = graph.constant_value(v)
+    if a is not None:
+        return bool(np.all(a >= 0))
+    p = v.producer
+    return _made_by(v, *NON_NEGATIVE_OPS) is not None or (
+        _made_by(v, "Mul") is not None and p.inputs[0] is p.inputs[1])
+
+
+def _div_exact(graph: Graph, n: Node) -> Result:
+    x, c = n.inputs[0], graph.constant_value(n.inputs[1])
+    if c is None or x.dtype is None or x.dtype.kind != "f" or c.size == 0:
+        return None
+    with np.errstate(all="ignore"):
+        r = (1 / c).astype(c.dtype)
+    ok = np.isfinite(c) & np.isfinite(r) & (np.abs(np.frexp(c)[0]) == 0.5)
+    ok &= np.abs(np.frexp(r)[0]) == 0.5  # 1/c is itself a normal power of two: exact
+    return ("Mul", [x, new_constant(graph, r, "reciprocal")], {}) if ok.all() else None
+
+
+def _pow_half(graph: Graph, n: Node) -> Result:
+    x = n.inputs[0]
+    if _is(graph, n.inputs[1], 0.5) and _non_negative(graph, x):
+        return ("Sqrt", [x], {})
+    return None
+
+
+def _perm(n: Node) -> list[int] | None:
+    rank = n.inputs[0].rank
+    perm = n.attr("perm")
+    if rank is None:
+        return None
+    return list(range(rank))[::-1] if perm is None else [int(p) for p in perm]
+
+
+def _transpose_identity(graph: Graph, n: Node) -> Result:
+    perm = _perm(n)
+    return n.inputs[0] if perm is not None and perm == sorted(perm) else None
+
+
+def _transpose_transpose(graph: Graph, n: Node) -> Result:
+    inner = _made_by(n.inputs[0], "Transpose")
+    if inner is None or _perm(inner) is None or _perm(n) is None:
+        return None
+    p1, p2 = _perm(inner), _perm(n)
+    composed = [p1[i] for i in p2]  # out[i] = y[p2[i]] = x[p1[p2[i]]]
+    if composed == list(range(len(composed))):
+        return inner.inputs[0]
+    return ("Transpose", [inner.inputs[0]], {"perm": composed})
+
+
+def _reshape_chain(graph: Graph, n: Node) -> Result:
+    inner = _made_by(n.inputs[0], *RESHAPES)
+    out = n.outputs[0]
+    if inner is None or not out.is_static() or 0 in out.shape:
+        return None  # a 0 in a Reshape target means "copy", so keep those as they are
+    x = inner.inputs[0]
+    if x.shape == out.shape:
+        return x
+    return ("Reshape", [x, new_constant(graph, np.array(out.shape, np.int64), "shape")], {})
+
+
+def _dropout(graph: Graph, n: Node) -> Result:
+    training = n.inputs[2] if len(n.inputs) > 2 else None
+    if training is not None and not _is(graph, training, False):
+        return None
+    return n.inputs[0]
+
+
+def _neg_neg(graph: Graph, n: Node) -> Result:
+    inner = _made_by(n.inputs[0], "Neg")
+    return None if inner is None else inner.inputs[0]
+
+
+def _forward(i: int) -> Rule:
+    """The node's output is its input i (the shape/dtype guard decides when)."""
+    return lambda graph, n: n.inputs[i]
+
+
+RULES: list[tuple[str, Rule]] = [
+    ("Mul", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 1) else None),  # x*1 -> x
+    ("Mul", lambda g, n: n.inputs[1] if _is(g, n.inputs[0], 1) else None),  # 1*x -> x
+    ("Add", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 0) else None),  # x+0 -> x
+    ("Add", lambda g, n: n.inputs[1] if _is(g, n.inputs[0], 0) else None),  # 0+x -> x
+    ("Sub", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 0) else None),  # x-0 -> x
+    ("Div", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 1) else None),  # x/1 -> x
+    ("Div", _div_exact),  # x/4 -> x*0.25 (powers of two only)
+    ("Pow", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 1) else None),  # x**1 -> x
+    ("Pow", lambda g, n: ("Mul", [n.inputs[0]] * 2, {}) if _is(g, n.inputs[1], 2)
+     else None),  # x**2 -> x*x
+    ("Pow", _pow_half),  # x**0.5 -> sqrt(x) for x >= 0
+    ("Transpose", _transpose_identity),  # Transpose(x, perm=[0,1,..]) -> x
+    ("Transpose", _transpose_transpose),  # Transpose(Transpose(x)) -> Transpose(x) or x
+    *[(op, _forward(0)) for op in RESHAPES],  # Reshape(x) to x's own shape -> x
+    *[(op, _reshape_chain) for op in RESHAPES],  # Reshape(Reshape(x)) -> Reshape(x) or x
+    ("Cast", _forward(0)),  # Cast(x: T, to=T) -> x
+    ("CastLike", _forward(0)),  # CastLike(x: T, y: T) -> x
+    ("Identity", _forward(0)),  # Identity(x) -> x
+    ("Dropout", _dropout),  # Dropout(x) -> x (inference)
+    ("Neg", _neg_neg),  # -(-x) -> x
+    ("Expand", _forward(0)),  # Expand(x, shape) -> x when nothing broadcasts
+]
+
+
+def _same_type(a: Value | tuple, out: Value) -> bool:
+    dtype, shape = (a.dtype, a.shape) if isinstance(a, Value) else a
+    known = shape is not None and all(d is not None for d in shape)
+    return known and dtype == out.dtype and tuple(shape) == out.shape
+
+
+def _apply(graph: Graph, node: Node, result: Value | Rewrite) -> bool:
+    """Apply a rule's result when it keeps the output's dtype and shape exactly."""
+    out = node.outputs[0]
+    if any(v.uses or v in graph.outputs for v in node.outputs[1:]):
+        return False  # rules speak for output 0 only (Dropout's mask must be unused)
+    if isinstance(result, Value):
+        if not _same_type(result, out):
+            return False
+        graph.replace_all_uses(out, result)
+        graph.remove_node(node)
+        return True
+    op, inputs, attrs = result
+    if len(node.outputs) != 1:
+        return False
+    try:
+        types = ops.infer_node(Node(op, inputs, [Value("_")], attrs, node.name), graph)
+    except (AutoclustError, ValueError, TypeError, IndexError):
+        return False
+    if len(types) != 1 or not _same_type(types[0], out):
+        return False
+    replace_node(graph, node, op, inputs, attrs)
+    return True
+
+
+_BY_OP: dict[str, list[Rule]] = {}
+for _op, _rule in RULES:
+    _BY_OP.setdefault(_op, []).append(_rule)
+
+
+def simplify(graph: Graph) -> Graph:
+    """Apply the first matching rule of RULES to each node, in one sweep over the graph."""
+    for node in list(graph.nodes):
+        if node.domain not in ("", "ai.onnx") or not node.outputs:
+            continue
+        for rule in _BY_OP.get(node.op, ()):
+            result = rule(graph, node)
+            if result is not None and _apply(graph, node, result):
+                break
+    return graph

@@ -1,0 +1,118 @@
+"""specialize: give a cluster graph the concrete input types of one run signature.
+
+    graph (x: float32[batch, 768], s: int64[2])  +  ([float32 (8, 768)], [int64 (2,)]),
+    shape_values {"s": [8, 768]}
+ -> graph (x: float32[8, 768], s: int64[2]) where every use of s reads a constant [8, 768]
+    and every value has a concrete dtype and int shape.
+
+The input list stays as it was (same Values, same order), so an executable takes exactly the
+cluster's inputs; an input named in shape_values is simply no longer read. Small values that
+follow from constants and shapes (Shape -> Gather -> Concat chains) are evaluated on the way,
+because the infer rules of Reshape/Expand/Slice need their *values* to give concrete shapes;
+fold_constants later turns them into initializers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoclust import ops
+from autoclust.errors import ShapeInferenceError
+from autoclust.ir import Graph, Node, Shape, Value
+from autoclust.passes.edits import copy_graph, new_constant
+from autoclust.passes.fold_constants import SMALL_ELEMENTS, evaluate
+
+InputType = tuple[np.dtype, tuple[int, ...]]
+
+
+def _check_declared(what: str, declared_dtype: np.dtype | None, declared: Shape,
+                    dtype: np.dtype, shape: tuple) -> None:
+    """Raise when a concrete type contradicts the declared one (ints must match)."""
+    if declared_dtype is not None and np.dtype(declared_dtype) != np.dtype(dtype):
+        raise ShapeInferenceError(f"{what}: declared dtype {declared_dtype}, got {dtype}")
+    if declared is None:
+        return
+    clash = len(declared) != len(shape) or any(
+        isinstance(d, int) and d != s for d, s in zip(declared, shape))
+    if clash:
+        raise ShapeInferenceError(f"{what}: declared shape {list(declared)}, got {list(shape)}")
+
+
+def _bind_inputs(graph: Graph, input_types: list[InputType],
+                 shape_values: dict[str, np.ndarray]) -> None:
+    if len(input_types) != len(graph.inputs):
+        raise ShapeInferenceError(f"graph {graph.name} has {len(graph.inputs)} inputs, "
+                                  f"got {len(input_types)} input types")
+    names = {v.name for v in graph.inputs}
+    unknown = sorted(set(shape_values) - names)
+    if unknown:
+        raise ShapeInferenceError(f"shape_values name {unknown}, which are not inputs of "
+                                  f"graph {graph.name}")
+    for v, (dtype, shape) in zip(graph.inputs, input_types):
+        shape = tuple(int(d) for d in shape)
+        _check_declared(f"input {v.name!r}", v.dtype, v.shape, np.dtype(dtype), shape)
+        v.dtype, v.shape = np.dtype(dtype), shape
+        if v.name in shape_values:
+            array = np.asarray(shape_values[v.name], dtype=v.dtype)
+            if array.shape != shape:
+                raise ShapeInferenceError(f"input {v.name!r}: shape value has shape "
+                                          f"{list(array.shape)}, input type says {list(shape)}")
+            graph.replace_all_uses(v, new_constant(graph, array, v.name))
+
+
+def _loose(dtype: np.dtype | None, shape: Shape) -> bool:
+    return dtype is None or shape is None or not all(isinstance(d, int) for d in shape)
+
+
+def _infer(graph: Graph, node: Node, known: dict[str, np.ndarray],
+           outs: list[np.ndarray] | None) -> None:
+    """Set concrete types on `node`'s outputs; raise ShapeInferenceError naming the node.
+
+    `outs` are the outputs already evaluated (or None): they must agree with the infer rule,
+    and they type outputs the rule leaves open (NonZero of a constant).
+    """
+    where = f"node {node.name!r} ({node.qualified_op})"
+    try:
+        types = ops.infer_node(node, graph, known)
+    except ShapeInferenceError as exc:
+        if node.name in str(exc):
+            raise
+        raise ShapeInferenceError(f"{where}: {exc}") from exc
+    if len(types) < len(node.outputs):  # more is fine: optional outputs left off
+        raise ShapeInferenceError(f"{where}: infer gave {len(types)} types for "
+                                  f"{len(node.outputs)} outputs")
+    for i, (v, (dtype, shape)) in enumerate(zip(node.outputs, types)):
+        if outs is not None:
+            a = outs[i]
+            if not _loose(dtype, shape) and (a.dtype != dtype or a.shape != tuple(shape)):
+                raise ShapeInferenceError(
+                    f"{where} output {v.name!r}: the reference gives {a.dtype}{list(a.shape)}, "
+                    f"the infer rule {dtype}{list(shape)}")
+            dtype, shape = a.dtype, a.shape
+            known[v.name] = a
+        if _loose(dtype, shape):
+            dims = "?" if shape is None else list(shape)
+            raise ShapeInferenceError(f"{where}: no concrete type for output {v.name!r} "
+                                      f"(got {dtype} {dims}); are its shape inputs known?")
+        _check_declared(f"{where} output {v.name!r}", v.dtype, v.shape, dtype, tuple(shape))
+        v.dtype, v.shape = np.dtype(dtype), tuple(shape)
+
+
+def specialize(graph: Graph, input_types: list[InputType],
+               shape_values: dict[str, np.ndarray]) -> Graph:
+    """A copy of `graph` with concrete input types; shape_values inputs become constants."""
+    graph = copy_graph(graph)
+    _bind_inputs(graph, input_types, shape_values)
+    known: dict[str, np.ndarray] = {}
+    for node in graph.nodes:
+        outs = evaluate(graph, node, known, max_elements=SMALL_ELEMENTS)
+        _infer(graph, node, known, outs)
+    return graph
+
+
+def not_concrete(graph: Graph) -> list[Value]:
+    """Values (inputs, initializers' values, node outputs) without a concrete dtype+shape."""
+    values = list(graph.inputs) + [graph.values[n] for n in graph.initializers
+                                   if n in graph.values]
+    values += [v for node in graph.nodes for v in node.outputs]
+    return [v for v in values if v.dtype is None or not v.is_static()]

@@ -1,0 +1,232 @@
+"""Partitioned execution: walk a Plan of compiled clusters and onnxruntime segments.
+
+Each cluster compiles lazily per signature (input dtypes and shapes, plus the values of
+inputs that decide shapes) and caches the executable. A cluster that keeps meeting new
+signatures is megamorphic and falls back to onnxruntime; so does one whose compile fails
+(one warning each), unless --must_compile turns that into NotCompilableError.
+The run loop is kept flat: per step it gathers inputs from an environment dict, runs,
+stores outputs and drops values past their last use.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from autoclust.backends import ort as ort_backend
+from autoclust.errors import AutoclustError, NotCompilableError
+from autoclust.flags import Flags
+from autoclust.importers.onnx import export_model
+from autoclust.ir import Graph
+
+# A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
+# fewer than this many times per compile.
+RUNS_PER_COMPILE = 50
+
+
+class ClusterRunner:
+    """Runs one cluster: compiled executables per signature, or its onnxruntime fallback."""
+
+    def __init__(self, cluster: Any, graph: Graph, flags: Flags, backend: Any,
+                 ort_options: Any, dumper: Any = None):
+        self.cluster = cluster
+        self.name = cluster.name
+        self.graph = graph
+        self.flags = flags
+        self.backend = backend
+        self.ort_options = ort_options
+        self.dumper = dumper
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+        shape_names = {v.name for v in cluster.shape_value_inputs}
+        self.shape_value_index = [i for i, n in enumerate(self.input_names) if n in shape_names]
+        self.cache: dict[tuple, Any] = {}
+        self.compiles = 0
+        self.runs = 0
+        self.fallback: ort_backend.Segment | None = None
+        self.fallback_reason = ""
+        self.signatures: list[tuple] = []
+        self._lock = threading.Lock()
+        self._dumped_inputs = False
+
+    def signature(self, inputs: list[np.ndarray]) -> tuple:
+        key = tuple((x.dtype, x.shape) for x in inputs)
+        if self.shape_value_index:
+            key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
+        return key
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if self.fallback is not None:
+            return self.fallback.run(inputs)
+        key = self.signature(inputs)
+        exe = self.cache.get(key)
+        if exe is None:
+            exe = self._compile(key, inputs)
+            if exe is None:
+                return self.fallback.run(inputs)
+        self.runs += 1
+        outs = exe.run(inputs)
+        if self.flags.check_numerics:
+            self._check_numerics(outs)
+        return outs
+
+    # ---- compiling ------------------------------------------------------------------
+    def _compile(self, key: tuple, inputs: list[np.ndarray]) -> Any:
+        with self._lock:  # several threads meeting a new signature compile it once
+            exe = self.cache.get(key)
+            if exe is not None or self.fallback is not None:
+                return exe
+            if self.dumper is not None and self.flags.dump_inputs and not self._dumped_inputs:
+                self._dumped_inputs = True
+                self.dumper.write_inputs(self.name, self.input_names, inputs)
+            self.signatures.append(key)
+            if self._is_megamorphic():
+                self._fall_back(f"megamorphic: compiled {self.compiles} times in "
+                                f"{self.runs} runs; varying dims: {self._varying_dims()}")
+                return None
+            try:
+                exe = self._compile_now(inputs)
+            except Exception as exc:  # a compile failure must never break the run
+                if self.flags.must_compile:
+                    raise NotCompilableError(f"{self.name} failed to compile: "
+                                             f"{type(exc).__name__}: {exc}") from exc
+                self._fall_back(f"compile failed: {type(exc).__name__}: {exc}")
+                return None
+            self.compiles += 1
+            self.cache[key] = exe
+            return exe
+
+    def _compile_now(self, inputs: list[np.ndarray]) -> Any:
+        from autoclust.compile import compile_cluster
+        types = [(x.dtype, x.shape) for x in inputs]
+        shape_values = {self.input_names[i]: np.array(inputs[i]) for i in self.shape_value_index}
+        exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
+        if self.flags.log:
+            print(f"autoclust: compiled {self.name} for {types} -> "
+                  f"{getattr(exe, 'num_kernels', '?')} kernels", file=sys.stderr)
+        if self.dumper is not None:
+            self.dumper.write_compile(self.name, getattr(exe, "dumps", {}))
+        return exe
+
+    def _is_megamorphic(self) -> bool:
+        limit = self.flags.megamorphic_compiles
+        return self.compiles >= limit and self.runs < RUNS_PER_COMPILE * self.compiles
+
+    def _varying_dims(self) -> str:
+        parts = []
+        for i, name in enumerate(self.input_names):
+            shapes = {sig[i][1] for sig in self.signatures if i < len(sig)}
+            ranks = {len(s) for s in shapes}
+            if len(ranks) != 1:
+                parts.append(f"{name}: rank")
+                continue
+            for d in range(ranks.pop()):
+                if len({s[d] for s in shapes}) > 1:
+                    parts.append(f"{name}[{d}]")
+        return ", ".join(parts) or "shape-deciding input values"
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason
+        warnings.warn(f"autoclust: {self.name} falls back to onnxruntime ({reason})",
+                      RuntimeWarning, stacklevel=4)
+        if self.dumper is not None:
+            self.dumper.write_failure(self.name, reason)
+        self.fallback = ort_backend.Segment(export_model(self.graph), self.ort_options,
+                                            name=self.name)
+        self.fallback.input_names = self.input_names  # feed order stays the cluster's
+        self.fallback.output_names = self.output_names
+
+    def _check_numerics(self, outs: list[np.ndarray]) -> None:
+        for name, x in zip(self.output_names, outs):
+            if x.dtype.kind == "f" and x.size and not np.isfinite(x).all():
+                warnings.warn(f"autoclust: {self.name} output {name!r} has NaN or inf "
+                              "(--check_numerics)", RuntimeWarning, stacklevel=4)
+
+
+class SegmentRunner:
+    """A fallback segment: an onnxruntime session over the segment's sub-model."""
+
+    def __init__(self, step: Any, graph: Graph, ort_options: Any, providers: Any,
+                 provider_options: Any):
+        self.name = step.name
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+        self.segment = ort_backend.Segment(export_model(graph), ort_options, providers,
+                                           provider_options, name=step.name)
+        # onnxruntime may order inputs differently from our extraction: feed by its order.
+        self._feed_order = [self.input_names.index(n) for n in self.segment.input_names]
+        self._out_order = [self.segment.output_names.index(n) for n in self.output_names]
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        outs = self.segment.run([inputs[i] for i in self._feed_order])
+        return [outs[i] for i in self._out_order]
+
+
+class Runtime:
+    """Executes a Plan: a list of (runner, input names, output names, names to free)."""
+
+    def __init__(self, plan: Any, flags: Flags, backend: Any, sess_options: Any = None,
+                 providers: Any = None, provider_options: Any = None, dumper: Any = None):
+        from autoclust.clustering import Cluster
+        self.plan = plan
+        self.graph = plan.graph
+        options = ort_backend.sub_session_options(sess_options, flags.threads)
+        self.runners: list[Any] = []
+        for step in plan.steps:
+            sub = self.graph.extract(step.nodes, name=step.name)
+            if isinstance(step, Cluster):
+                runner = ClusterRunner(step, sub, flags, backend, options, dumper)
+            else:
+                runner = SegmentRunner(step, sub, options, providers, provider_options)
+            self.runners.append(runner)
+        self.output_names = [v.name for v in self.graph.outputs]
+        # Overridable initializers (also graph inputs) and constant graph outputs start in
+        # the environment.
+        seed = {v.name for v in self.graph.inputs} | set(self.output_names)
+        self.defaults = {name: arr for name, arr in self.graph.initializers.items()
+                         if name in seed}
+        self._plan_frees()
+
+    def _plan_frees(self) -> None:
+        last: dict[str, int] = {}
+        for i, r in enumerate(self.runners):
+            for name in r.input_names:
+                last[name] = i
+        keep = set(self.output_names)
+        self.frees: list[list[str]] = [[] for _ in self.runners]
+        for name, i in last.items():
+            if name not in keep:
+                self.frees[i].append(name)
+        self.steps = [(r.run, r.input_names, r.output_names, f)
+                      for r, f in zip(self.runners, self.frees)]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the plan on validated feeds; returns every graph output by name."""
+        env = dict(self.defaults)
+        env.update(feeds)
+        for run, in_names, out_names, frees in self.steps:
+            outs = run([env[n] for n in in_names])
+            for name, value in zip(out_names, outs):
+                env[name] = value
+            for name in frees:
+                del env[name]
+        return env
+
+    def compiled_clusters(self) -> list[ClusterRunner]:
+        return [r for r in self.runners if isinstance(r, ClusterRunner)]
+
+
+def check_must_compile(plan: Any) -> None:
+    """Under --must_compile: every node must be in a cluster, else NotCompilableError."""
+    if not plan.reasons:
+        return
+    lines = [f"  {name}: {reason}" for name, reason in plan.reasons.items()]
+    raise NotCompilableError(f"{len(lines)} node(s) could not be compiled "
+                             "(--must_compile):\n" + "\n".join(lines))
+
+
+__all__ = ["AutoclustError", "ClusterRunner", "Runtime", "SegmentRunner", "check_must_compile"]

@@ -1,0 +1,264 @@
+"""autoclust.InferenceSession: a drop-in for onnxruntime.InferenceSession.
+
+    sess = autoclust.InferenceSession("model.onnx")           # auto_jit=2 by default
+    sess = autoclust.InferenceSession(model, auto_jit=0)      # plain onnxruntime, validated
+    outs = sess.run(None, {"x": x})
+
+At creation it imports the model, clusters it and builds a Plan; clusters compile at
+their first run. With nothing to cluster (or --auto_jit=0) it is a thin pass-through to
+one onnxruntime session. Feeds are validated before anything runs: unknown or missing
+names, dtypes, ranks and fixed dims raise InvalidInputError naming the input.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import onnx
+
+from autoclust import flags as flags_mod
+from autoclust.backends import ort as ort_backend
+from autoclust.errors import AutoclustError, InvalidInputError, ModelLoadError
+
+_ORT_TYPE = {
+    np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
+    np.dtype(np.float16): "tensor(float16)", np.dtype(np.int8): "tensor(int8)",
+    np.dtype(np.int16): "tensor(int16)", np.dtype(np.int32): "tensor(int32)",
+    np.dtype(np.int64): "tensor(int64)", np.dtype(np.uint8): "tensor(uint8)",
+    np.dtype(np.uint16): "tensor(uint16)", np.dtype(np.uint32): "tensor(uint32)",
+    np.dtype(np.uint64): "tensor(uint64)", np.dtype(np.bool_): "tensor(bool)",
+}
+
+
+class NodeArg:
+    """Name, shape and type of a model input or output, like onnxruntime's NodeArg."""
+
+    def __init__(self, name: str, shape: list | None, type: str):  # noqa: A002 - ORT's name
+        self.name = name
+        self.shape = shape
+        self.type = type
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
+
+
+class _InputSpec:
+    """What a feed must look like: dtype, rank and the fixed dims (None = free)."""
+
+    __slots__ = ("name", "dtype", "dims", "type_str", "optional")
+
+    def __init__(self, vi: onnx.ValueInfoProto, optional: bool):
+        self.name = vi.name
+        self.optional = optional
+        self.dtype = None
+        self.dims = None
+        self.type_str = "?"
+        t = vi.type
+        if t.HasField("tensor_type"):
+            elem = t.tensor_type.elem_type
+            try:
+                self.dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+            except (KeyError, TypeError, ValueError):
+                self.dtype = None
+            self.type_str = "tensor(" + onnx.TensorProto.DataType.Name(elem).lower() + ")"
+            self.type_str = _ORT_TYPE.get(self.dtype, self.type_str)
+            if t.tensor_type.HasField("shape"):
+                self.dims = tuple(d.dim_value if d.HasField("dim_value") else
+                                  (d.dim_param or None) for d in t.tensor_type.shape.dim)
+
+    def node_arg(self) -> NodeArg:
+        return NodeArg(self.name, None if self.dims is None else list(self.dims), self.type_str)
+
+    def check(self, value: Any) -> np.ndarray:
+        if not isinstance(value, np.ndarray):
+            if self.dtype is None:
+                return value  # sequences, maps, optionals: onnxruntime checks them
+            value = np.asarray(value)
+        if self.dtype is not None and value.dtype != self.dtype:
+            raise InvalidInputError(f"input {self.name!r}: expected dtype {self.dtype} "
+                                    f"({self.type_str}), got {value.dtype}")
+        if self.dims is not None:
+            if value.ndim != len(self.dims):
+                raise InvalidInputError(
+                    f"input {self.name!r}: expected rank {len(self.dims)} with shape "
+                    f"{_fmt_dims(self.dims)}, got rank {value.ndim} with shape {value.shape}")
+            for axis, (want, got) in enumerate(zip(self.dims, value.shape)):
+                if isinstance(want, int) and want > 0 and want != got:
+                    raise InvalidInputError(
+                        f"input {self.name!r}: dim {axis} must be {want} (expected shape "
+                        f"{_fmt_dims(self.dims)}), got shape {value.shape}")
+        return value
+
+
+def _fmt_dims(dims: tuple) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _specs(model: onnx.ModelProto) -> tuple[list[_InputSpec], list[NodeArg]]:
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [_InputSpec(vi, vi.name in inits) for vi in model.graph.input]
+    outputs = [_InputSpec(vi, False).node_arg() for vi in model.graph.output]
+    return inputs, outputs
+
+
+class InferenceSession:
+    """Drop-in replacement for onnxruntime.InferenceSession with auto-clustering."""
+
+    def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None,
+                 provider_options: Any = None, **flag_overrides: Any):
+        from autoclust.importers.onnx import load_model_proto
+        self._flags = flags_mod.parse(**flag_overrides)
+        self._sess_options = sess_options
+        self._providers = providers
+        self._provider_options = provider_options
+        self._source = path_or_bytes
+        self._model = load_model_proto(path_or_bytes)
+        self._input_specs, self._outputs = _specs(self._model)
+        self._required = [s for s in self._input_specs if not s.optional]
+        self._spec_by_name = {s.name: s for s in self._input_specs}
+        self._output_names = [o.name for o in self._outputs]
+        self._ort = None
+        self._runtime = None
+        self.plan = None
+        self._dumper = None
+        if self._flags.auto_jit > 0:
+            self._build_plan()
+        if self._runtime is None:
+            self._ort = self._full_session()
+
+    # ---- construction -----------------------------------------------------------------
+    def _full_session(self) -> Any:
+        if self._ort is None:
+            source = self._source if isinstance(self._source, str) else self._model
+            self._ort = ort_backend.create_session(source, self._sess_options,
+                                                   self._providers, self._provider_options)
+        return self._ort
+
+    def _build_plan(self) -> None:
+        from autoclust import registry, runtime
+        from autoclust.clustering import cluster
+        from autoclust.importers.onnx import import_model
+        backend = registry.get_backend(self._flags.device)
+        try:
+            graph = import_model(self._model)
+        except ModelLoadError as exc:
+            # Stricter than onnxruntime? Run the model as onnxruntime would, or raise both.
+            try:
+                self._full_session()
+            except ModelLoadError as ort_exc:
+                raise ModelLoadError(f"{exc}; {ort_exc}") from None
+            warnings.warn(f"autoclust: cannot import the model ({exc}); running it with "
+                          "onnxruntime only", RuntimeWarning, stacklevel=3)
+            return
+        self.plan = cluster(graph, self._flags, backend.why_not)
+        if self._flags.must_compile:
+            runtime.check_must_compile(self.plan)
+        if self._flags.dump_to:
+            from autoclust.dump import Dumper
+            self._dumper = Dumper.create(self._flags.dump_to, self._flags)
+            if self._dumper is not None:
+                self._dumper.write_plan(self.plan)
+        if not self.plan.clusters:
+            return
+        try:
+            self._runtime = runtime.Runtime(self.plan, self._flags, backend,
+                                            self._sess_options, self._providers,
+                                            self._provider_options, self._dumper)
+        except AutoclustError:
+            raise
+        except Exception as exc:  # e.g. onnxruntime refusing a sub-model: run it whole
+            if self._flags.must_compile:
+                raise
+            warnings.warn(f"autoclust: could not partition the model ({type(exc).__name__}: "
+                          f"{exc}); running it with onnxruntime only", RuntimeWarning,
+                          stacklevel=3)
+            self._runtime = None
+
+    # ---- running ----------------------------------------------------------------------
+    def _validate(self, input_feed: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(input_feed, dict):
+            raise InvalidInputError(f"input_feed must be a dict of name -> array, got "
+                                    f"{type(input_feed).__name__}")
+        feeds = {}
+        for name, value in input_feed.items():
+            spec = self._spec_by_name.get(name)
+            if spec is None:
+                known = ", ".join(s.name for s in self._input_specs)
+                raise InvalidInputError(f"unknown input {name!r}; the model's inputs are: "
+                                        f"{known}")
+            feeds[name] = spec.check(value)
+        if len(feeds) < len(self._required):
+            missing = [s.name for s in self._required if s.name not in feeds]
+            if missing:
+                raise InvalidInputError(f"missing input(s): {', '.join(missing)}")
+        return feeds
+
+    def run(self, output_names: list[str] | None, input_feed: dict[str, Any],
+            run_options: Any = None) -> list[Any]:
+        """Run the model; outputs in the order of output_names (all outputs for None)."""
+        feeds = self._validate(input_feed)
+        if self._runtime is None:
+            return self._ort.run(output_names, feeds, run_options)
+        names = self._output_names if output_names is None else list(output_names)
+        for n in names:
+            if n not in self._output_names:
+                raise InvalidInputError(f"unknown output {n!r}; the model's outputs are: "
+                                        f"{', '.join(self._output_names)}")
+        env = self._runtime.run(feeds)
+        return [env[n] for n in names]
+
+    # ---- onnxruntime's informational API ----------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [s.node_arg() for s in self._input_specs if not s.optional]
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        return [s.node_arg() for s in self._input_specs if s.optional]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._outputs)
+
+    def get_modelmeta(self) -> Any:
+        return self._full_session().get_modelmeta()
+
+    def get_providers(self) -> list[str]:
+        return self._full_session().get_providers() if self._ort is not None \
+            else list(self._providers or ["CPUExecutionProvider"])
+
+    def get_provider_options(self) -> dict:
+        return self._full_session().get_provider_options()
+
+    def get_session_options(self) -> Any:
+        return self._full_session().get_session_options()
+
+    def explain(self, as_json: bool = False) -> Any:
+        """What was clustered and why the rest was not (text, or the JSON dict)."""
+        from autoclust import explain
+        if self.plan is None:
+            reason = "auto_jit is 0" if self._flags.auto_jit == 0 else "model not imported"
+            return {"nodes": len(self._model.graph.node), "clusters": [], "unclustered": [],
+                    "note": reason} if as_json else f"No clustering: {reason}."
+        return explain.explain_json(self.plan) if as_json else explain.explain_text(self.plan)
+
+    def stats(self) -> dict[str, Any]:
+        """Per-cluster compile/run counts and fallbacks (for tests and `autoclust run`)."""
+        if self._runtime is None:
+            return {"clusters": []}
+        out = []
+        for r in self._runtime.compiled_clusters():
+            kernels = [getattr(e, "num_kernels", 0) for e in r.cache.values()]
+            out.append({"name": r.name, "compiles": r.compiles, "runs": r.runs,
+                        "kernels": kernels, "fallback": r.fallback_reason or None})
+        return {"clusters": out}
+
+    @property
+    def flags(self) -> flags_mod.Flags:
+        return self._flags
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else onnxruntime's session offers (io_binding, end_profiling, ...) runs on
+        # a whole-model onnxruntime session.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._full_session(), name)

@@ -1,0 +1,102 @@
+"""`autoclust replay DIR/cluster_NNNN`: rerun one dumped cluster on its own.
+
+Loads cluster_NNNN.onnx and its saved inputs (cluster_NNNN.inputs.npz, else generated
+from the model's signature), then runs it three ways: compiled on the chosen device,
+onnxruntime, and the interpreter (the NumPy reference). Prints max abs/rel error per
+output and timings; exits 1 when compiled output differs beyond tolerance. This is our
+run_hlo_module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from autoclust.errors import ModelLoadError
+
+
+def resolve(path: str) -> tuple[str, str | None]:
+    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx or the .npz."""
+    base = path
+    for suffix in (".onnx", ".inputs.npz"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    model = base + ".onnx"
+    if not os.path.exists(model):
+        raise ModelLoadError(f"no dumped cluster model at {model}")
+    inputs = base + ".inputs.npz"
+    return model, inputs if os.path.exists(inputs) else None
+
+
+def _timed(fn: Any, repeat: int) -> tuple[Any, float]:
+    out = fn()
+    times = []
+    for _ in range(max(repeat, 1)):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return out, float(np.median(times))
+
+
+def compare(name: str, got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Max abs and max relative error of got vs want (NaNs must match)."""
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        raise AssertionError(f"output {name}: shape {got.shape} vs {want.shape}")
+    if got.size == 0:
+        return 0.0, 0.0
+    g = got.astype(np.float64)
+    w = want.astype(np.float64)
+    nan_mismatch = np.isnan(g) != np.isnan(w)
+    if nan_mismatch.any():
+        return float("inf"), float("inf")
+    same = (g == w) | (np.isnan(g) & np.isnan(w))
+    diff = np.where(same, 0.0, np.abs(g - w))
+    rel = diff / np.maximum(np.abs(w), 1e-30)
+    return float(np.max(diff)), float(np.max(np.where(same, 0.0, rel)))
+
+
+def main(args: argparse.Namespace) -> int:
+    from autoclust import dump, flags, interpreter, registry
+    from autoclust.backends import ort as ort_backend
+    from autoclust.compile import compile_cluster
+    from autoclust.importers.onnx import import_model, load_model_proto
+    from autoclust.tools.run import generate_inputs
+
+    model_path, inputs_path = resolve(args.cluster)
+    proto = load_model_proto(model_path)
+    feeds = dump.load_inputs(inputs_path) if inputs_path else generate_inputs(proto)
+    overrides = flags.parse_string(args.flags) if args.flags else {}
+    if args.device:
+        overrides["device"] = args.device
+    f = flags.parse(**overrides)
+    graph = import_model(proto)
+    inputs = [feeds[v.name] for v in graph.inputs]
+    types = [(x.dtype, x.shape) for x in inputs]
+    backend = registry.get_backend(f.device)
+    exe = compile_cluster(graph, types, {}, f, backend)
+    compiled, t_compiled = _timed(lambda: exe.run(inputs), args.repeat)
+    sess = ort_backend.create_session(proto, None)
+    ref, t_ort = _timed(lambda: sess.run(None, feeds), args.repeat)
+    interp_exe = compile_cluster(graph, types, {}, f, interpreter)
+    interp = interp_exe.run(inputs)
+    print(f"replay {model_path} on {f.device} "
+          f"({'saved' if inputs_path else 'generated'} inputs)")
+    ok = True
+    for v, c, r, i in zip(graph.outputs, compiled, ref, interp):
+        abs_err, rel_err = compare(v.name, c, r)
+        i_abs, _ = compare(v.name, i, r)
+        close = np.allclose(np.asarray(c, np.float64), np.asarray(r, np.float64),
+                            rtol=args.rtol, atol=args.atol, equal_nan=True) \
+            if np.asarray(c).size else True
+        ok = ok and close
+        print(f"  {v.name}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} "
+              f"(interpreter vs onnxruntime {i_abs:.3g}) {'ok' if close else 'MISMATCH'}")
+    print(f"compiled {t_compiled:.3f} ms ({getattr(exe, 'num_kernels', '?')} kernels), "
+          f"onnxruntime {t_ort:.3f} ms")
+    return 0 if ok else 1
