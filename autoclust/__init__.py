@@ -21,9 +21,13 @@ def _add_source_tree() -> None:
 
 _add_source_tree()
 
-from autoclust import errors  # noqa: E402,F401
-from autoclust.errors import (  # noqa: E402,F401
-    AutoclustError, FlagError, InvalidInputError, ModelLoadError, NotCompilableError,
+from autoclust import errors  # noqa: F401
+from autoclust.errors import (  # noqa: F401
+    AutoclustError,
+    FlagError,
+    InvalidInputError,
+    ModelLoadError,
+    NotCompilableError,
 )
 
 

@@ -11,6 +11,7 @@ that is not clustered. Three concerns are kept apart, as in TF and Inductor:
 2. Legality (`_contract_clusters`): clusters grow by contracting producer -> consumer
    edges in a GraphCycles structure (Pearce-Kelly), which refuses any merge that would
    create a cycle through a node outside the cluster; --max_cluster_size caps the size.
+   (All clusters of a session target one device, flags.device, so devices never differ.)
    Shape computations (Shape -> Gather -> Concat -> Reshape) contract into their
    consumer first, so they fold once shapes are concrete.
 3. Profitability (`why_not_profitable`): a cluster must weigh --min_cluster_size, where
@@ -105,13 +106,14 @@ class Plan:
     clusters: list[Cluster]
     reasons: dict[str, str]
     flags: Flags
+    _by_node: dict[str, Cluster] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False)
 
     def cluster_of(self, node_name: str) -> Cluster | None:
         """The cluster holding the node called `node_name`, or None."""
-        for c in self.clusters:
-            if any(n.name == node_name for n in c.nodes):
-                return c
-        return None
+        if self._by_node is None:
+            self._by_node = {n.name: c for c in self.clusters for n in c.nodes}
+        return self._by_node.get(node_name)
 
 
 # ---- graph analysis ---------------------------------------------------------------------
@@ -370,6 +372,8 @@ def _group_fallback(an: _Analysis, clusters: list[list[int]],
                     clustered: list[bool]) -> list[list[int]]:
     """Unclustered nodes grouped into as few cycle-free segments as we can find cheaply."""
     n = len(an.nodes)
+    if not clusters:  # nothing can separate unclustered nodes: one segment holds them all
+        return [list(range(n))] if n else []
     gc = GraphCycles(n)
     for i, succs in enumerate(an.succs):
         for s in succs:

@@ -16,7 +16,12 @@ import numpy as np
 
 from autoclust import kernel_ir as kir
 from autoclust.fusion_lower import (
-    CONST_INPUTS, broadcast_index, cast, compute_dtype, const, elementwise_lowerings, op,
+    CONST_INPUTS,
+    cast,
+    compute_dtype,
+    const,
+    elementwise_lowerings,
+    op,
 )
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel_ir import Affine

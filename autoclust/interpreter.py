@@ -68,6 +68,6 @@ class Executable:
         return [np.array(o, copy=True) for o in outs]
 
 
-def compile(graph: Graph, flags: Flags) -> Executable:  # noqa: A001 - backend protocol name
+def compile(graph: Graph, flags: Flags) -> Executable:
     """'Compile' for the interpreter: keep the optimized graph."""
     return Executable(graph)

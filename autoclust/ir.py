@@ -26,7 +26,7 @@ Shape = tuple[Dim, ...] | None
 class Value:
     """A tensor in the graph: name, dtype, shape, producer and uses."""
 
-    __slots__ = ("name", "dtype", "shape", "producer", "uses", "type_proto")
+    __slots__ = ("dtype", "name", "producer", "shape", "type_proto", "uses")
 
     def __init__(self, name: str, dtype: np.dtype | None = None, shape: Shape = None):
         self.name = name
@@ -67,8 +67,16 @@ class Node:
     the exporter writes it back verbatim so fallback segments keep the model's opset form.
     """
 
-    __slots__ = ("op", "domain", "inputs", "outputs", "attrs", "name", "implicit_inputs",
-                 "proto")
+    __slots__ = (
+        "attrs",
+        "domain",
+        "implicit_inputs",
+        "inputs",
+        "name",
+        "op",
+        "outputs",
+        "proto",
+    )
 
     def __init__(self, op: str, inputs: Iterable[Value | None], outputs: Iterable[Value],
                  attrs: dict[str, Any] | None = None, name: str = "", domain: str = ""):

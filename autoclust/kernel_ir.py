@@ -248,3 +248,80 @@ def format_program(p: Program) -> str:
         lines.append("fusion decisions:")
         lines += [f"  {n}" for n in p.notes]
     return "\n".join(lines) + "\n"
+
+
+# ---- loop-nest simplification -------------------------------------------------------------
+
+def _affines(k: Kernel) -> list[Affine]:
+    out = [s.index for s in k.stores]
+    stack: list = [r.expr for r in k.reductions] + [s.expr for s in k.stores]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, (Load, Index)):
+            out.append(e.index)
+        elif isinstance(e, Op):
+            stack.extend(e.args)
+    return out
+
+
+def _remap(k: Kernel, fn) -> Kernel:
+    """Apply fn(Affine) -> Affine to every index of kernel k."""
+    memo: dict[int, Any] = {}
+
+    def expr(e):
+        key = id(e)
+        if key not in memo:
+            if isinstance(e, (Load, Index)):
+                memo[key] = dataclasses.replace(e, index=fn(e.index))
+            elif isinstance(e, Op):
+                memo[key] = dataclasses.replace(e, args=tuple(expr(a) for a in e.args))
+            else:
+                memo[key] = e
+        return memo[key]
+
+    reds = tuple(dataclasses.replace(r, expr=expr(r.expr)) for r in k.reductions)
+    stores = tuple(dataclasses.replace(s, index=fn(s.index), expr=expr(s.expr))
+                   for s in k.stores)
+    return dataclasses.replace(k, reductions=reds, stores=stores)
+
+
+def collapse(k: Kernel) -> Kernel:
+    """Merge adjacent loop dims that every index map walks contiguously, drop size-1 dims.
+
+    [64, 1024] with all maps 1024*i0 + i1 -> [65536] with i0. Outer and inner dims are
+    merged separately; at least one outer dim is kept (threads split it).
+    """
+    shape, n_inner = list(k.shape), k.n_inner
+    affs = _affines(k)
+    dims = list(range(len(shape)))  # surviving dims, as positions in the original nest
+    groups: list[list[int]] = []
+    for d in dims:
+        inner = d >= len(shape) - n_inner
+        if groups:
+            prev = groups[-1][-1]
+            same_part = (prev >= len(shape) - n_inner) == inner
+            if same_part and all(a.coeffs[prev] == a.coeffs[d] * shape[d] for a in affs):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    n_outer_groups = sum(1 for g in groups if g[0] < len(shape) - n_inner)
+    new_shape = [int(_prod(shape[d] for d in g)) for g in groups]
+    keep = [i for i in range(len(groups)) if new_shape[i] != 1]
+    new_inner = sum(1 for i in keep if i >= n_outer_groups)
+
+    def fn(a: Affine) -> Affine:
+        return Affine(a.const, tuple(a.coeffs[groups[i][-1]] for i in keep))
+
+    out = _remap(k, fn)
+    final_shape = tuple(new_shape[i] for i in keep)
+    if len(final_shape) == new_inner:  # no outer dim: add one of size 1
+        out = _remap(out, lambda a: Affine(a.const, (0,) + a.coeffs))
+        final_shape = (1,) + final_shape
+    return dataclasses.replace(out, shape=final_shape, n_inner=new_inner)
+
+
+def _prod(it) -> int:
+    n = 1
+    for x in it:
+        n *= x
+    return n

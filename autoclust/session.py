@@ -35,7 +35,7 @@ _ORT_TYPE = {
 class NodeArg:
     """Name, shape and type of a model input or output, like onnxruntime's NodeArg."""
 
-    def __init__(self, name: str, shape: list | None, type: str):  # noqa: A002 - ORT's name
+    def __init__(self, name: str, shape: list | None, type: str):
         self.name = name
         self.shape = shape
         self.type = type
@@ -47,7 +47,7 @@ class NodeArg:
 class _InputSpec:
     """What a feed must look like: dtype, rank and the fixed dims (None = free)."""
 
-    __slots__ = ("name", "dtype", "dims", "type_str", "optional")
+    __slots__ = ("dims", "dtype", "name", "optional", "type_str")
 
     def __init__(self, vi: onnx.ValueInfoProto, optional: bool):
         self.name = vi.name

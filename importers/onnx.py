@@ -39,6 +39,7 @@ log = logging.getLogger("autoclust.importers.onnx")
 # Shape inference and the checker serialize the whole model; protobuf caps that at 2 GB.
 _MAX_INFER_BYTES = 1_500_000_000
 _MAX_CHECK_BYTES = 100_000_000
+_SMALL_TENSOR = 1024  # elements; larger initializers reach shape inference as stubs
 
 ModelSource = str | os.PathLike | bytes | bytearray | memoryview | ModelProto
 
@@ -120,11 +121,12 @@ def _value_types(proto: ModelProto) -> dict[str, TypeProto]:
     """Declared types, overridden by ONNX shape inference where it knows more."""
     gp = proto.graph
     types = {vi.name: vi.type for vi in (*gp.value_info, *gp.output) if vi.HasField("type")}
-    size = proto.ByteSize()
+    light = _without_weights(proto)
+    size = light.ByteSize()
     if size > _MAX_INFER_BYTES:
-        log.warning("model is %d bytes: skipping ONNX shape inference", size)
+        log.warning("model is %d bytes without its weights: skipping shape inference", size)
     else:
-        inferred = _infer_shapes(proto)
+        inferred = _infer_shapes(light)
         if inferred is not None:
             for vi in (*inferred.graph.value_info, *inferred.graph.output):
                 if vi.HasField("type"):
@@ -133,6 +135,28 @@ def _value_types(proto: ModelProto) -> dict[str, TypeProto]:
         if vi.HasField("type"):
             types[vi.name] = vi.type
     return types
+
+
+def _without_weights(proto: ModelProto) -> ModelProto:
+    """The model with large initializers replaced by data-less stubs.
+
+    Shape inference serializes the model; it needs the weights' dims, not their bytes
+    (small ones stay: Reshape shapes and the like are propagated by value)."""
+    gp = proto.graph
+    light = ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import,
+                       functions=proto.functions)
+    lg = light.graph
+    lg.name = gp.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(lg, field).extend(getattr(gp, field))
+    for t in gp.initializer:
+        if int(np.prod(t.dims, dtype=np.float64)) <= _SMALL_TENSOR:
+            lg.initializer.append(t)
+            continue
+        stub = lg.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims,
+                                  data_location=TensorProto.EXTERNAL)
+        stub.external_data.add(key="location", value="autoclust-weights-not-read")
+    return light
 
 
 def _infer_shapes(proto: ModelProto) -> ModelProto | None:

@@ -125,7 +125,10 @@ def _built_node(node: Node, version: int) -> NodeProto:
         ins.pop()
     proto = helper.make_node(node.op, ins, [v.name for v in node.outputs], name=node.name,
                              domain=node.domain)
-    for key, value in node.attrs.items():
+    attrs = dict(node.attrs)
+    if node.op == "Split" and version < 18:
+        attrs.pop("num_outputs", None)  # the outputs say it; the attribute needs opset 18
+    for key, value in attrs.items():
         try:
             proto.attribute.append(make_attribute(node, key, value, version))
         except Exception as e:
@@ -137,51 +140,93 @@ def _built_node(node: Node, version: int) -> NodeProto:
 def form_version(node: Node, current: int) -> int:
     """The default-domain opset a node without proto needs, given the graph's opset."""
     op = node.op
-    if op == "Split" and "num_outputs" not in node.attrs:
-        return 13
+    if op == "Split":
+        # num_outputs (18) is written only when it says more than the outputs do
+        return 18 if node.attrs.get("num_outputs", len(node.outputs)) != len(node.outputs) \
+            else 13
     if op == "Pad":
         if node.attrs.get("mode") == "wrap":
             return 19
         return 18 if len(node.inputs) > 3 and node.inputs[3] is not None else 11
     if op in FORM_VERSION:
         return FORM_VERSION[op]
-    try:
-        onnx.defs.get_schema(op, current, "")
+    if _schema(op, current) is not None:
         return current
-    except onnx.defs.SchemaError:  # the op is newer than the graph's opset (or unknown)
-        try:
-            return onnx.defs.get_schema(op, onnx.defs.onnx_opset_version(), "").since_version
-        except onnx.defs.SchemaError:
-            return current
+    newest = _schema(op, onnx.defs.onnx_opset_version())  # an op newer than the graph
+    return current if newest is None else newest.since_version
 
 
-def _since(op: str, version: int) -> int | None:
+def _schema(op: str, version: int) -> onnx.defs.OpSchema | None:
     try:
-        return onnx.defs.get_schema(op, version, "").since_version
+        return onnx.defs.get_schema(op, version, "")
     except onnx.defs.SchemaError:
         return None
+
+
+# Same inputs and attributes, different meaning (Softmax-13 stopped flattening to 2-D).
+_MEANING_CHANGED = {"Softmax": 13, "LogSoftmax": 13, "Hardmax": 13,
+                    "GroupNormalization": 21}  # scale and bias per group -> per channel
+
+
+def _still_valid(op: str, old: int, new: int) -> bool:
+    """True when a node written for opset `old` means the same at opset `new`: no
+    attribute or input was removed or retyped, and everything added is optional."""
+    a, b = _schema(op, old), _schema(op, new)
+    if a is None or b is None or b.deprecated:
+        return False
+    if a.since_version == b.since_version:
+        return True
+    if old < _MEANING_CHANGED.get(op, 0) <= new:
+        return False
+    for name, attr in a.attributes.items():
+        if name not in b.attributes or b.attributes[name].type != attr.type:
+            return False
+    if any(attr.required for name, attr in b.attributes.items() if name not in a.attributes):
+        return False
+    optional = onnx.defs.OpSchema.FormalParameterOption
+    ins_a, ins_b = a.inputs, b.inputs
+    if len(ins_b) < len(ins_a) or any(p.option != q.option for p, q in zip(ins_a, ins_b)):
+        return False
+    if any(p.option == optional.Single for p in ins_b[len(ins_a):]):
+        return False
+    return len(b.outputs) >= len(a.outputs)
 
 
 def _plan_opset(graph: Graph, current: int) -> tuple[int, set[int]]:
     """Pick the default-domain opset and the proto nodes to rewrite in the newest form.
 
     Nodes without proto may need a newer opset. Raise it only when every original node
-    either keeps its schema between the two opsets or was normalized (so its newest form
-    can be written); otherwise keep the graph's opset.
+    still means the same there, or was normalized (so its newest form can be written
+    instead); otherwise keep the graph's opset.
     """
     default = [n for n in graph.nodes if n.domain == ""]
-    needed = max((form_version(n, current) for n in default if n.proto is None),
+    target = max((form_version(n, current) for n in default if n.proto is None),
                  default=current)
-    if needed <= current:
+    if target <= current:
         return current, set()
-    rewrite = set()
-    for n in default:
-        if n.proto is None or _since(n.op, current) == _since(n.op, needed):
-            continue
-        if n.op not in FORM_VERSION:
-            return current, set()
-        rewrite.add(id(n))
-    return needed, rewrite
+    if any(not _still_valid(n.op, current, target) for n in graph.nodes
+           if n.domain == LEGACY):
+        return current, set()
+    while True:  # rewritten nodes may themselves need a newer opset
+        rewrite = set()
+        for n in default:
+            if n.proto is None:
+                continue
+            if n.op in FORM_VERSION:  # normalized: its newest form can always be written
+                if _since(n.op, current) != _since(n.op, target):
+                    rewrite.add(id(n))
+            elif not _still_valid(n.op, current, target):
+                return current, set()
+        need = max((form_version(n, current) for n in default if id(n) in rewrite),
+                   default=target)
+        if need <= target:
+            return target, rewrite
+        target = need
+
+
+def _since(op: str, version: int) -> int | None:
+    schema = _schema(op, version)
+    return None if schema is None else schema.since_version
 
 
 # ---- the model -------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import time
 import numpy as np
 import onnx
 import pytest
-
 from autoclust.models import zoo
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

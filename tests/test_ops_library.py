@@ -191,3 +191,13 @@ def test_einsum_int_and_symbolic():
     assert d.infer(ctx)[0][1] == ("B", 3, "K")
     with pytest.raises(ShapeInferenceError, match="label 'j'"):
         d.infer(_ctx("Einsum", [(3, 4), (5, 2)], {"equation": "ij,jk->ik"}))
+
+
+def test_einsum_unknown_output_label_raises():
+    with pytest.raises(ShapeInferenceError, match="appear in no input"):
+        ops.get("Einsum").infer(_ctx("Einsum", [(3, 4)], {"equation": "ij->iz"}))
+
+
+def test_pool_requires_kernel_shape():
+    with pytest.raises(ShapeInferenceError, match="kernel_shape"):
+        ops.get("MaxPool").infer(_ctx("MaxPool", [(1, 2, 4, 4)]))

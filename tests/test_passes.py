@@ -135,3 +135,140 @@ def test_rule(x, outputs, body, left):
     decl, shape = x
     _, opt = _check(_model(decl, outputs, body), [shape])
     assert _ops(opt) == sorted(left), str(opt)
+
+
+SHAPE_CHAIN = """
+    s = Shape(x)
+    i = Constant<value = int64[1] {0}>()
+    n = Gather<axis = 0>(s, i)
+    m = Constant<value = int64[2] {2, 2}>()
+    c = Concat<axis = 0>(n, m)
+    y = Reshape(x, c)
+"""
+
+
+def test_specialize_then_fold_shape_chain():
+    spec, opt = _check(_model("float[N,4] x", "float[N,2,2] y", SHAPE_CHAIN), [(3, 4)])
+    assert all(v.is_static() for n in spec.nodes for v in n.outputs)
+    assert spec.nodes[-1].outputs[0].shape == (3, 2, 2)
+    assert _ops(opt) == ["Reshape"]
+    target = opt.constant_value(opt.nodes[0].inputs[1])
+    np.testing.assert_array_equal(target, [3, 2, 2])
+
+
+def test_shape_values_become_constants_and_inputs_stay():
+    model = _model("float[N,4] x, int64[3] s", "float[A,B,C] y", "y = Reshape(x, s)")
+    graph = import_model(model)
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    s = np.array([2, 3, 2], np.int64)
+    types = [(x.dtype, x.shape), (s.dtype, s.shape)]
+    spec = specialize(graph, types, {"s": s})
+    assert [v.name for v in spec.inputs] == ["x", "s"] and not spec.inputs[1].uses
+    assert spec.outputs[0].shape == (2, 3, 2)
+    exe = compile_cluster(graph, types, {"s": s}, FLAGS, interpreter)
+    (out,) = exe.run([x, s])
+    np.testing.assert_array_equal(out, _ort(model, graph, [x, s])[0])
+    assert graph.outputs[0].shape is not None and not graph.outputs[0].is_static()  # untouched
+
+
+@pytest.mark.parametrize("types,shape_values,message", [
+    ([(np.float32, (3, 5))], {}, "input 'x': declared shape [N, 4], got [3, 5]"),
+    ([(np.float64, (3, 4))], {}, "input 'x': declared dtype float32"),
+    ([], {}, "has 1 inputs, got 0"),
+    ([(np.float32, (3, 4))], {"zz": np.zeros(1)}, "['zz']"),
+])
+def test_specialize_rejects_bad_types(types, shape_values, message):
+    graph = import_model(_model("float[N,4] x", Y, "y = Relu(x)"))
+    with pytest.raises(ShapeInferenceError) as info:
+        specialize(graph, types, shape_values)
+    assert message in str(info.value)
+
+
+def test_specialize_names_node_without_shape_value():
+    graph = import_model(_model("float[N,4] x, int64[3] s", "float[A,B,C] y",
+                                "y = Reshape(x, s)"))
+    with pytest.raises(ShapeInferenceError, match="Reshape"):
+        specialize(graph, [(np.float32, (3, 4)), (np.int64, (3,))], {})
+
+
+def test_specialize_names_node_on_broadcast_mismatch():
+    graph = import_model(_model("float[N,4] x, float[M,4] z", Y, "y = Add(x, z)"))
+    with pytest.raises(ShapeInferenceError, match="Add"):
+        specialize(graph, [(np.float32, (3, 4)), (np.float32, (2, 4))], {})
+
+
+def test_constant_and_input_outputs():
+    model = _model("float[N,4] x", "float[2] y, float[N,4] z",
+                   "a = Constant<value = float[2] {1.5, 2.0}>()\n y = Mul(a, a)\n z = Identity(x)")
+    graph = import_model(model)
+    spec, opt = _check(model, [(3, 4)])
+    assert opt.nodes == []
+    assert opt.outputs[0].name in opt.initializers and opt.outputs[1] is opt.inputs[0]
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    y, z = compile_cluster(graph, [(x.dtype, x.shape)], {}, FLAGS, interpreter).run([x])
+    np.testing.assert_array_equal(y, [2.25, 4.0])
+    np.testing.assert_array_equal(z, x)
+    assert z is not x
+
+
+def test_disable_passes():
+    model = _model("float[N,4] x", Y, "c = Constant<value = float {1.0}>()\n y = Mul(x, c)")
+    _, opt = _check(model, [(3, 4)], FLAGS.replace(disable_passes="simplify"))
+    assert _ops(opt) == ["Mul"]
+    _, opt = _check(model, [(3, 4)], FLAGS.replace(disable_passes="fold_constants,cse,dce"))
+    assert _ops(opt) == []
+    with pytest.raises(FlagError, match="fold_constants, simplify, cse, dce"):
+        optimize(import_model(model), FLAGS.replace(disable_passes="simplfy"))
+
+
+def _break_ssa(graph: Graph) -> Graph:
+    """A buggy pass: a second producer of an existing value."""
+    node = graph.nodes[0]
+    graph.nodes.append(Node("Relu", [graph.inputs[0]], [node.outputs[0]], name="dup"))
+    return graph
+
+
+def _forget_shape(graph: Graph) -> Graph:
+    graph.nodes[0].outputs[0].shape = ("N", 4)
+    return graph
+
+
+@pytest.mark.parametrize("bad,message", [(_break_ssa, "not SSA"),
+                                         (_forget_shape, "without a concrete dtype")])
+def test_verify_passes_names_the_bad_pass(monkeypatch, bad, message):
+    graph = import_model(_model("float[N,4] x", Y, "a = Exp(x)\n y = Relu(a)"))
+    spec = specialize(graph, [(np.float32, (3, 4))], {})
+    monkeypatch.setattr(pipeline, "PASSES", [*pipeline.PASSES, ("bad_pass", bad)])
+    optimize(spec, FLAGS.replace(verify_passes=False))  # unchecked, the damage goes unseen
+    with pytest.raises(CompileError, match=f"after pass bad_pass.*{message}"):
+        optimize(spec, FLAGS)
+
+
+def test_compile_cluster_dumps_both_graphs():
+    model = _model("float[N,4] x", Y, "c = Constant<value = float {1.0}>()\n t = Mul(x, c)\n"
+                   " y = Exp(t)")
+    graph = import_model(model)
+    x = RNG.standard_normal((5, 4)).astype(np.float32)
+    exe = compile_cluster(graph, [(x.dtype, x.shape)], {}, FLAGS, interpreter)
+    assert "Mul(" in exe.dumps[".before_optimizations.txt"]
+    assert "float32[5,4]" in exe.dumps[".before_optimizations.txt"]
+    assert "Mul(" not in exe.dumps[".after_optimizations.txt"]
+    assert exe.num_kernels == 1
+    np.testing.assert_allclose(exe.run([x])[0], _ort(model, graph, [x])[0], rtol=1e-6)
+
+
+def test_fixed_point():
+    model = _model("float[N,4] x", Y, """
+        one = Constant<value = float {1.0}>()
+        two = Constant<value = float {2.0}>()
+        k = Sub(two, one)
+        a = Identity(x)
+        b = Identity(x)
+        ea = Exp(a)
+        eb = Exp(b)
+        s = Mul(ea, k)
+        t = Add(s, eb)
+        y = Pow(t, two)""")
+    spec, opt = _check(model, [(3, 4)])
+    assert _ops(opt) == ["Add", "Exp", "Mul"]
+    assert str(optimize(opt, FLAGS)) == str(opt)

@@ -6,11 +6,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from autoclust.models import zoo
 from onnx import TensorProto, helper
 
 import autoclust
 from autoclust.errors import FlagError, InvalidInputError, ModelLoadError
-from autoclust.models import zoo
 
 ZOO = ["mlp_gelu", "bert_encoder", "llama_block", "resnet_block", "diffusion_block",
        "elementwise_chain", "gelu", "layernorm", "softmax_mask", "rmsnorm_gate",

@@ -23,8 +23,7 @@ def resolve(path: str) -> tuple[str, str | None]:
     """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx or the .npz."""
     base = path
     for suffix in (".onnx", ".inputs.npz"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
+        base = base.removesuffix(suffix)
     model = base + ".onnx"
     if not os.path.exists(model):
         raise ModelLoadError(f"no dumped cluster model at {model}")
@@ -62,11 +61,12 @@ def compare(name: str, got: np.ndarray, want: np.ndarray) -> tuple[float, float]
 
 
 def main(args: argparse.Namespace) -> int:
-    from autoclust import dump, flags, interpreter, registry
     from autoclust.backends import ort as ort_backend
-    from autoclust.compile import compile_cluster
     from autoclust.importers.onnx import import_model, load_model_proto
     from autoclust.tools.run import generate_inputs
+
+    from autoclust import dump, flags, interpreter, registry
+    from autoclust.compile import compile_cluster
 
     model_path, inputs_path = resolve(args.cluster)
     proto = load_model_proto(model_path)

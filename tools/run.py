@@ -53,8 +53,8 @@ def generate_inputs(model: onnx.ModelProto, dims: dict[str, int] | None = None,
         from autoclust.models import zoo
         if zoo.zoo_name(model):
             return zoo.feeds(model, dims=dims or None, seed=seed)
-    except ImportError:
-        pass
+    except (ImportError, InvalidInputError):
+        pass  # e.g. a dumped cluster of a zoo model with dims the zoo does not name
     rng = np.random.default_rng(seed)
     inits = {i.name for i in model.graph.initializer}
     feeds = {}
@@ -160,9 +160,10 @@ def explain_main(args: argparse.Namespace) -> int:
     """autoclust explain MODEL [--json] [--flags ...]"""
     import json
 
+    from autoclust.importers.onnx import import_model
+
     from autoclust import explain, flags, registry
     from autoclust.clustering import cluster
-    from autoclust.importers.onnx import import_model
     model = load_model(args.model)
     f = flags.parse(**_session_kwargs(args.flags))
     graph = import_model(model)

@@ -254,7 +254,12 @@ def run_ref(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 def _load_all() -> None:
     # Imported for their registrations; order does not matter.
     from autoclust.ops import (  # noqa: F401
-        elementwise, layout, library, normalization, reduction, shape,
+        elementwise,
+        layout,
+        library,
+        normalization,
+        reduction,
+        shape,
     )
 
 

@@ -1,0 +1,292 @@
+"""Kernel IR -> LLVM IR (llvmlite): one function per kernel, one module per cluster.
+
+Every kernel k becomes `void k(ptr bufs, i64 start, i64 stop)` running outer loop
+indices start <= i0 < stop (so threads can split i0), which loads its buffer pointers
+from `bufs` and calls `k.body` whose pointer arguments are noalias (vectorization needs
+it). Addresses are GEPs. Reductions accumulate in entry-block allocas (SROA turns them
+into registers) with the `reassoc` fast-math flag so the loop vectorizer can split them.
+`k.par(bufs, n, threads)` runs `k` on libgomp's threads (GOMP_parallel), splitting n.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from autoclust import kernel_ir as kir
+from autoclust.backends.cpu import mathops
+from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, if_then
+
+I8, I32 = ir.IntType(8), ir.IntType(32)
+PTR = ir.PointerType()
+STORAGE = {"float16": ir.HalfType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
+           "int32": I32, "int64": I64, "bool": I8}
+COMPUTE = {"float16": ir.FloatType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
+           "int32": I32, "int64": I64, "bool": ir.IntType(1)}
+REDUCE_FLAGS = ("reassoc", "contract")
+
+
+def is_float(dtype: str) -> bool:
+    return dtype.startswith("float")
+
+
+class KernelEmitter:
+    """Emits the body of one kernel."""
+
+    def __init__(self, module: ir.Module, kernel: kir.Kernel, fast_math: bool):
+        self.module = module
+        self.kernel = kernel
+        self.flags = ("fast",) if fast_math else ()
+        self.bufs = sorted(_buffers_of(kernel))
+        self.dtypes = _buffer_dtypes(kernel)
+        self.math = mathops.MathOps(module)
+
+    def emit(self) -> None:
+        k = self.kernel
+        argtys = [PTR] * len(self.bufs) + [I64, I64]
+        body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), argtys), f"{k.name}.body")
+        for a in body.args[:len(self.bufs)]:
+            a.add_attribute("noalias")
+        self.b = ir.IRBuilder(body.append_basic_block("entry"))
+        self.ptr = dict(zip(self.bufs, body.args))
+        start, stop = body.args[-2], body.args[-1]
+        n_outer = len(k.shape) - k.n_inner
+        ranges = [(start, stop)] + [(_i64(0), _i64(d)) for d in k.shape[1:n_outer]]
+        with for_nest(self.b, ranges, "o") as outer:
+            self.outer = outer
+            self._row()
+        self.b.ret_void()
+        self._wrapper(body)
+
+    def _wrapper(self, body: ir.Function) -> None:
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]),
+                         self.kernel.name)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        ptrs = []
+        for buf in self.bufs:
+            slot = b.gep(fn.args[0], [_i64(buf)], inbounds=True, source_etype=PTR)
+            ptrs.append(b.load(slot, typ=PTR))
+        b.call(body, ptrs + [fn.args[1], fn.args[2]])
+        b.ret_void()
+
+    # ---- loop structure ---------------------------------------------------------------
+    def _row(self) -> None:
+        k = self.kernel
+        inner_ranges = [(_i64(0), _i64(d)) for d in k.shape[len(k.shape) - k.n_inner:]]
+        self.reduced: list[ir.Value] = []
+        for red in k.reductions:
+            self.reduced.append(self._reduction(red, inner_ranges))
+        row_stores = [s for s in k.stores if s.per_row]
+        elem_stores = [s for s in k.stores if not s.per_row]
+        self.iv = self.outer + [_i64(0)] * k.n_inner
+        self.memo: dict = {}
+        for s in row_stores:
+            self._store(s)
+        if elem_stores:
+            with for_nest(self.b, inner_ranges, "e") as inner:
+                self.iv = self.outer + inner
+                self.memo = {}
+                for s in elem_stores:
+                    self._store(s)
+
+    def _reduction(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
+        b = self.b
+        ty = COMPUTE[red.dtype] if not red.kind.startswith("arg") else \
+            COMPUTE[red.expr.dtype]
+        acc = entry_alloca(b, ty, "acc")
+        b.store(_reduce_init(red.kind, red.expr.dtype, ty), acc)
+        pos = None
+        if red.kind.startswith("arg"):
+            pos = entry_alloca(b, I64, "pos")
+            b.store(_i64(0), pos)
+        with for_nest(b, inner_ranges, "r") as inner:
+            self.iv = self.outer + inner
+            self.memo = {}
+            x = self.value(red.expr)
+            old = b.load(acc)
+            if pos is None:
+                b.store(self._combine(red.kind, old, x, red.dtype), acc)
+            else:
+                take = self._arg_better(red.kind, x, old, red.expr.dtype)
+                b.store(b.select(take, x, old), acc)
+                b.store(b.select(take, inner[-1], b.load(pos)), pos)
+        return b.load(pos if pos is not None else acc)
+
+    def _combine(self, kind: str, acc: ir.Value, x: ir.Value, dtype: str) -> ir.Value:
+        b = self.b
+        if kind == "sum":
+            return b.fadd(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.add(acc, x)
+        if kind == "prod":
+            return b.fmul(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.mul(acc, x)
+        return self.math.minmax(b, "max" if kind == "max" else "min", acc, x, dtype)
+
+    def _arg_better(self, kind: str, x: ir.Value, best: ir.Value, dtype: str) -> ir.Value:
+        b = self.b
+        last = kind.endswith("_last")
+        if is_float(dtype):
+            cmp = (">=" if last else ">") if kind.startswith("argmax") else ("<=" if last else "<")
+            better = b.fcmp_ordered(cmp, x, best)
+            x_nan = b.fcmp_unordered("uno", x, x)
+            best_ok = b.fcmp_ordered("ord", best, best)
+            return b.or_(better, b.and_(x_nan, best_ok))
+        cmp = (">=" if last else ">") if kind.startswith("argmax") else ("<=" if last else "<")
+        return b.icmp_signed(cmp, x, best)
+
+    # ---- stores, loads and expressions -----------------------------------------------------
+    def _address(self, buf: int, index: kir.Affine) -> ir.Value:
+        b = self.b
+        off = _i64(index.const)
+        for c, iv in zip(index.coeffs, self.iv):
+            if c:
+                term = iv if c == 1 else b.mul(iv, _i64(c), flags=["nsw"])
+                off = b.add(off, term, flags=["nsw"])
+        return b.gep(self.ptr[buf], [off], inbounds=True,
+                     source_etype=STORAGE[self.dtypes[buf]])
+
+    def _store(self, s: kir.Store) -> None:
+        dtype = self.dtypes[s.buf]
+        v = self.value(s.expr)
+        b = self.b
+        if dtype == "float16":
+            v = b.fptrunc(v, STORAGE[dtype])
+        elif dtype == "bool":
+            v = b.zext(v, I8)
+        b.store(v, self._address(s.buf, s.index))
+
+    def value(self, e: kir.Expr) -> ir.Value:
+        """The IR value of expression e in the current loop body (memoized)."""
+        v = self.memo.get(e)
+        if v is None:
+            v = self._value(e)
+            self.memo[e] = v
+        return v
+
+    def _value(self, e: kir.Expr) -> ir.Value:
+        b = self.b
+        if isinstance(e, kir.Const):
+            return constant(e.value, e.dtype)
+        if isinstance(e, kir.Reduced):
+            return self.reduced[e.phase]
+        if isinstance(e, kir.Index):
+            off = _i64(e.index.const)
+            for c, iv in zip(e.index.coeffs, self.iv):
+                if c:
+                    off = b.add(off, b.mul(iv, _i64(c)))
+            return off
+        if isinstance(e, kir.Load):
+            v = b.load(self._address(e.buf, e.index), typ=STORAGE[e.dtype])
+            if e.dtype == "float16":
+                return b.fpext(v, COMPUTE["float16"])
+            if e.dtype == "bool":
+                return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+            return v
+        args = [self.value(a) for a in e.args]
+        if e.name == "cast":
+            return self.math.cast(b, args[0], e.args[0].dtype, e.dtype)
+        arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
+        return self.math.primitive(b, e.name, args, arg_dtype, self.flags)
+
+
+def constant(value, dtype: str) -> ir.Constant:
+    ty = COMPUTE[dtype]
+    if dtype == "bool":
+        return ir.Constant(ty, int(bool(value)))
+    if is_float(dtype):
+        return ir.Constant(ty, float(value))
+    return ir.Constant(ty, int(value))
+
+
+def _reduce_init(kind: str, dtype: str, ty: ir.Type) -> ir.Constant:
+    if kind == "sum":
+        return constant(0, dtype)
+    if kind == "prod":
+        return constant(1, dtype)
+    high = kind in ("max", "argmax", "argmax_last")
+    if is_float(dtype):
+        if kind.startswith("arg"):  # the first element always wins against NaN
+            return ir.Constant(ty, math.nan)
+        return ir.Constant(ty, -math.inf if high else math.inf)
+    bits = ty.width
+    return ir.Constant(ty, -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1)
+
+
+def _i64(v: int) -> ir.Constant:
+    return ir.Constant(I64, v)
+
+
+def _exprs(k: kir.Kernel) -> list:
+    return [r.expr for r in k.reductions] + [s.expr for s in k.stores]
+
+
+def _walk(k: kir.Kernel):
+    seen: set = set()
+    stack = _exprs(k)
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        if isinstance(e, kir.Op):
+            stack.extend(e.args)
+
+
+def _buffers_of(k: kir.Kernel) -> set[int]:
+    bufs = {s.buf for s in k.stores}
+    bufs |= {e.buf for e in _walk(k) if isinstance(e, kir.Load)}
+    return bufs
+
+
+def _buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
+    out = {e.buf: e.dtype for e in _walk(k) if isinstance(e, kir.Load)}
+    for s in k.stores:
+        out[s.buf] = s.expr.dtype
+    return out
+
+
+def emit_parallel(module: ir.Module, name: str) -> None:
+    """`name.par(bufs, n, threads)`: run kernel `name` over [0, n) on libgomp threads."""
+    fnty = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
+    kernel = module.get_global(name)
+    gomp = _declare(module, "GOMP_parallel",
+                    ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
+    tid_fn = _declare(module, "omp_get_thread_num", ir.FunctionType(I32, []))
+    nt_fn = _declare(module, "omp_get_num_threads", ir.FunctionType(I32, []))
+    ctx_ty = ir.LiteralStructType([PTR, I64])
+    worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), f"{name}.omp")
+    b = ir.IRBuilder(worker.append_basic_block("entry"))
+    bufs = b.load(b.gep(worker.args[0], [I32(0), I32(0)], source_etype=ctx_ty), typ=PTR)
+    n = b.load(b.gep(worker.args[0], [I32(0), I32(1)], source_etype=ctx_ty), typ=I64)
+    tid = b.sext(b.call(tid_fn, []), I64)
+    nt = b.sext(b.call(nt_fn, []), I64)
+    chunk = b.sdiv(b.add(n, b.sub(nt, _i64(1))), nt)
+    start = b.mul(tid, chunk)
+    stop = b.select(b.icmp_signed("<", b.add(start, chunk), n), b.add(start, chunk), n)
+    with if_then(b, b.icmp_signed("<", start, stop)):
+        b.call(kernel, [bufs, start, stop])
+    b.ret_void()
+    par = ir.Function(module, fnty, f"{name}.par")
+    b = ir.IRBuilder(par.append_basic_block("entry"))
+    ctx = b.alloca(ctx_ty)
+    b.store(par.args[0], b.gep(ctx, [I32(0), I32(0)], source_etype=ctx_ty))
+    b.store(par.args[1], b.gep(ctx, [I32(0), I32(1)], source_etype=ctx_ty))
+    b.call(gomp, [worker, ctx, b.trunc(par.args[2], I32), I32(0)])
+    b.ret_void()
+
+
+def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
+    try:
+        return module.get_global(name)
+    except KeyError:
+        return ir.Function(module, fnty, name)
+
+
+def build_module(kernels: list[kir.Kernel], fast_math: bool, parallel: set[str]) -> ir.Module:
+    """One LLVM module holding every kernel of a cluster (and parallel launchers)."""
+    module = ir.Module(name="autoclust")
+    for k in kernels:
+        KernelEmitter(module, k, fast_math).emit()
+        if k.name in parallel:
+            emit_parallel(module, k.name)
+    return module

@@ -1,0 +1,105 @@
+"""LLVM set-up, optimization and object code: the only module that drives llvmlite's JIT.
+
+All LLVM calls hold LLVM_LOCK. A cluster's kernels live in one module and one MCJIT
+engine (MCJIT never frees code). Object code goes through the persistent cache when
+--cache_dir is set, so a warm process compiles nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import threading
+
+import llvmlite
+from llvmlite import binding as llvm
+
+import autoclust
+from autoclust.backends.cpu import cache
+
+LLVM_LOCK = threading.RLock()
+COUNTS = {"compiles": 0}
+_state: dict = {}
+
+
+def target_machine() -> llvm.TargetMachine:
+    """The host target machine (created once)."""
+    with LLVM_LOCK:
+        tm = _state.get("tm")
+        if tm is None:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            gomp = ctypes.util.find_library("gomp")
+            if gomp:
+                llvm.load_library_permanently(gomp)
+            llvm.load_library_permanently(ctypes.util.find_library("m"))
+            target = llvm.Target.from_default_triple()
+            tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                              features=llvm.get_host_cpu_features().flatten(),
+                                              opt=3, jit=True)
+            _state["tm"] = tm
+        return tm
+
+
+def has_openmp() -> bool:
+    return bool(ctypes.util.find_library("gomp"))
+
+
+def version_key() -> str:
+    """Everything besides the IR that changes object code."""
+    return "|".join([autoclust.__version__, llvmlite.__version__,
+                     ".".join(map(str, llvm.llvm_version_info)), llvm.get_host_cpu_name(),
+                     llvm.get_host_cpu_features().flatten()])
+
+
+def optimize(ir_text: str) -> llvm.ModuleRef:
+    """Parse and optimize LLVM IR at speed level 3 with vectorization on."""
+    tm = target_machine()
+    with LLVM_LOCK:
+        mod = llvm.parse_assembly(ir_text)
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
+        mod.verify()
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pto.loop_unrolling = True
+        pto.loop_interleaving = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        return mod
+
+
+def compile_object(ir_text: str, cache_dir: str, want_asm: bool) -> tuple[bytes, str, str]:
+    """(object code, optimized .ll, .s) for a module, through the persistent cache."""
+    key = cache.make_key(ir_text, version_key())
+    if cache_dir:
+        obj = cache.load(cache_dir, key)
+        if obj is not None:
+            note = f"; loaded from the persistent cache, key {key}\n"
+            return obj, note, note
+    mod = optimize(ir_text)
+    tm = target_machine()
+    with LLVM_LOCK:
+        COUNTS["compiles"] += 1
+        obj = tm.emit_object(mod)
+        asm = tm.emit_assembly(mod) if want_asm else ""
+        ll = str(mod)
+    if cache_dir:
+        cache.store(cache_dir, key, obj)
+    return obj, ll, asm
+
+
+def load_object(obj: bytes, names: list[str]) -> tuple[llvm.ExecutionEngine, dict[str, int]]:
+    """An MCJIT engine holding `obj`, and the addresses of `names`."""
+    tm = target_machine()
+    with LLVM_LOCK:
+        empty = llvm.parse_assembly("")
+        empty.triple = tm.triple
+        engine = llvm.create_mcjit_compiler(empty, tm)
+        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        engine.finalize_object()
+        addrs = {n: engine.get_function_address(n) for n in names}
+    missing = [n for n, a in addrs.items() if not a]
+    if missing:
+        raise autoclust.errors.CompileError(f"compiled code lacks functions {missing}")
+    return engine, addrs

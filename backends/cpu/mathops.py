@@ -1,0 +1,219 @@
+"""Kernel IR primitives -> LLVM instructions: a table from primitive name to emitter.
+
+Transcendentals go to mathlib (branch-free, vectorizable) when it is present, else to
+LLVM intrinsics or libm. Integer division and remainder never trap: a zero divisor
+is replaced by 1 (the result is then unspecified, as in onnxruntime).
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+
+from llvmlite import binding as llvm
+from llvmlite import ir
+
+try:
+    from autoclust.backends.cpu import mathlib
+except ImportError:  # written by another engineer; intrinsics/libm meanwhile
+    mathlib = None
+
+MATHLIB_OPS = ("exp", "log", "tanh", "sigmoid", "erf")
+INTRINSIC_UNARY = {"sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
+                   "round": "llvm.roundeven", "sin": "llvm.sin", "cos": "llvm.cos",
+                   "exp": "llvm.exp", "log": "llvm.log", "abs": "llvm.fabs", "tan": "llvm.tan"}
+LIBM_UNARY = ("asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf",
+              "tanh")
+FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
+ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+_libm_loaded = False
+
+
+def load_libm() -> None:
+    """Make libm symbols (erff, asinf, ...) visible to the JIT."""
+    global _libm_loaded
+    if not _libm_loaded:
+        llvm.load_library_permanently(ctypes.util.find_library("m"))
+        _libm_loaded = True
+
+
+def _is_float(ty: ir.Type) -> bool:
+    return isinstance(ty, (ir.FloatType, ir.DoubleType, ir.HalfType))
+
+
+def _suffix(ty: ir.Type) -> str:
+    return {ir.FloatType: "f32", ir.DoubleType: "f64", ir.HalfType: "f16"}[type(ty)] \
+        if _is_float(ty) else f"i{ty.width}"
+
+
+class MathOps:
+    """Emits primitives into a module (declaring intrinsics and libm functions once)."""
+
+    def __init__(self, module: ir.Module):
+        self.module = module
+
+    def _fn(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        try:
+            return self.module.get_global(name)
+        except KeyError:
+            return ir.Function(self.module, ir.FunctionType(ret, args), name)
+
+    def intrinsic(self, b: ir.IRBuilder, name: str, args: list[ir.Value]) -> ir.Value:
+        ty = args[0].type
+        fn = self._fn(f"{name}.{_suffix(ty)}", ty, [a.type for a in args])
+        return b.call(fn, args)
+
+    def libm(self, b: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
+        load_libm()
+        cname = name + ("f" if isinstance(x.type, ir.FloatType) else "")
+        return b.call(self._fn(cname, x.type, [x.type]), [x])
+
+    def minmax(self, b: ir.IRBuilder, which: str, x: ir.Value, y: ir.Value,
+               dtype: str) -> ir.Value:
+        """NaN-propagating max/min for floats (numpy semantics), signed for ints."""
+        if _is_float(x.type):
+            return self.intrinsic(b, "llvm.maximum" if which == "max" else "llvm.minimum",
+                                  [x, y])
+        if x.type.width == 1:
+            return b.or_(x, y) if which == "max" else b.and_(x, y)
+        return self.intrinsic(b, "llvm.smax" if which == "max" else "llvm.smin", [x, y])
+
+    def primitive(self, b: ir.IRBuilder, name: str, args: list[ir.Value], dtype: str,
+                  flags: tuple) -> ir.Value:
+        """Emit primitive `name` on args whose (operand) dtype is `dtype`."""
+        x = args[0]
+        if name == "select":
+            return b.select(args[0], args[1], args[2])
+        if _is_float(x.type):
+            return self._float(b, name, args, flags)
+        return self._int(b, name, args)
+
+    def _float(self, b: ir.IRBuilder, name: str, args: list[ir.Value],
+               flags: tuple) -> ir.Value:
+        x = args[0]
+        y = args[1] if len(args) > 1 else None
+        simple = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}
+        if name in simple:
+            return simple[name](x, y, flags=flags)
+        if name == "neg":
+            return b.fneg(x, flags=flags)
+        if name in FCMP:
+            return b.fcmp_ordered(FCMP[name], x, y)
+        if name == "ne":
+            return b.fcmp_unordered("!=", x, y)
+        if name == "isnan":
+            return b.fcmp_unordered("uno", x, x)
+        if name in ("max", "min"):
+            return self.minmax(b, name, x, y, "")
+        if name == "fmod":
+            return b.frem(x, y)
+        if name == "mod":  # result takes the divisor's sign (Python/numpy mod)
+            r = b.frem(x, y)
+            zero = ir.Constant(x.type, 0.0)
+            fix = b.and_(b.fcmp_ordered("!=", r, zero),
+                         b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", y, zero)))
+            return b.select(fix, b.fadd(r, y), r)
+        if name == "pow":
+            return self.intrinsic(b, "llvm.pow", [x, y])
+        if name == "sign":
+            one, zero = ir.Constant(x.type, 1.0), ir.Constant(x.type, 0.0)
+            neg = b.select(b.fcmp_ordered("<", x, zero), ir.Constant(x.type, -1.0), x)
+            return b.select(b.fcmp_ordered(">", x, zero), one, neg)
+        if name in MATHLIB_OPS and mathlib is not None and hasattr(mathlib, "call"):
+            return mathlib.call(b, name, [x])
+        if name == "sigmoid":
+            one = ir.Constant(x.type, 1.0)
+            e = self.intrinsic(b, "llvm.exp", [b.fneg(x)])
+            return b.fdiv(one, b.fadd(one, e))
+        if name in INTRINSIC_UNARY:
+            return self.intrinsic(b, INTRINSIC_UNARY[name], [x])
+        if name in LIBM_UNARY:
+            return self.libm(b, name, x)
+        raise NotImplementedError(f"float primitive {name}")
+
+    def _int(self, b: ir.IRBuilder, name: str, args: list[ir.Value]) -> ir.Value:
+        x = args[0]
+        y = args[1] if len(args) > 1 else None
+        ty = x.type
+        simple = {"add": b.add, "sub": b.sub, "mul": b.mul, "and": b.and_, "or": b.or_,
+                  "xor": b.xor, "bitand": b.and_, "bitor": b.or_, "bitxor": b.xor,
+                  "shl": b.shl, "shr": b.lshr}
+        if name in simple:
+            return simple[name](x, y)
+        if name in ICMP:
+            return b.icmp_signed(ICMP[name], x, y)
+        if name in ("not", "bitnot"):
+            return b.xor(x, ir.Constant(ty, -1))
+        if name == "neg":
+            return b.sub(ir.Constant(ty, 0), x)
+        if name == "abs":
+            return self.intrinsic(b, "llvm.abs", [x, ir.Constant(ir.IntType(1), 0)])
+        if name in ("max", "min"):
+            return self.minmax(b, name, x, y, "")
+        if name == "sign":
+            zero = ir.Constant(ty, 0)
+            pos = b.zext(b.icmp_signed(">", x, zero), ty)
+            neg = b.zext(b.icmp_signed("<", x, zero), ty)
+            return b.sub(pos, neg)
+        if name in ("div", "mod", "fmod"):
+            return self._int_divide(b, name, x, y)
+        if name == "isnan":
+            return ir.Constant(ir.IntType(1), 0)
+        raise NotImplementedError(f"integer primitive {name}")
+
+    def _int_divide(self, b: ir.IRBuilder, name: str, x: ir.Value, y: ir.Value) -> ir.Value:
+        ty = x.type
+        zero, one = ir.Constant(ty, 0), ir.Constant(ty, 1)
+        # y == 0 and MIN / -1 would trap: divide by 1 there instead.
+        bad = b.or_(b.icmp_signed("==", y, zero),
+                    b.and_(b.icmp_signed("==", y, ir.Constant(ty, -1)),
+                           b.icmp_signed("==", x, ir.Constant(ty, -(1 << (ty.width - 1))))))
+        safe = b.select(bad, one, y)
+        if name == "div":
+            q = b.sdiv(x, safe)
+            return b.select(b.icmp_signed("==", y, ir.Constant(ty, -1)), b.sub(zero, x), q)
+        r = b.srem(x, safe)
+        r = b.select(bad, zero, r)
+        if name == "fmod":
+            return r
+        fix = b.and_(b.icmp_signed("!=", r, zero),
+                     b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", y, zero)))
+        return b.select(fix, b.add(r, y), r)
+
+    def cast(self, b: ir.IRBuilder, x: ir.Value, src: str, dst: str) -> ir.Value:
+        """Convert between compute types; float16 rounds through half."""
+        from autoclust.backends.cpu.codegen import COMPUTE
+        ty = COMPUTE[dst]
+        if src == dst:
+            return x
+        if dst == "bool":
+            if _is_float(x.type):
+                return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0))
+            return b.icmp_signed("!=", x, ir.Constant(x.type, 0))
+        if dst.startswith("float"):
+            store_ty = ir.HalfType() if dst == "float16" else ty
+            if _is_float(x.type):
+                v = _fconvert(b, x, store_ty)
+            elif src == "bool":
+                v = b.uitofp(x, store_ty)
+            else:
+                v = b.sitofp(x, store_ty)
+            return b.fpext(v, ty) if dst == "float16" else v
+        if _is_float(x.type):  # saturating: NaN/out-of-range never become poison
+            return self.intrinsic_ret(b, "llvm.fptosi.sat", ty, x)
+        if x.type.width < ty.width:
+            return b.zext(x, ty) if src == "bool" else b.sext(x, ty)
+        return b.trunc(x, ty) if x.type.width > ty.width else x
+
+    def intrinsic_ret(self, b: ir.IRBuilder, name: str, ret: ir.Type, x: ir.Value) -> ir.Value:
+        fn = self._fn(f"{name}.{_suffix(ret)}.{_suffix(x.type)}", ret, [x.type])
+        return b.call(fn, [x])
+
+
+def _fconvert(b: ir.IRBuilder, x: ir.Value, ty: ir.Type) -> ir.Value:
+    width = {ir.HalfType: 16, ir.FloatType: 32, ir.DoubleType: 64}
+    if width[type(x.type)] < width[type(ty)]:
+        return b.fpext(x, ty)
+    if width[type(x.type)] > width[type(ty)]:
+        return b.fptrunc(x, ty)
+    return x
