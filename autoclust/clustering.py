@@ -15,7 +15,8 @@ that is not clustered. Three concerns are kept apart, as in TF and Inductor:
    Shape computations (Shape -> Gather -> Concat -> Reshape) contract into their
    consumer first, so they fold once shapes are concrete.
 3. Profitability (`why_not_profitable`): a cluster must weigh --min_cluster_size, where
-   Identity, Constant, Dropout and pure shape computations weigh 0. At --auto_jit=1 a
+   Identity, Constant, Dropout and pure shape computations weigh 0 and normalizations
+   (Softmax, LayerNormalization, ...) weigh 2. At --auto_jit=1 a
    cost model must also expect a win. The model counts memory traffic only: fusion wins
    when it removes the write and re-read of a full intermediate tensor. A cluster passes
    when (a) an internal edge carries a tensor that is not a shape value, produced by a
@@ -139,8 +140,20 @@ class _Analysis:
         shape_like = shape_like_ops()
         self.is_shape = [_is_shape_computation(n, d, self.static, shape_like)
                          for n, d in zip(self.nodes, self.opdefs)]
-        self.weight = [0 if (n.op in ZERO_WEIGHT_OPS or s) else 1
-                       for n, s in zip(self.nodes, self.is_shape)]
+        self.weight = [_weight(n, d, s) for n, d, s in
+                       zip(self.nodes, self.opdefs, self.is_shape)]
+
+
+def _weight(node: Node, opdef: ops.OpDef | None, is_shape: bool) -> int:
+    """What a node counts towards --min_cluster_size."""
+    if node.op in ZERO_WEIGHT_OPS or is_shape:
+        return 0
+    # A normalization is a reduction plus elementwise work in one op (Softmax = max, exp,
+    # sum, divide; LayerNormalization = two means and a scale): it weighs 2, so that
+    # scale + mask + softmax (3 ops, two full tensor round trips saved) is worth a cluster.
+    if opdef is not None and opdef.kind == ops.NORMALIZATION:
+        return 2
+    return 1
 
 
 def _has_subgraph(node: Node) -> bool:

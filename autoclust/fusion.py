@@ -20,13 +20,15 @@ Kernels are grown from the materialized values ("roots") in topological order:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from autoclust import kernel_ir as kir
 from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.fusion_lower import NeedRowDomain, Refuse, broadcast_index
-from autoclust.fusion_rows import LOWERINGS
+from autoclust.fusion_rows import LOWERINGS, why_not_lower
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel_ir import Affine
 
@@ -111,6 +113,11 @@ class KernelBuilder:
                 out_shape: tuple[int, ...]) -> kir.Expr:
         """Input i of `node` at the output index `idx`, with numpy broadcasting."""
         v = node.inputs[i]
+        return self.expr(v, broadcast_index(idx, out_shape, v.shape))
+
+    def operand_to(self, v: Value, idx: tuple[Affine, ...],
+                   out_shape: tuple[int, ...]) -> kir.Expr:
+        """Value `v` broadcast (numpy rules) to `out_shape`, at `idx`."""
         return self.expr(v, broadcast_index(idx, out_shape, v.shape))
 
     def inner_unit(self, k: int) -> Affine:
@@ -310,9 +317,6 @@ class Materialize(Exception):
         self.reason = reason
 
 
-def fusible(node: Node) -> bool:
-    """True when the node lowers to loop-nest expressions."""
-    return node.domain in ("", "ai.onnx") and node.op in LOWERINGS
 
 
 def _initial_materialized(graph: Graph, thunk_nodes: set[str],
@@ -370,7 +374,7 @@ def _shared_expensive(f: Fusion) -> Value | None:
 def fuse(graph: Graph) -> kir.Program:
     """Group `graph` (concrete shapes) into kernels and calls; see the module docstring."""
     notes: list[str] = []
-    thunk_nodes = {n.name for n in graph.nodes if not fusible(n)}
+    thunk_nodes = {n.name for n in graph.nodes if why_not_lower(n, graph) is not None}
     materialized = _initial_materialized(graph, thunk_nodes, notes)
     for _ in range(MAX_RESTARTS):
         f = Fusion(graph, materialized, thunk_nodes)
@@ -458,13 +462,8 @@ def plan_memory(buffers: list[kir.Buffer], thunks: list[kir.Thunk]) -> list[kir.
             slots[b.id] = len(slot_free_after)
             slot_free_after.append(last.get(b.id, start))
     for b in buffers:
-        out.append(dataclasses_replace(b, slot=slots.get(b.id, -1)))
+        out.append(dataclasses.replace(b, slot=slots.get(b.id, -1)))
     return out
-
-
-def dataclasses_replace(b: kir.Buffer, **kw) -> kir.Buffer:
-    import dataclasses
-    return dataclasses.replace(b, **kw)
 
 
 def scalar_value(x: np.ndarray):

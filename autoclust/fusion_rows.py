@@ -28,7 +28,7 @@ from autoclust.kernel_ir import Affine
 
 SUPPORTED_DTYPES = frozenset({"float16", "float32", "float64", "int32", "int64", "bool"})
 FLOAT_ONLY = frozenset({"Pow", "ReduceLogSumExp", "ReduceL2", "ReduceLogSum", "Softmax",
-                        "LogSoftmax", "LayerNormalization", "BatchNormalization",
+                        "LogSoftmax", "ReduceL2", "ReduceLogSum", "LayerNormalization", "BatchNormalization",
                         "InstanceNormalization", "ReduceMean"})
 
 
@@ -63,7 +63,7 @@ def _count(x: Value, axes: list[int]) -> int:
 # Reduce ops: (phase kind, element transform, finish(result, count, dtype)).
 _REDUCE: dict[str, tuple] = {
     "ReduceSum": ("sum", None, None),
-    "ReduceMean": ("sum", None, lambda r, n, ct: op("div", r, const(n, ct))),
+    "ReduceMean": ("sum", None, lambda r, n, ct: op("div", r, const(n, ct)) if n else r),
     "ReduceMax": ("max", None, None),
     "ReduceMin": ("min", None, None),
     "ReduceProd": ("prod", None, None),

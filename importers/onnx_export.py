@@ -41,6 +41,8 @@ def value_info(v: Value) -> ValueInfoProto:
         vi = ValueInfoProto(name=v.name)
         vi.type.CopyFrom(v.type_proto)
         return vi
+    if v.dtype is None:  # unknown: onnxruntime infers it (graph inputs never get here)
+        return ValueInfoProto(name=v.name)
     if v.shape is None:
         return helper.make_tensor_value_info(v.name, _elem_type(v.dtype), None)
     vi = helper.make_tensor_value_info(v.name, _elem_type(v.dtype), [])
@@ -272,6 +274,9 @@ def _opset_imports(graph: Graph, written: list[NodeProto], default: int) -> list
 
 def export_model(graph: Graph, *, ir_version: int | None = None) -> ModelProto:
     """Write `graph` as an ONNX ModelProto that onnxruntime loads and runs."""
+    for v in graph.inputs:
+        if v.dtype is None and v.type_proto is None:
+            raise ExportError(f"graph {graph.name!r}: input {v.name!r} has no known type")
     current = graph.opset.get("", graph.opset.get("ai.onnx", 17))
     version, rewrite = _plan_opset(graph, current)
     written, implicit_reads = _write_nodes(graph, version, rewrite)

@@ -11,12 +11,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from autoclust.importers import export_model, import_model, load_model_proto
+from autoclust.importers.onnx import LEGACY
+from autoclust.importers.onnx_export import ExportError
 from onnx import TensorProto, helper, numpy_helper
 
 from autoclust import ops
 from autoclust.errors import ModelLoadError
-from autoclust.importers import export_model, import_model, load_model_proto
-from autoclust.importers.onnx import LEGACY
 
 RNG = np.random.default_rng(0)
 
@@ -166,7 +167,9 @@ def test_batchnorm_forms():
     graph, (y,) = check_three_ways(model, X234)
     node = only_node(graph, "BatchNormalization")
     assert node.domain == "" and node.attrs == {"epsilon": pytest.approx(0.01)}
-    c = lambda a: np.array(a, np.float32).reshape(1, 3, 1)  # noqa: E731
+
+    def c(a):
+        return np.array(a, np.float32).reshape(1, 3, 1)
     want = (X234["X"] - c([0.5, 0, 1])) / np.sqrt(c([1, 2, 0.5]) + 0.01) * c([1, 2, 3]) \
         + c([0, 1, 2])
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
@@ -523,3 +526,132 @@ def test_unreadable_sources(tmp_path):
         import_model(42)
     (tmp_path / "ok.onnx").write_bytes(data)
     assert [n.op for n in import_model(tmp_path / "ok.onnx").nodes] == ["Relu", "Neg"]
+
+
+# ---- exporting edited graphs -----------------------------------------------------------
+
+def test_rewired_proto_node_exports_current_names():
+    model = parse(model_text(17, "(float[3] X) => (float[3] Y)",
+                             "a = Relu(X)\nb = Neg(a)\nY = Abs(b)"))
+    graph = import_model(model)
+    relu = graph.nodes[0]
+    sig = graph.make_node("Sigmoid", [graph.inputs[0]], name="sig")
+    sig.outputs[0].dtype, sig.outputs[0].shape = np.dtype(np.float32), (3,)
+    graph.replace_all_uses(relu.outputs[0], sig.outputs[0])
+    graph.remove_node(relu)
+    graph.topo_sort()
+    graph.verify()
+    x = np.array([-2.0, 0.0, 3.0], np.float32)
+    (y,) = run(export_model(graph), {"X": x})
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+def _add_reduce_sum(graph) -> None:
+    """A pass-made node in the newest form: ReduceSum(Y, axes=[1]) -> output R."""
+    axes = graph.add_initializer("new_axes", np.array([1], np.int64))
+    node = graph.make_node("ReduceSum", [graph.outputs[0], axes], name="new_sum")
+    out = node.outputs[0]
+    out.dtype, out.shape = np.dtype(np.float32), (2, 1)
+    graph.outputs.append(out)
+
+
+def test_new_node_raises_opset_and_rewrites_changed_originals():
+    body = "a = Relu(X)\nY = Softmax<axis=1>(a)"
+    model = parse(model_text(11, "(float[2, 3] X) => (float[2, 3] Y)", body))
+    graph = import_model(model)
+    _add_reduce_sum(graph)
+    out = export_model(graph)
+    assert {o.domain: o.version for o in out.opset_import}[""] == 13
+    assert [n.op_type for n in out.graph.node] == ["Relu", "Softmax", "ReduceSum"]
+    assert [t.name for t in out.graph.initializer] == ["new_axes"]
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    y, r = run(out, {"X": x})
+    assert_same([y], run(model, {"X": x}))
+    np.testing.assert_allclose(r, y.sum(1, keepdims=True), rtol=1e-6)
+
+
+def test_legacy_node_keeps_the_graph_opset():
+    model = parse(model_text(11, "(float[2, 3, 1] X) => (float[2, 3, 1] Y)",
+                             "Y = Softmax<axis=1>(X)"))
+    graph = import_model(model)
+    assert graph.nodes[0].domain == LEGACY
+    _add_reduce_sum(graph)
+    out = export_model(graph)
+    # Softmax-13 would mean something else: the legacy node decides, opset 11 stays.
+    assert {o.domain: o.version for o in out.opset_import}[""] == 11
+    assert out.graph.node[0] == model.graph.node[0]
+
+
+def test_initializer_with_graph_input_stays_overridable():
+    model = parse(model_text(17, "(float[2] X, float[2] W) => (float[2] Y)", "Y = Add(X, W)"))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([1, 2], np.float32), "W"))
+    graph = import_model(model)
+    w = graph.values["W"]
+    assert w in graph.inputs and not graph.is_constant(w)
+    out = export_model(graph)
+    x = np.array([10, 20], np.float32)
+    assert run(out, {"X": x})[0].tolist() == [11, 22]
+    assert run(out, {"X": x, "W": np.array([5, 5], np.float32)})[0].tolist() == [15, 25]
+
+
+def test_ir3_initializers_listed_as_inputs_are_constants():
+    graph_proto = helper.make_graph(
+        [helper.make_node("Mul", ["X", "W"], ["Y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("X", "W")],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.array([3, 4], np.float32), "W")])
+    model = helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 8)])
+    model.ir_version = 3
+    graph = import_model(model)
+    assert [v.name for v in graph.inputs] == ["X"] and graph.is_constant(graph.values["W"])
+    out = export_model(graph)
+    assert out.ir_version == 4
+    assert run(out, {"X": np.array([1, 2], np.float32)})[0].tolist() == [3, 8]
+
+
+def test_omitted_middle_output_round_trips():
+    hidden = 2
+    w = RNG.standard_normal((1, 3 * hidden, 3)).astype(np.float32)
+    r = RNG.standard_normal((1, 3 * hidden, hidden)).astype(np.float32)
+    graph_proto = helper.make_graph(
+        [helper.make_node("GRU", ["X", "W", "R"], ["", "Yh"], hidden_size=hidden)], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 1, 3])],
+        [helper.make_tensor_value_info("Yh", TensorProto.FLOAT, [1, 1, hidden])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")])
+    model = helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 14)])
+    model.ir_version = 10
+    graph, _ = check_three_ways(model, {"X": RNG.standard_normal((2, 1, 3)).astype(np.float32)})
+    node = only_node(graph, "GRU")
+    assert len(node.outputs) == 2 and not node.outputs[0].uses
+    assert node.outputs[0].name not in {"", "Yh", "X", "W", "R"}
+
+
+def test_output_of_unknown_type_and_input_without_type():
+    model = small_model()
+    del model.graph.output[0].type.tensor_type.shape.dim[:]
+    graph = import_model(model)
+    graph.outputs[0].dtype = None
+    x = np.array([1.0, -1.0], np.float32)
+    assert run(export_model(graph), {"X": x})[0].tolist() == [-1.0, 0.0]
+    graph.inputs[0].dtype = None
+    with pytest.raises(ExportError, match="input 'X' has no known type"):
+        export_model(graph)
+
+
+def test_model_local_function_round_trips():
+    text = '''<ir_version: 10, opset_import: ["" : 17, "local" : 1]>
+    m (float[3] X) => (float[3] Y) {
+        a = local.twice(X)
+        Y = Relu(a)
+    }
+    <domain: "local", opset_import: ["" : 17]>
+    twice (x) => (y) {
+        two = Constant<value_float = 2.0>()
+        y = Mul(x, two)
+    }'''
+    model = parse(text)
+    graph = import_model(model)
+    assert graph.nodes[0].domain == "local" and len(graph.doc["functions"]) == 1
+    x = np.array([-1.0, 0.5, 2.0], np.float32)
+    (y,) = run(export_model(graph), {"X": x})
+    np.testing.assert_array_equal(y, np.maximum(2 * x, 0))

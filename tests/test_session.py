@@ -158,3 +158,25 @@ def test_pass_through_overhead_is_small():
     overhead = min(_overhead_us(sess, ref, feeds) for _ in range(2))
     print(f"pass-through overhead: {overhead:.2f} us per run")
     assert overhead < 25.0
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_imports_and_round_trips_through_exporter(name):
+    from autoclust.importers.onnx import export_model, import_model
+    model = zoo.build(name)
+    graph = import_model(model)
+    graph.verify()
+    exported = export_model(graph)
+    assert exported.ir_version <= 10
+    feeds = zoo.feeds(model)
+    # Bit-identical with onnxruntime's optimizer off; with it on, its fusions may differ
+    # (e.g. Constant nodes became initializers, which some fusion patterns prefer).
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    plain = [ort.InferenceSession(m.SerializeToString(), so,
+                                  providers=["CPUExecutionProvider"]).run(None, feeds)
+             for m in (exported, model)]
+    for got, want in zip(*plain):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(ort_outputs(exported, feeds), ort_outputs(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -25,6 +25,7 @@ STORAGE = {"float16": ir.HalfType(), "float32": ir.FloatType(), "float64": ir.Do
 COMPUTE = {"float16": ir.FloatType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
            "int32": I32, "int64": I64, "bool": ir.IntType(1)}
 REDUCE_FLAGS = ("reassoc", "contract")
+NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
 
 
 def is_float(dtype: str) -> bool:
@@ -92,12 +93,12 @@ class KernelEmitter:
 
     def _reduction(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
         b = self.b
-        ty = COMPUTE[red.dtype] if not red.kind.startswith("arg") else \
-            COMPUTE[red.expr.dtype]
+        arg = red.kind.startswith("arg")
+        ty = COMPUTE[red.expr.dtype] if arg else COMPUTE[red.dtype]
         acc = entry_alloca(b, ty, "acc")
         b.store(_reduce_init(red.kind, red.expr.dtype, ty), acc)
         pos = None
-        if red.kind.startswith("arg"):
+        if arg:
             pos = entry_alloca(b, I64, "pos")
             b.store(_i64(0), pos)
         with for_nest(b, inner_ranges, "r") as inner:
@@ -110,8 +111,17 @@ class KernelEmitter:
             else:
                 take = self._arg_better(red.kind, x, old, red.expr.dtype)
                 b.store(b.select(take, x, old), acc)
-                b.store(b.select(take, inner[-1], b.load(pos)), pos)
-        return b.load(pos if pos is not None else acc)
+                b.store(b.select(take, inner[-1] if inner else _i64(0), b.load(pos)), pos)
+        result = b.load(pos if arg else acc)
+        nonempty = all(stop.constant > 0 for _, stop in inner_ranges)
+        if red.kind in NAN_FIRST_KINDS and is_float(red.expr.dtype) and nonempty:
+            # onnxruntime: NaN is skipped unless it is the row's first element.
+            self.iv = self.outer + [_i64(0)] * len(inner_ranges)
+            self.memo = {}
+            first = self.value(red.expr)
+            first_nan = b.fcmp_unordered("uno", first, first)
+            result = b.select(first_nan, _i64(0) if arg else first, result)
+        return result
 
     def _combine(self, kind: str, acc: ir.Value, x: ir.Value, dtype: str) -> ir.Value:
         b = self.b
@@ -119,19 +129,17 @@ class KernelEmitter:
             return b.fadd(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.add(acc, x)
         if kind == "prod":
             return b.fmul(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.mul(acc, x)
-        return self.math.minmax(b, "max" if kind == "max" else "min", acc, x, dtype)
+        if is_float(dtype):  # NaN-skipping: vectorizes, and the first-NaN rule is applied after
+            name = "llvm.maxnum" if kind == "max" else "llvm.minnum"
+            return self.math.intrinsic(b, name, [acc, x])
+        return self.math.minmax(b, kind, acc, x, dtype)
 
     def _arg_better(self, kind: str, x: ir.Value, best: ir.Value, dtype: str) -> ir.Value:
-        b = self.b
         last = kind.endswith("_last")
-        if is_float(dtype):
-            cmp = (">=" if last else ">") if kind.startswith("argmax") else ("<=" if last else "<")
-            better = b.fcmp_ordered(cmp, x, best)
-            x_nan = b.fcmp_unordered("uno", x, x)
-            best_ok = b.fcmp_ordered("ord", best, best)
-            return b.or_(better, b.and_(x_nan, best_ok))
         cmp = (">=" if last else ">") if kind.startswith("argmax") else ("<=" if last else "<")
-        return b.icmp_signed(cmp, x, best)
+        if is_float(dtype):  # ordered: a NaN never becomes the best
+            return self.b.fcmp_ordered(cmp, x, best)
+        return self.b.icmp_signed(cmp, x, best)
 
     # ---- stores, loads and expressions -----------------------------------------------------
     def _address(self, buf: int, index: kir.Affine) -> ir.Value:
@@ -204,8 +212,6 @@ def _reduce_init(kind: str, dtype: str, ty: ir.Type) -> ir.Constant:
         return constant(1, dtype)
     high = kind in ("max", "argmax", "argmax_last")
     if is_float(dtype):
-        if kind.startswith("arg"):  # the first element always wins against NaN
-            return ir.Constant(ty, math.nan)
         return ir.Constant(ty, -math.inf if high else math.inf)
     bits = ty.width
     return ir.Constant(ty, -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1)

@@ -1,0 +1,193 @@
+"""`autoclust bench`: autoclust against onnxruntime, alternating in one process.
+
+    autoclust bench                       # every case, writes bench_out/bench.{json,md,png}
+    autoclust bench --cases chain16,gelu --repeat 20 --threads 2
+    python -m autoclust.tools.bench --quick
+
+Each case runs in its own subprocess (so its peak RSS is its own): onnxruntime
+(ORT_ENABLE_ALL, `--threads` intra-op threads) and autoclust (same threads) are timed
+alternately, run by run, and the medians and their ratio (onnxruntime / autoclust: above 1
+means autoclust is faster) are reported with autoclust's compile time (its first run
+minus a steady run) and, for elementwise cases, the time of a NumPy copy of the same
+bytes (the memory-bandwidth floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+# name -> (zoo model, builder kwargs, feed dims, copy-floor bytes read, or 0)
+CASES: dict[str, tuple[str, dict, dict, int]] = {
+    "chain16": ("elementwise_chain", {"chain_len": 16}, {"n": 16 * 2**20}, 16 * 2**20 * 4),
+    "gelu": ("gelu", {}, {"n": 16 * 2**20}, 16 * 2**20 * 4),
+    "layernorm": ("layernorm", {"hidden": 768}, {"batch": 32, "seq": 128}, 0),
+    "softmax_mask": ("softmax_mask", {}, {"batch": 16, "heads": 12, "seq": 128}, 0),
+    "rmsnorm_gate": ("rmsnorm_gate", {"hidden": 1024}, {"n": 4096}, 0),
+    "mlp_gelu": ("mlp_gelu", {}, {"batch": 256}, 0),
+    "bert_encoder": ("bert_encoder", "bench", {"batch": 2, "seq": 128}, 0),
+    "llama_block": ("llama_block", "bench", {"batch": 2, "seq": 128}, 0),
+    "resnet_block": ("resnet_block", {}, {"batch": 8}, 0),
+    "diffusion_block": ("diffusion_block", {}, {"batch": 2}, 0),
+    "mixed_dynamic": ("mixed_dynamic", {}, {"batch": 4096}, 0),
+}
+QUICK = ("chain16", "gelu", "layernorm", "softmax_mask", "rmsnorm_gate")
+
+
+def _build(case: str) -> tuple[Any, dict[str, np.ndarray]]:
+    from autoclust.models import zoo
+    name, kwargs, dims, _ = CASES[case]
+    if kwargs == "bench":
+        model = zoo.build(name, preset="bench")
+    else:
+        try:
+            model = zoo.build(name, **kwargs)
+        except TypeError:  # a builder without that size parameter: its defaults
+            model = zoo.build(name)
+    known = zoo.default_dims(model)
+    feeds = zoo.feeds(model, dims={k: v for k, v in dims.items() if k in known or True})
+    return model, feeds
+
+
+def _ort_session(model: Any, threads: int) -> Any:
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def run_case(case: str, repeat: int, threads: int, flags: str) -> dict[str, Any]:
+    """Time one case in this process; returns a result row."""
+    import autoclust
+    from autoclust import flags as flags_mod
+    model, feeds = _build(case)
+    ref = _ort_session(model, threads)
+    overrides = flags_mod.parse_string(flags)
+    overrides.setdefault("threads", threads)
+    t0 = time.perf_counter()
+    sess = autoclust.InferenceSession(model, **overrides)
+    t_session = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ours = sess.run(None, feeds)
+    t_first = time.perf_counter() - t0
+    want = ref.run(None, feeds)
+    err = max((float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+               if a.size else 0.0) for a, b in zip(ours, want))
+    t_ort, t_ac = [], []
+    for _ in range(repeat):  # alternate so drift and noise hit both sides alike
+        t0 = time.perf_counter()
+        ref.run(None, feeds)
+        t_ort.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        t_ac.append(time.perf_counter() - t0)
+    ort_ms = float(np.median(t_ort)) * 1e3
+    ac_ms = float(np.median(t_ac)) * 1e3
+    row = {"case": case, "ort_ms": ort_ms, "autoclust_ms": ac_ms, "ratio": ort_ms / ac_ms,
+           "compile_ms": max(t_first * 1e3 - ac_ms, 0.0), "session_ms": t_session * 1e3,
+           "max_abs_err": err, "threads": threads,
+           "clusters": len(sess.plan.clusters) if sess.plan else 0,
+           "kernels": [k for c in sess.stats()["clusters"] for k in c["kernels"]],
+           "fallbacks": [c["fallback"] for c in sess.stats()["clusters"] if c["fallback"]],
+           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    nbytes = CASES[case][3]
+    if nbytes:
+        src = np.ones(nbytes // 4, np.float32)
+        dst = np.empty_like(src)
+        copies = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            copies.append(time.perf_counter() - t0)
+        row["copy_ms"] = float(np.median(copies)) * 1e3
+        row["vs_copy"] = ac_ms / row["copy_ms"]
+    return row
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| case | onnxruntime ms | autoclust ms | ratio | compile ms | kernels | "
+             "vs NumPy copy | max abs err | peak RSS MB |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error']} |||||||")
+            continue
+        vs_copy = f"{r['vs_copy']:.2f}x" if "vs_copy" in r else ""
+        lines.append(f"| {r['case']} | {r['ort_ms']:.2f} | {r['autoclust_ms']:.2f} | "
+                     f"**{r['ratio']:.2f}x** | {r['compile_ms']:.0f} | {r['kernels']} | "
+                     f"{vs_copy} | {r['max_abs_err']:.1e} | {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _chart(rows: list[dict[str, Any]], path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ok = [r for r in rows if "ratio" in r]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(ok) + 1))
+    ax.barh([r["case"] for r in ok], [r["ratio"] for r in ok])
+    ax.axvline(1.0, color="k", lw=1)
+    ax.set_xlabel("onnxruntime time / autoclust time (higher is better)")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="autoclust bench", description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default="", help="comma-separated; default all")
+    p.add_argument("--quick", action="store_true", help="only the five kernel cases")
+    p.add_argument("--repeat", type=int, default=15)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--flags", default="", help="AUTOCLUST_FLAGS for the autoclust side")
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one case
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_case(args.one, args.repeat, args.threads, args.flags)))
+        return 0
+    cases = [c for c in args.cases.split(",") if c] or list(QUICK if args.quick else CASES)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        print(f"autoclust bench: unknown case(s) {unknown}; known: {', '.join(CASES)}",
+              file=sys.stderr)
+        return 2
+    rows = []
+    for case in cases:
+        cmd = [sys.executable, "-m", "autoclust.tools.bench", "--one", case, "--repeat",
+               str(args.repeat), "--threads", str(args.threads), "--flags", args.flags]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+            rows.append({"case": case, "error": tail[:200]})
+        else:
+            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        r = rows[-1]
+        print(f"{case:16s} " + (f"ort {r['ort_ms']:9.2f} ms  autoclust {r['autoclust_ms']:9.2f}"
+                                f" ms  ratio {r['ratio']:6.2f}x  compile {r['compile_ms']:.0f}"
+                                f" ms" if "ratio" in r else f"error: {r['error']}"), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write(markdown(rows))
+    drew = _chart(rows, os.path.join(args.out, "bench.png"))
+    print(f"wrote {args.out}/bench.json, bench.md" + (", bench.png" if drew else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
