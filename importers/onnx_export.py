@@ -248,11 +248,18 @@ def _graph_values(graph: Graph, written: list[NodeProto], node_reads: list[str])
     return inits, constant_outputs, produced
 
 
+def _proto_is_current(node: Node) -> bool:
+    # A pass that turned the node into another op but left `proto` set: write the node.
+    domain = "" if node.proto.domain == "ai.onnx" else node.proto.domain
+    return node.proto.op_type == node.op and domain == node.domain
+
+
 def _write_nodes(graph: Graph, version: int, rewrite: set[int]) -> tuple[list, list[str]]:
     synthetic = set(graph.doc.get("synthetic_initializers", ()))
     written, reads = [], []
     for node in graph.nodes:
-        use_proto = node.proto is not None and id(node) not in rewrite
+        use_proto = (node.proto is not None and id(node) not in rewrite
+                     and (node.domain == LEGACY or _proto_is_current(node)))
         if node.domain == LEGACY and node.proto is None:
             raise ExportError(f"node {node.name!r} ({node.op}) is in domain {LEGACY} but has "
                               "no original NodeProto to write")

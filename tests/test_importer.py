@@ -655,3 +655,12 @@ def test_model_local_function_round_trips():
     x = np.array([-1.0, 0.5, 2.0], np.float32)
     (y,) = run(export_model(graph), {"X": x})
     np.testing.assert_array_equal(y, np.maximum(2 * x, 0))
+
+
+def test_node_changed_in_place_is_written_from_its_fields():
+    model = parse(model_text(17, "(float[3] X) => (float[3] Y)", "a = Relu(X)\nY = Neg(a)"))
+    graph = import_model(model)
+    graph.nodes[0].op = "Sigmoid"  # a pass rewrote the op but forgot the proto
+    x = np.array([-2.0, 0.0, 3.0], np.float32)
+    np.testing.assert_allclose(run(export_model(graph), {"X": x})[0], -1 / (1 + np.exp(-x)),
+                               rtol=1e-6)

@@ -181,3 +181,52 @@ def test_plan_overhead_per_step_is_small():
     per_step = float(np.median(times))
     print(f"plan overhead: {per_step:.2f} us per step ({len(rt.steps)} steps)")
     assert env and per_step < 10.0
+
+
+# ---- property: random DAGs through clusters and fallback segments equal onnxruntime -----
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_UNARY = ["Relu", "Tanh", "Sigmoid", "Neg", "Abs"]
+_BINARY = ["Add", "Mul", "Sub", "Max"]
+
+
+@st.composite
+def random_onnx_dags(draw):
+    values = ["x0", "x1"]
+    nodes = []
+    for k in range(draw(st.integers(1, 16))):
+        if draw(st.booleans()):
+            op = draw(st.sampled_from(_UNARY))
+            args = [draw(st.sampled_from(values))]
+        else:
+            op = draw(st.sampled_from(_BINARY))
+            args = [draw(st.sampled_from(values)), draw(st.sampled_from(values))]
+        out = f"v{k}"
+        nodes.append(helper.make_node(op, args, [out], name=f"n{k}"))
+        values.append(out)
+    used = {i for n in nodes for i in n.input}
+    outs = [v for v in values[2:] if v not in used]
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", 5]) for n in ("x0", "x1")]
+    graph = helper.make_graph(nodes, "dag", ins, [
+        helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    exclude = draw(st.lists(st.sampled_from(_UNARY + _BINARY), max_size=3, unique=True))
+    fuel = draw(st.integers(-1, 12))
+    return model, exclude, fuel
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_onnx_dags())
+def test_random_dags_run_like_onnxruntime(case):
+    model, exclude, fuel = case
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal((3, 5)).astype(np.float32) for n in ("x0", "x1")}
+    sess = autoclust.InferenceSession(model, device="interpreter", min_cluster_size=1,
+                                      cluster_exclude_ops=exclude, clustering_fuel=fuel)
+    plan = sess.plan
+    assert sorted(n.name for s in plan.steps for n in s.nodes) == \
+        sorted(n.name for n in plan.graph.nodes)
+    assert_close(sess.run(None, feeds), ort_run(model, feeds), rtol=1e-5, atol=1e-6)

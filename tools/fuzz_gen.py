@@ -209,9 +209,9 @@ def emit_where_cast_clip(b: Builder) -> None:
         (g,) = b.node("Greater", [a.name, b.const(np.float32(0))], [(BOOL, a.shape)])
         b.node("Cast", [g.name], [(F32, a.shape)], to=TensorProto.FLOAT)
     else:
-        lo = b.const(np.float32(b.rng.uniform(-2, 0)))
+        lo = np.float32(b.rng.uniform(-2, 0))
         hi = b.const(np.float32(b.rng.uniform(0, 2)))
-        args = [a.name, lo, hi] if b.rng.random() < 0.7 else [a.name, "", hi]
+        args = [a.name, b.const(lo), hi] if b.rng.random() < 0.7 else [a.name, "", hi]
         b.node("Clip", args, [(F32, a.shape)])
 
 
@@ -268,7 +268,7 @@ def emit_transpose(b: Builder) -> None:
 
 
 def emit_reshape(b: Builder) -> None:
-    a = b.pick(lambda v: len(v.shape) >= 1)
+    a = b.pick(lambda v: len(v.shape) >= 1 and 0 not in v.shape)
     shape = list(a.shape)
     if len(shape) >= 2 and b.rng.random() < 0.5:  # merge two adjacent dims
         i = int(b.rng.integers(0, len(shape) - 1))
@@ -362,7 +362,7 @@ def emit_expand(b: Builder) -> None:
 
 def emit_shape_chain(b: Builder) -> None:
     """Shape -> Gather (or Shape(start, end)) -> Concat -> Reshape: keep a prefix of dims."""
-    a = b.pick(lambda v: len(v.shape) >= 2)
+    a = b.pick(lambda v: len(v.shape) >= 2 and 0 not in v.shape)
     rank = len(a.shape)
     j = int(b.rng.integers(1, rank))
     kept = a.shape[:j]

@@ -32,12 +32,16 @@ def target_machine() -> llvm.TargetMachine:
             if gomp:
                 llvm.load_library_permanently(gomp)
             llvm.load_library_permanently(ctypes.util.find_library("m"))
-            target = llvm.Target.from_default_triple()
-            tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                              features=llvm.get_host_cpu_features().flatten(),
-                                              opt=3, jit=True)
+            tm = _new_target_machine()
             _state["tm"] = tm
         return tm
+
+
+def _new_target_machine() -> llvm.TargetMachine:
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                        features=llvm.get_host_cpu_features().flatten(),
+                                        opt=3, jit=True)
 
 
 def has_openmp() -> bool:
@@ -91,8 +95,9 @@ def compile_object(ir_text: str, cache_dir: str, want_asm: bool) -> tuple[bytes,
 
 def load_object(obj: bytes, names: list[str]) -> tuple[llvm.ExecutionEngine, dict[str, int]]:
     """An MCJIT engine holding `obj`, and the addresses of `names`."""
-    tm = target_machine()
+    target_machine()
     with LLVM_LOCK:
+        tm = _new_target_machine()  # the engine owns (and frees) its target machine
         empty = llvm.parse_assembly("")
         empty.triple = tm.triple
         engine = llvm.create_mcjit_compiler(empty, tm)
