@@ -322,7 +322,7 @@ def _expand(b, node, k, idx):
 def _slice(b, node, k, idx):
     x = node.inputs[0]
     rank = len(x.shape)
-    starts, ends = _const_ints(b, node, 1), _const_ints(b, node, 2)
+    starts = _const_ints(b, node, 1)  # ends only decide the (known) output shape
     axes = _const_ints(b, node, 3) or list(range(len(starts)))
     steps = _const_ints(b, node, 4) or [1] * len(starts)
     idx_in = list(idx)

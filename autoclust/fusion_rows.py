@@ -28,7 +28,7 @@ from autoclust.kernel_ir import Affine
 
 SUPPORTED_DTYPES = frozenset({"float16", "float32", "float64", "int32", "int64", "bool"})
 FLOAT_ONLY = frozenset({"Pow", "ReduceLogSumExp", "ReduceL2", "ReduceLogSum", "Softmax",
-                        "LogSoftmax", "ReduceL2", "ReduceLogSum", "LayerNormalization", "BatchNormalization",
+                        "LogSoftmax", "LayerNormalization", "BatchNormalization",
                         "InstanceNormalization", "ReduceMean"})
 
 
@@ -90,11 +90,15 @@ def _reduce(b, node: Node, k: int, idx: tuple[Affine, ...]) -> kir.Expr:
         return cast(_logsumexp(b, out, x, axes, kept, ct), out.dtype.name)
     element = _loaded(x, ct)
     if pre:
-        element = (lambda load: lambda bb, ix: pre(load(bb, ix)))(element)
+        element = _then(element, pre)
     r = b.reduce(out, kind, x, axes, kept, element, ct)
     if finish:
         r = finish(r, _count(x, axes), ct)
     return cast(r, out.dtype.name)
+
+
+def _then(element: Callable, fn: Callable) -> Callable:
+    return lambda b, ix: fn(element(b, ix))
 
 
 def _finite_max(b, out, x, axes, kept, ct) -> kir.Expr:
@@ -138,7 +142,8 @@ def _softmax(b, node: Node, k: int, idx: tuple[Affine, ...]) -> kir.Expr:
     shifted = op("sub", load(b, idx), m)
     if node.op == "LogSoftmax":
         return cast(op("sub", shifted, op("log", s)), out.dtype.name)
-    return cast(op("div", op("exp", shifted), s), out.dtype.name)
+    # One division per row, a multiply per element.
+    return cast(op("mul", op("exp", shifted), op("div", const(1, ct), s)), out.dtype.name)
 
 
 def _moments(b, out: Value, x: Value, axes: list[int], kept: dict, ct: str,

@@ -23,7 +23,7 @@ and Reduced (the result of a reduction phase). dtypes are numpy dtype names.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any
 
 # Primitive scalar ops and their arity. Compare ops yield bool; "cast" converts to the
 # Op's dtype; "select" is (cond, if_true, if_false).
@@ -109,7 +109,7 @@ class Reduced:
     dtype: str
 
 
-Expr = Union[Load, Const, Index, Op, Reduced]
+Expr = Load | Const | Index | Op | Reduced
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +164,7 @@ class RefCall:
     nodes: tuple[str, ...] = ()
 
 
-Thunk = Union[Kernel, LibraryCall, RefCall]
+Thunk = Kernel | LibraryCall | RefCall
 
 
 @dataclasses.dataclass(frozen=True)

@@ -449,8 +449,7 @@ class _Importer:
                     raise self.fail(f"{what}: bad sparse tensor: {e}") from e
             else:
                 array = tensor_to_array(tensor, f"{self.where}: {what}", self.base_dir)
-            v = self.graph.add_initializer(name, array)
-            v.type_proto = None
+            self.graph.add_initializer(name, array)
 
     def check_nodes(self, gp: GraphProto, names: list[str]) -> list[list[str]]:
         """Define node outputs, reject dangling reads and bad attributes; return each

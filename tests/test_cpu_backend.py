@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from autoclust.backends import cpu
 
 from autoclust import flags as flags_mod
 from autoclust import ops
-from autoclust.backends import cpu
 from autoclust.interpreter import evaluate
 from autoclust.ir import Graph, Node
 
@@ -139,11 +139,9 @@ def test_binary_dtypes(op, dtype):
     check_compiled(one_node_graph(op, [a, b]), [a, b], rtol=rtol, atol=rtol)
 
 
-@pytest.mark.parametrize("fmod", [0, 1])
-@pytest.mark.parametrize("dtype", ["int32", "int64", "float32"])
+@pytest.mark.parametrize("fmod,dtype", [(0, "int32"), (1, "int32"), (0, "int64"),
+                                        (1, "int64"), (1, "float32")])
 def test_mod(fmod, dtype):
-    if dtype == "float32" and fmod == 0:
-        pytest.skip("ONNX requires fmod=1 for floats")
     a, b = rand((5, 8), dtype), rand((8,), dtype)
     b[b == 0] = 3
     check_compiled(one_node_graph("Mod", [a, b], {"fmod": fmod}), [a, b], atol=1e-5)
@@ -185,3 +183,112 @@ def test_clip(dtype):
 def test_gelu(approximate):
     x = rand((6, 33))
     check_compiled(one_node_graph("Gelu", [x], {"approximate": approximate}), [x], atol=1e-5)
+
+
+REDUCES = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+           "ReduceL2", "ReduceLogSumExp", "ReduceSumSquare"]
+
+
+@pytest.mark.parametrize("op", REDUCES)
+@pytest.mark.parametrize("shape,axes,keepdims", [((4, 6, 5), [-1], 1), ((4, 6, 5), [1], 0),
+                                                  ((4, 6, 5), [0, 2], 1), ((7,), None, 0),
+                                                  ((3, 1), [1], 1), ((2, 0, 3), [1], 1)])
+def test_reduce(op, shape, axes, keepdims):
+    x = rand(shape, lo=0.5, hi=1.5) if op == "ReduceProd" else rand(shape)
+    inputs = [x] if axes is None else [x, np.array(axes, np.int64)]
+    g = one_node_graph(op, inputs, {"keepdims": keepdims}, const_inputs=(1,))
+    check_compiled(g, [x], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum"])
+def test_reduce_nan(op):
+    x = with_specials(rand((3, 8)))
+    x[1, 3] = np.nan
+    g = one_node_graph(op, [x, np.array([1], np.int64)], const_inputs=(1,))
+    check_compiled(g, [x])
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "float64", "float16"])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin"])
+def test_reduce_dtypes(op, dtype):
+    x = rand((5, 9), dtype)
+    g = one_node_graph(op, [x, np.array([-1], np.int64)], const_inputs=(1,))
+    check_compiled(g, [x], rtol=2e-3 if dtype == "float16" else 1e-6, atol=1e-3)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("attrs", [{"axis": -1}, {"axis": 0, "keepdims": 0},
+                                   {"axis": 1, "select_last_index": 1}])
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+def test_argmax(op, attrs, dtype):
+    x = rand((4, 6, 5), dtype)
+    if dtype == "float32":
+        x[0, 0, :] = np.nan
+        x[1, 2, 3] = np.nan
+        x = np.round(x)  # ties exercise first/last index selection
+    check_compiled(one_node_graph(op, [x], attrs), [x])
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_softmax(op, axis):
+    x = rand((3, 5, 17))
+    x[0, 0, 0] = -np.inf
+    check_compiled(one_node_graph(op, [x], {"axis": axis}), [x], atol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_layernorm(axis, dtype):
+    x = rand((2, 4, 24), dtype)
+    scale, bias = rand(x.shape[axis:], dtype), rand(x.shape[axis:], dtype)
+    g = one_node_graph("LayerNormalization", [x, scale, bias], {"axis": axis},
+                       const_inputs=(1, 2), n_outputs=3)
+    tol = 5e-3 if dtype == "float16" else 1e-5
+    check_compiled(g, [x], rtol=tol, atol=tol)
+
+
+def test_batch_and_instance_norm():
+    x = rand((2, 3, 4, 5))
+    params = [rand((3,)), rand((3,)), rand((3,)), rand((3,), lo=0.5, hi=2.0)]
+    g = one_node_graph("BatchNormalization", [x] + params, const_inputs=(1, 2, 3, 4))
+    check_compiled(g, [x], atol=1e-5)
+    g = one_node_graph("InstanceNormalization", [x] + params[:2], const_inputs=(1, 2))
+    check_compiled(g, [x], atol=1e-5)
+
+
+LAYOUT = [
+    ("Transpose", [(2, 3, 4)], {"perm": [2, 0, 1]}, ()),
+    ("Transpose", [(5, 7)], {}, ()),
+    ("Squeeze", [(3, 1, 4), np.array([1])], {}, (1,)),
+    ("Unsqueeze", [(3, 4), np.array([0, 3])], {}, (1,)),
+    ("Reshape", [(3, 4, 2), np.array([4, 6])], {}, (1,)),
+    ("Flatten", [(3, 4, 2)], {"axis": 2}, ()),
+    ("Expand", [(3, 1), np.array([2, 3, 4])], {}, (1,)),
+    ("Slice", [(6, 8), np.array([1, -1]), np.array([5, 0]), np.array([0, 1]),
+               np.array([2, -2])], {}, (1, 2, 3, 4)),
+    ("Slice", [(6, 8), np.array([-100]), np.array([100]), np.array([1])], {}, (1, 2, 3)),
+    ("Concat", [(2, 3), (2, 5)], {"axis": 1}, ()),
+    ("Gather", [(5, 4), np.array([[0, 4], [-1, 2]])], {"axis": 0}, (1,)),
+    ("Pad", [(3, 4), np.array([1, 0, 0, 2])], {"mode": "constant"}, (1,)),
+    ("Identity", [(3, 4)], {}, ()),
+]
+
+
+@pytest.mark.parametrize("op,inputs,attrs,consts", LAYOUT)
+def test_layout(op, inputs, attrs, consts):
+    arrays = [rand(x) if isinstance(x, tuple) else x.astype(np.int64) for x in inputs]
+    g = one_node_graph(op, arrays, attrs, const_inputs=consts)
+    check_compiled(g, [a for i, a in enumerate(arrays) if i not in consts])
+
+
+def test_layout_fuses_into_consumer():
+    # Tanh(Transpose(x)) + Slice: one kernel, the layout ops become index maps.
+    x = rand((4, 6))
+    g = one_node_graph("Transpose", [x], {"perm": [1, 0]})
+    t = g.outputs[0]
+    y = g.value("y")
+    infer(g, g.add_node(Node("Tanh", [t], [y])))
+    g.outputs = [y]
+    exe = check_compiled(g, [x])
+    assert exe.num_kernels == 1

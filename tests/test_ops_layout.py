@@ -340,3 +340,15 @@ def test_registration() -> None:
         assert ops.get(op).kind == ops.DATA_DEPENDENT and ops.get(op).data_dependent
     assert {"Shape", "Gather", "Concat", "Reshape", "Cast"} <= SHAPE_LIKE_OPS
     assert "MatMul" not in SHAPE_LIKE_OPS and isinstance(SHAPE_LIKE_OPS, frozenset)
+
+
+def test_space_to_depth_crd_mode() -> None:
+    # Regression (ONNX node case test_spacetodepth_crd_mode_example, opset 26+; onnxruntime
+    # 1.31 cannot load it, so NumPy is the oracle): CRD must not be computed as DCR.
+    x = f32(2, 3, 4, 6)
+    (y,) = ops.get("SpaceToDepth").ref([x], {"blocksize": 2, "mode": "CRD"})
+    want = x.reshape(2, 3, 2, 2, 3, 2).transpose(0, 1, 3, 5, 2, 4).reshape(2, 12, 2, 3)
+    np.testing.assert_array_equal(y, want)
+    # DepthToSpace CRD is its inverse.
+    (back,) = ops.get("DepthToSpace").ref([y], {"blocksize": 2, "mode": "CRD"})
+    np.testing.assert_array_equal(back, x)

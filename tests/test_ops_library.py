@@ -111,6 +111,8 @@ CONVT_CASES = [
                                   "output_padding": [1, 1]}),
     ((1, 4, 3, 3), (4, 1, 2, 2), {"group": 2, "dilations": [2, 2]}),
     ((1, 2, 4, 4), (2, 2, 3, 3), {"strides": [2, 2], "output_shape": [9, 8]}),
+    # output_shape past the full result (negative pads): ONNX test_convtranspose_output_shape
+    ((1, 1, 3, 3), (1, 2, 3, 3), {"strides": [3, 2], "output_shape": [10, 8]}),
     ((1, 2, 4, 3), (2, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
     ((1, 2, 3, 3, 2), (2, 1, 2, 2, 2), {"strides": [1, 2, 1]}),
 ]

@@ -172,7 +172,7 @@ def test_shape_values_become_constants_and_inputs_stay():
 
 
 @pytest.mark.parametrize("types,shape_values,message", [
-    ([(np.float32, (3, 5))], {}, "input 'x': declared shape [N, 4], got [3, 5]"),
+    ([(np.float32, (3, 5))], {}, "input 'x': declared shape [N,4], got [3,5]"),
     ([(np.float64, (3, 4))], {}, "input 'x': declared dtype float32"),
     ([], {}, "has 1 inputs, got 0"),
     ([(np.float32, (3, 4))], {"zz": np.zeros(1)}, "['zz']"),

@@ -91,8 +91,8 @@ def missing_ops(model: onnx.ModelProto) -> list[str]:
 
 def design_refusal(message: str) -> str | None:
     """For a NotCompilableError message: the first by-design refusal it lists, else None."""
-    for line in message.splitlines()[1:]:
-        reason = line.split(": ", 1)[-1].strip()
+    for part in message.split(": ", 1)[-1].split("; "):
+        reason = part.split(": ", 1)[-1].strip()
         if any(reason.startswith(d) for d in DESIGN_REFUSALS):
             return reason
     return None
@@ -100,7 +100,7 @@ def design_refusal(message: str) -> str | None:
 
 # ---- running ----------------------------------------------------------------------------
 
-def _short(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
     """A one-line, stable reason: exception type and the informative part of its message."""
     text = str(exc).strip()
     if isinstance(exc, AssertionError):
@@ -109,14 +109,34 @@ def _short(exc: BaseException) -> str:
                                                      "(shapes", "x:", "Not equal"))]
         text = "; ".join((keep or lines)[:2])
         return _clean("mismatch: " + text)
+    if type(exc).__name__ == "NotCompilableError":  # "N node(s) ...:\n  node: reason" lines
+        lines = text.splitlines()
+        return _clean("NotCompilableError: " + "; ".join(ln.strip() for ln in lines[1:] or lines))
     return _clean(f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
 
 
 def _clean(text: str) -> str:
     text = re.sub(r"\[ONNXRuntimeError\] : \d+ : ", "", text)
+    text = re.sub(r"^(\w+): \1 : ", r"\1: ", text, flags=re.IGNORECASE)  # Fail: FAIL : x
+    text = _drop_cpp_locations(text)
     text = re.sub(r"0x[0-9a-f]+", "0x…", text)        # addresses change from run to run
-    text = re.sub(r"/\S+/", "", text)                  # so do absolute paths
-    return text if len(text) <= 160 else text[:157] + "..."
+    return text if len(text) <= 150 else text[:147] + "..."
+
+
+def _drop_cpp_locations(text: str) -> str:
+    """Drop onnxruntime's "/src/x.cc:12 Ns::F(args) " prefixes: they hide the message."""
+    while (m := re.search(r"/\S+\.(?:cc|h|cpp):\d+ ", text)):
+        depth, end = 0, m.end()
+        for i in range(m.end(), len(text)):
+            if text[i] == "(":
+                depth += 1
+            elif text[i] == ")":
+                depth -= 1
+                if depth == 0:
+                    end = i + 1
+                    break
+        text = text[:m.start()] + text[end:].lstrip()
+    return text
 
 
 def run_case(case: Any, prepare: Callable[[onnx.ModelProto], Any]) -> Outcome:
@@ -130,8 +150,8 @@ def run_case(case: Any, prepare: Callable[[onnx.ModelProto], Any]) -> Outcome:
                 outs = rep.run([_array(x) for x in inputs])
                 Runner.assert_similar_outputs([_array(x) for x in expected], list(outs),
                                               rtol=case.rtol, atol=case.atol)
-    except Exception as exc:  # any failure is an outcome to record, not a crash
-        return _short(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure is an outcome to record
+        return describe(exc)
     return None
 
 
@@ -164,7 +184,9 @@ def ort_outcomes(cases: Any = None) -> dict[str, Outcome]:
 def our_outcome(case: Any, flags: dict[str, Any]) -> Outcome:
     """Run autoclust on one case with `flags`; None when it passes."""
     from autoclust.backend import AutoclustBackend
-    return run_case(case, lambda m: AutoclustBackend.prepare(m, "CPU", **flags))
+    rest = dict(flags)
+    device = rest.pop("device", "CPU")  # prepare's device argument takes autoclust's names
+    return run_case(case, lambda m: AutoclustBackend.prepare(m, device, **rest))
 
 
 def compiled_outcome(case: Any, device: str) -> tuple[str, Outcome]:
@@ -228,34 +250,84 @@ def generate(path: str) -> int:
     return 0
 
 
+def case_outcomes(case: Any, device: str, ort_ok: bool) -> dict[str, Any]:
+    """Both modes on one case: {"default": outcome | "n/a", "compiled": [kind, outcome]}."""
+    default = our_outcome(case, default_flags(device)) if ort_ok else "n/a"
+    return {"default": default, "compiled": list(compiled_outcome(case, device))}
+
+
+def _worker(path: str, device: str, names: list[str]) -> int:
+    """Run `names` in this process, one JSON line per case (a crash loses only one case)."""
+    import onnxruntime
+    onnxruntime.set_default_logger_severity(3)  # fallback sub-sessions warn on old opsets
+    ort_fail = read_results(path)["failures"]
+    by_name = {c.name: c for c in node_cases()}
+    for name in names:
+        print(json.dumps({"start": name}), flush=True)
+        result = case_outcomes(by_name[name], device, name not in ort_fail)
+        print(json.dumps({"name": name, **result}), flush=True)
+    return 0
+
+
+def run_isolated(path: str, device: str, names: list[str]) -> dict[str, dict[str, Any]]:
+    """case_outcomes for every name, in child processes; a crashing case is recorded as
+    such (signal or exit status) and the rest continue in a fresh child."""
+    import subprocess
+    results: dict[str, dict[str, Any]] = {}
+    todo = list(names)
+    while todo:
+        cmd = [sys.executable, "-m", "autoclust.tools.conformance", "_worker", "--results",
+               path, "--device", device, "--names", ",".join(todo)]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        current = None
+        for line in proc.stdout.splitlines():
+            rec = json.loads(line) if line.startswith("{") else {}
+            if "start" in rec:
+                current = rec["start"]
+            elif "name" in rec:
+                results[rec["name"]] = rec
+                current = None
+        if current is None:
+            if proc.returncode and todo[0] not in results:  # died before its first case
+                raise RuntimeError(f"conformance worker failed: {proc.stderr.strip()[-2000:]}")
+            break
+        crash = f"crash: exit status {proc.returncode}; " + (proc.stderr.strip()
+                                                                .splitlines() or [""])[-1]
+        results[current] = {"default": _clean(crash), "compiled": ["run", _clean(crash)]}
+        todo = todo[todo.index(current) + 1:]
+    return results
+
+
 def summary(path: str, device: str, pattern: str | None, verbose: bool) -> int:
     """Run both modes over the cases and print the counts (and our failures)."""
     ort_fail = read_results(path)["failures"]
-    cases = [c for c in node_cases() if not pattern or re.search(pattern, c.name)]
+    names = [c.name for c in node_cases() if not pattern or re.search(pattern, c.name)]
     start = time.perf_counter()
+    results = run_isolated(path, device, names)
     tally: Counter[str] = Counter()
     ours: list[str] = []
     skipped: Counter[str] = Counter()
-    for case in cases:
-        ort_ok = case.name not in ort_fail
+    for name in names:
+        ort_ok = name not in ort_fail
         tally["ort"] += ort_ok
+        res = results[name]
         if ort_ok:
-            out = our_outcome(case, default_flags(device))
-            tally["default"] += out is None
-            if out is not None:
-                ours.append(f"default  {case.name}: {out}")
-        kind, out = compiled_outcome(case, device)
+            tally["default"] += res["default"] is None
+            if res["default"] is not None:
+                ours.append(f"default  {name}: {res['default']}")
+        kind, out = res["compiled"]
         if kind == "skip":
             skipped[out.split(":")[0] if out.startswith("ops not") else _category(out)] += 1
             continue
         tally["compiled_cases"] += 1
         tally["compiled"] += out is None
         tally["wins"] += out is None and not ort_ok
-        if out is not None and ort_ok:
-            ours.append(f"compiled {case.name}: {out}")
-    _print_summary(len(cases), tally, skipped, device, time.perf_counter() - start)
+        if out is not None:
+            mode = "compiled" if ort_ok else "compiled (onnxruntime fails too)"
+            ours.append(f"{mode} {name}: {out}")
+    _print_summary(len(names), tally, skipped, device, time.perf_counter() - start)
     if verbose or ours:
-        print(f"\n{len(ours)} failure(s) of ours on cases onnxruntime passes:")
+        print(f"\n{len(ours)} failure(s) of ours:")
         print("\n".join("  " + line for line in ours))
     return 0
 
@@ -285,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: `generate` or `summary`."""
     p = argparse.ArgumentParser(prog="autoclust.tools.conformance", description=__doc__
                                 .splitlines()[0])
-    p.add_argument("command", choices=("generate", "summary"))
+    p.add_argument("command", choices=("generate", "summary", "_worker"))
+    p.add_argument("--names", default="", help=argparse.SUPPRESS)
     p.add_argument("--results", default=None, help=f"results file (default: {RESULTS_FILE})")
     p.add_argument("--device", default=None, help=f"autoclust device (default: ${DEVICE_ENV}, "
                    "else cpu when usable, else interpreter)")
@@ -295,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     path = args.results or default_results_path()
     if args.command == "generate":
         return generate(path)
+    if args.command == "_worker":
+        return _worker(path, args.device or default_device(), args.names.split(","))
     return summary(path, args.device or default_device(), args.pattern, args.verbose)
 
 

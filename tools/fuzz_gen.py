@@ -218,7 +218,9 @@ def emit_where_cast_clip(b: Builder) -> None:
 # ---- emitters: reductions, normalization, MatMul ----------------------------------------
 
 def emit_reduce(b: Builder) -> None:
-    a = b.pick(lambda v: len(v.shape) >= 1)
+    # Not on empty tensors: onnxruntime 1.31 returns wrong shapes there (keepdims=0 keeps
+    # the reduced empty axes), so it cannot be the oracle.
+    a = b.pick(lambda v: len(v.shape) >= 1 and 0 not in v.shape)
     rank = len(a.shape)
     n_axes = int(b.rng.integers(1, rank + 1))
     axes = sorted(int(x) for x in b.rng.choice(rank, size=n_axes, replace=False))
@@ -234,7 +236,7 @@ def emit_reduce(b: Builder) -> None:
 
 
 def emit_normalization(b: Builder) -> None:
-    a = b.pick(lambda v: len(v.shape) >= 1)
+    a = b.pick(lambda v: len(v.shape) >= 1 and 0 not in v.shape)
     rank = len(a.shape)
     axis = int(b.rng.integers(-rank, rank))
     if b.rng.random() < 0.5:
@@ -243,7 +245,8 @@ def emit_normalization(b: Builder) -> None:
     norm_shape = a.shape[axis % rank:]
     scale = b.weight(norm_shape, 0.5).name
     args = [a.name, scale] + ([b.weight(norm_shape, 0.5).name] if b.rng.random() < 0.6 else [])
-    eps = float(b.rng.choice([1e-5, 1e-3, 0.1]))
+    # Not 1e-5: a constant row (after Expand) turns rounding noise into 3e-5 errors.
+    eps = float(b.rng.choice([1e-2, 0.1]))
     b.node("LayerNormalization", args, [(F32, a.shape)], axis=axis, epsilon=eps)
 
 
@@ -289,7 +292,7 @@ def emit_reshape(b: Builder) -> None:
 
 
 def emit_slice(b: Builder) -> None:
-    a = b.pick(lambda v: len(v.shape) >= 1)
+    a = b.pick(lambda v: len(v.shape) >= 1 and 0 not in v.shape)
     rank = len(a.shape)
     axes = sorted(int(x) for x in b.rng.choice(rank, size=int(b.rng.integers(1, rank + 1)),
                                                replace=False))
@@ -390,14 +393,14 @@ def emit_nonzero(b: Builder) -> None:
 
 
 def emit_topk(b: Builder) -> None:
-    a = b.pick(lambda v: len(v.shape) >= 1)
+    a = b.pick(lambda v: len(v.shape) >= 1 and 0 not in v.shape)
     axis = int(b.rng.integers(0, len(a.shape)))
     k_in = Val(b.fresh("k"), I64, (1,))
     k = int(b.rng.integers(1, a.shape[axis] + 1))
     b.inputs.append(k_in)
     b.feeds[k_in.name] = np.array([k], I64)
     shape = a.shape[:axis] + (k,) + a.shape[axis + 1:]
-    vals, idx = b.node("TopK", [a.name, k_in.name], [(F32, shape), (I64, shape)], axis=axis,
+    _, idx = b.node("TopK", [a.name, k_in.name], [(F32, shape), (I64, shape)], axis=axis,
                        largest=int(b.rng.random() < 0.7))
     if not a.no_ties:
         idx.dynamic = True  # tie order may legally differ: never an output, never used

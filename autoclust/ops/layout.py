@@ -623,8 +623,10 @@ def _space_to_depth_infer(ctx: InferContext) -> list[TypeShape]:
 def _space_to_depth_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x, b = inputs[0], _block(attrs)
     n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
-    return _dense(y.reshape(n, c * b * b, h // b, w // b))
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    # DCR: the block offset is the outer part of the new channel; CRD (opset 26+): inner.
+    perm = (0, 1, 3, 5, 2, 4) if attrs.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    return _dense(y.transpose(perm).reshape(n, c * b * b, h // b, w // b))
 
 
 register("Reshape", LAYOUT, _reshape_infer, _reshape_ref, shape_inputs=(1,))

@@ -302,7 +302,10 @@ def _convt_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     dil = attrs.get("dilations") or [1] * ns
     out, pb, pe = _convt_pads(x.shape[2:], kernel, attrs)
     n, cg, mg = x.shape[0], x.shape[1] // group, w.shape[1]
-    full = [o + b + e for o, b, e in zip(out, pb, pe)]
+    # Pads are negative when output_shape asks for more than the full result: the output
+    # then extends past it with zeros. `shift` makes room before index 0 for that.
+    shift = [max(0, -b) for b in pb]
+    full = [s + max(o + b + e, o + b) for s, o, b, e in zip(shift, out, pb, pe)]
     y = np.zeros((n, mg * group, *full), x.dtype)
     xg = x.reshape(n, group, cg, *x.shape[2:])
     wg = w.reshape(group, cg, mg, *kernel)
@@ -310,11 +313,11 @@ def _convt_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
         # One scatter-add per kernel offset: y[.., off + s*i] += sum_c x[c, i] * w[c, m, off].
         for off in np.ndindex(*kernel):
             contrib = np.einsum("ngc...,gcm->ngm...", xg, wg[(...,) + off])
-            idx = tuple(slice(o * d, o * d + s * (xi - 1) + 1, s) for o, d, s, xi in
-                        zip(off, dil, strides, x.shape[2:]))
+            idx = tuple(slice(h + o * d, h + o * d + s * (xi - 1) + 1, s) for h, o, d, s, xi
+                        in zip(shift, off, dil, strides, x.shape[2:]))
             y[(slice(None), slice(None)) + idx] += contrib.reshape(n, group * mg,
                                                                    *x.shape[2:])
-        crop = tuple(slice(b, b + o) for b, o in zip(pb, out))
+        crop = tuple(slice(h + b, h + b + o) for h, b, o in zip(shift, pb, out))
         y = y[(slice(None), slice(None)) + crop]
         if bias is not None:
             y = y + _work(bias).reshape([1, -1] + [1] * ns)

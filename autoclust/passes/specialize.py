@@ -25,6 +25,11 @@ from autoclust.passes.fold_constants import SMALL_ELEMENTS, evaluate
 InputType = tuple[np.dtype, tuple[int, ...]]
 
 
+def _dims(shape: Shape) -> str:
+    return "[*]" if shape is None else "[" + ",".join("?" if d is None else str(d)
+                                                      for d in shape) + "]"
+
+
 def _check_declared(what: str, declared_dtype: np.dtype | None, declared: Shape,
                     dtype: np.dtype, shape: tuple) -> None:
     """Raise when a concrete type contradicts the declared one (ints must match)."""
@@ -35,7 +40,7 @@ def _check_declared(what: str, declared_dtype: np.dtype | None, declared: Shape,
     clash = len(declared) != len(shape) or any(
         isinstance(d, int) and d != s for d, s in zip(declared, shape))
     if clash:
-        raise ShapeInferenceError(f"{what}: declared shape {list(declared)}, got {list(shape)}")
+        raise ShapeInferenceError(f"{what}: declared shape {_dims(declared)}, got {_dims(shape)}")
 
 
 def _bind_inputs(graph: Graph, input_types: list[InputType],
@@ -56,7 +61,7 @@ def _bind_inputs(graph: Graph, input_types: list[InputType],
             array = np.asarray(shape_values[v.name], dtype=v.dtype)
             if array.shape != shape:
                 raise ShapeInferenceError(f"input {v.name!r}: shape value has shape "
-                                          f"{list(array.shape)}, input type says {list(shape)}")
+                                          f"{_dims(array.shape)}, input type says {_dims(shape)}")
             graph.replace_all_uses(v, new_constant(graph, array, v.name))
 
 
@@ -86,14 +91,14 @@ def _infer(graph: Graph, node: Node, known: dict[str, np.ndarray],
             a = outs[i]
             if not _loose(dtype, shape) and (a.dtype != dtype or a.shape != tuple(shape)):
                 raise ShapeInferenceError(
-                    f"{where} output {v.name!r}: the reference gives {a.dtype}{list(a.shape)}, "
-                    f"the infer rule {dtype}{list(shape)}")
+                    f"{where} output {v.name!r}: the reference gives {a.dtype}{_dims(a.shape)}, "
+                    f"the infer rule {dtype}{_dims(shape)}")
             dtype, shape = a.dtype, a.shape
             known[v.name] = a
         if _loose(dtype, shape):
-            dims = "?" if shape is None else list(shape)
             raise ShapeInferenceError(f"{where}: no concrete type for output {v.name!r} "
-                                      f"(got {dtype} {dims}); are its shape inputs known?")
+                                      f"(got {dtype}{_dims(shape)}); are its shape inputs "
+                                      "known?")
         _check_declared(f"{where} output {v.name!r}", v.dtype, v.shape, dtype, tuple(shape))
         v.dtype, v.shape = np.dtype(dtype), tuple(shape)
 

@@ -14,11 +14,11 @@ import dataclasses
 import os
 
 import numpy as np
+from autoclust.backends.cpu import codegen, jit
+from autoclust.backends.cpu.executable import Executable
 
 from autoclust import fusion, ops
 from autoclust import kernel_ir as kir
-from autoclust.backends.cpu import codegen, jit
-from autoclust.backends.cpu.executable import Executable
 from autoclust.flags import Flags
 from autoclust.fusion_rows import SUPPORTED_DTYPES, why_not_lower
 from autoclust.ir import Graph, Node
@@ -29,14 +29,17 @@ except ImportError:  # written by another engineer; library ops are refused mean
     library = None
 
 NAME = "cpu"
-# Kernels with fewer loop iterations than this run on one thread: below it the ~20-40 us
-# of a GOMP parallel region costs more than the second core saves (measured, see README).
-PARALLEL_MIN_WORK = 1 << 17
+# Kernels with fewer loop iterations than this run on one thread. Measured on the shared
+# 2-core machine (load average ~5): a 16-op chain on 256K floats took 1.3 ms on one thread
+# but up to 16 ms on two, because a GOMP region waits until the OS schedules its second
+# thread; from 1M floats two threads won (14.6 -> 9.0 ms). On a quiet machine the region
+# costs ~20-40 us and the break-even is lower.
+PARALLEL_MIN_WORK = 1 << 20
 REFERENCE_KINDS = (ops.LAYOUT, ops.SHAPE, ops.REDUCTION, ops.NORMALIZATION,
                    ops.ELEMENTWISE)
 COMPILE_COUNT = 0  # LLVM compiles in this process (a warm --cache_dir keeps it 0)
 
-__all__ = ["NAME", "why_not", "compile", "Executable", "COMPILE_COUNT"]
+__all__ = ["COMPILE_COUNT", "NAME", "Executable", "compile", "why_not"]
 
 
 def why_not(node: Node, graph: Graph) -> str | None:
@@ -53,7 +56,8 @@ def why_not(node: Node, graph: Graph) -> str | None:
     if d.kind == ops.LIBRARY:
         if library is None:
             return f"{node.op}: library calls need backends/cpu/library.py (not present)"
-        return library.why_not(node, graph) if hasattr(library, "why_not") else None
+        types = [None if v is None else (v.dtype, v.shape) for v in node.inputs]
+        return library.supported(node.op, node.attrs, types)
     if d.kind in REFERENCE_KINDS and not d.data_dependent:
         return None  # runs as a reference thunk
     return reason
@@ -63,7 +67,7 @@ def _threads(flags: Flags) -> int:
     return flags.threads if flags.threads > 0 else (os.cpu_count() or 1)
 
 
-def compile(graph: Graph, flags: Flags) -> Executable:  # noqa: A001 - backend protocol
+def compile(graph: Graph, flags: Flags) -> Executable:
     """Compile a concrete-shape cluster graph into an Executable."""
     global COMPILE_COUNT
     program = fusion.fuse(graph)
@@ -86,8 +90,7 @@ def compile(graph: Graph, flags: Flags) -> Executable:  # noqa: A001 - backend p
         names = [k.name for k in kernels] + [f"{n}.par" for n in parallel]
         engine, addrs = jit.load_object(obj, names)
     consts = {b.id: graph.initializers[b.name] for b in program.buffers if b.role == "const"}
-    return Executable(program, addrs, parallel, threads, engine, dumps, consts,
-                      library if library is not None and hasattr(library, "prepare") else None)
+    return Executable(program, addrs, parallel, threads, engine, dumps, consts, library)
 
 
 def reference_outputs(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 
+from autoclust.backends.cpu import mathops
+from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, if_then
 from llvmlite import ir
 
 from autoclust import kernel_ir as kir
-from autoclust.backends.cpu import mathops
-from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, if_then
 
 I8, I32 = ir.IntType(8), ir.IntType(32)
 PTR = ir.PointerType()
@@ -275,8 +275,8 @@ def emit_parallel(module: ir.Module, name: str) -> None:
     par = ir.Function(module, fnty, f"{name}.par")
     b = ir.IRBuilder(par.append_basic_block("entry"))
     ctx = b.alloca(ctx_ty)
-    b.store(par.args[0], b.gep(ctx, [I32(0), I32(0)], source_etype=ctx_ty))
-    b.store(par.args[1], b.gep(ctx, [I32(0), I32(1)], source_etype=ctx_ty))
+    b.store(par.args[0], b.gep(ctx, [I32(0), I32(0)]))
+    b.store(par.args[1], b.gep(ctx, [I32(0), I32(1)]))
     b.call(gomp, [worker, ctx, b.trunc(par.args[2], I32), I32(0)])
     b.ret_void()
 

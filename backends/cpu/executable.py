@@ -40,6 +40,7 @@ class Executable:
         self._arrays: list[np.ndarray | None] = [None] * len(program.buffers)
         self._library = library
         self._fixed(constants)
+        self._constants = constants
         self._steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
         self._steps = [s for s in self._steps if s is not None]
         self._outputs = [b for b in program.buffers if b.role == "output"]
@@ -75,17 +76,16 @@ class Executable:
             fn = KERNEL_FN(addrs[t.name])
             return lambda: fn(bufs, 0, n0)
         if isinstance(t, kir.LibraryCall) and self._library is not None:
-            return self._library_step(t)
+            return self._library_step(t, threads, self._constants)
         return lambda: self._reference(t)
 
-    def _library_step(self, t: kir.LibraryCall) -> Callable[[], None]:
-        run = self._library.prepare(t.op, dict(t.attrs),
-                                    [None if b is None else self.buffers[b] for b in t.inputs],
-                                    [self.buffers[b] for b in t.outputs])
+    def _library_step(self, t: kir.LibraryCall, threads: int,
+                      constants: dict[int, np.ndarray]) -> Callable[[], None]:
+        fn = self._library.make_call_for(t, self.program.buffers, threads, constants)
         arrays = self._arrays
         ins, outs = t.inputs, t.outputs
-        return lambda: run([None if b is None else arrays[b] for b in ins],
-                           [arrays[b] for b in outs])
+        return lambda: fn([None if b is None else arrays[b] for b in ins],
+                          [arrays[b] for b in outs])
 
     def _reference(self, t: kir.LibraryCall | kir.RefCall) -> None:
         args = [None if b is None else self._arrays[b] for b in t.inputs]

@@ -11,10 +11,10 @@ import ctypes.util
 import threading
 
 import llvmlite
+from autoclust.backends.cpu import cache
 from llvmlite import binding as llvm
 
 import autoclust
-from autoclust.backends.cpu import cache
 
 LLVM_LOCK = threading.RLock()
 COUNTS = {"compiles": 0}

@@ -43,9 +43,9 @@ def for_nest(builder: ir.IRBuilder, ranges: list[tuple[ir.Value, ir.Value]],
         yield []
         return
     (start, stop), rest = ranges[0], ranges[1:]
-    with for_range(builder, start, stop, name=f"{prefix}{len(rest)}") as i:
-        with for_nest(builder, rest, prefix) as inner:
-            yield [i] + inner
+    with for_range(builder, start, stop, name=f"{prefix}{len(rest)}") as i, \
+            for_nest(builder, rest, prefix) as inner:
+        yield [i] + inner
 
 
 @contextmanager

@@ -1,0 +1,297 @@
+"""Fusion: kernel counts for the patterns the issue pins, outputs equal to onnxruntime,
+the memory plan, the persistent cache, and a quick speed sanity check."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import onnx
+import onnx.parser
+import onnxruntime as ort
+import pytest
+from autoclust.backends import cpu
+from autoclust.importers.onnx import import_model
+
+from autoclust import flags as flags_mod
+from autoclust import fusion
+from autoclust.compile import compile_cluster
+
+RNG = np.random.default_rng(1)
+
+
+def model_from_text(text: str) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(textwrap.dedent(text))
+    model.ir_version = 10
+    return model
+
+
+def ort_session(model: onnx.ModelProto, threads: int = 0) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def compile_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **flag_overrides):
+    graph = import_model(model)
+    types = [(feeds[v.name].dtype, feeds[v.name].shape) for v in graph.inputs]
+    flags = flags_mod.parse("", **flag_overrides)
+    return compile_cluster(graph, types, {}, flags, cpu), [feeds[v.name] for v in graph.inputs]
+
+
+def check_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], kernels: int,
+                rtol: float = 1e-5, atol: float = 1e-5):
+    """Compiled outputs equal onnxruntime's, with exactly `kernels` kernels."""
+    exe, args = compile_model(model, feeds)
+    expected = ort_session(model, 1).run(None, feeds)
+    got = exe.run(args)
+    for e, o in zip(expected, got):
+        assert o.dtype == e.dtype and o.shape == e.shape
+        np.testing.assert_allclose(o, e, rtol=rtol, atol=atol,
+                                   err_msg=exe.dumps[".kernels.txt"])
+    assert exe.num_kernels == kernels, exe.dumps[".kernels.txt"]
+    return exe
+
+
+CHAIN_OPS = ["Add", "Mul", "Sub", "Tanh", "Mul", "Add", "Abs", "Sqrt", "Mul", "Sub", "Neg",
+             "Exp", "Add", "Div", "Sigmoid", "Mul"]
+
+
+def chain_model(n: int) -> onnx.ModelProto:
+    lines, prev = [], "x"
+    for i, op in enumerate(CHAIN_OPS):
+        out = f"t{i}" if i < len(CHAIN_OPS) - 1 else "y"
+        if op in ("Tanh", "Abs", "Sqrt", "Neg", "Exp", "Sigmoid"):
+            lines.append(f"{out} = {op}({prev})")
+        else:
+            lines.append(f"{out} = {op}({prev}, c{i % 3})")
+        prev = out
+    body = "\n            ".join(lines)
+    return model_from_text(f"""
+        <ir_version: 10, opset_import: ["" : 18]>
+        chain (float[{n}] x) => (float[{n}] y)
+        <float c0 = {{1.5}}, float c1 = {{0.75}}, float c2 = {{0.25}}>
+        {{
+            {body}
+        }}""")
+
+
+def test_elementwise_chain_is_one_kernel():
+    x = RNG.standard_normal(1000).astype(np.float32)
+    check_model(chain_model(1000), {"x": x}, kernels=1)
+
+
+LAYERNORM = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    ln (float[2,8,32] x) => (float[2,8,32] y)
+    <int64[1] ax = {-1}, float two = {2.0}, float eps = {1e-5}, float[32] g = {GAMMA},
+     float[32] b = {BETA}>
+    {
+        m = ReduceMean(x, ax)
+        d = Sub(x, m)
+        p = Pow(d, two)
+        v = ReduceMean(p, ax)
+        ve = Add(v, eps)
+        s = Sqrt(ve)
+        n = Div(d, s)
+        sc = Mul(n, g)
+        y = Add(sc, b)
+    }"""
+
+
+def _floats(n: int) -> str:
+    return ", ".join(f"{v:.4f}" for v in RNG.standard_normal(n))
+
+
+def test_decomposed_layernorm_is_one_kernel():
+    model = model_from_text(LAYERNORM.replace("GAMMA", _floats(32)).replace("BETA",
+                                                                            _floats(32)))
+    x = RNG.standard_normal((2, 8, 32)).astype(np.float32)
+    check_model(model, {"x": x}, kernels=1)
+
+
+def test_scale_mask_softmax_is_one_kernel():
+    model = model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        attn (float[2,3,16,16] s, float[2,1,1,16] mask) => (float[2,3,16,16] p)
+        <float scale = {0.125}>
+        {
+            a = Mul(s, scale)
+            b = Add(a, mask)
+            p = Softmax<axis = -1>(b)
+        }""")
+    s = RNG.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    mask = np.where(RNG.random((2, 1, 1, 16)) > 0.3, 0, -1e9).astype(np.float32)
+    check_model(model, {"s": s, "mask": mask}, kernels=1)
+
+
+RMSNORM_GATE = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    rms (float[64,48] x, float[64,48] gate) => (float[64,48] y)
+    <int64[1] ax = {-1}, float eps = {1e-6}, float[48] w = {WEIGHT}>
+    {
+        sq = Mul(x, x)
+        ms = ReduceMean(sq, ax)
+        me = Add(ms, eps)
+        r = Sqrt(me)
+        n = Div(x, r)
+        nw = Mul(n, w)
+        sg = Sigmoid(gate)
+        silu = Mul(gate, sg)
+        y = Mul(nw, silu)
+    }"""
+
+
+def test_rmsnorm_silu_gate_is_one_kernel():
+    model = model_from_text(RMSNORM_GATE.replace("WEIGHT", _floats(48)))
+    feeds = {"x": RNG.standard_normal((64, 48)).astype(np.float32),
+             "gate": RNG.standard_normal((64, 48)).astype(np.float32)}
+    check_model(model, feeds, kernels=1)
+
+
+def test_multi_output_row_kernel():
+    # LayerNorm output and its mean both leave the cluster: still one kernel.
+    model = model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        mo (float[4,10] x) => (float[4,10] y, float[4,1] m)
+        <int64[1] ax = {-1}>
+        {
+            m = ReduceMean(x, ax)
+            d = Sub(x, m)
+            y = Mul(d, d)
+        }""")
+    check_model(model, {"x": RNG.standard_normal((4, 10)).astype(np.float32)}, kernels=1)
+
+
+def test_library_call_epilogue_fuses():
+    # MatMul is a library call; its bias + Relu epilogue is one loop kernel.
+    model = model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        mm (float[8,16] x, float[16,32] w, float[32] b) => (float[8,32] y)
+        {
+            h = MatMul(x, w)
+            hb = Add(h, b)
+            y = Relu(hb)
+        }""")
+    feeds = {"x": RNG.standard_normal((8, 16)).astype(np.float32),
+             "w": RNG.standard_normal((16, 32)).astype(np.float32),
+             "b": RNG.standard_normal(32).astype(np.float32)}
+    exe = check_model(model, feeds, kernels=2)
+    assert "h materialized: feeds MatMul" not in exe.dumps[".kernels.txt"]
+    assert "library MatMul" in exe.dumps[".kernels.txt"]
+
+
+def test_reduction_over_other_axis_is_materialized():
+    # softmax over axis 0 of a softmax over axis 1: the inner one cannot be fused.
+    model = model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        ss (float[6,10] x) => (float[6,10] y)
+        {
+            a = Softmax<axis = 1>(x)
+            b = Softmax<axis = 0>(a)
+            c = Softmax<axis = 1>(b)
+            y = Softmax<axis = 0>(c)
+        }""")
+    exe = check_model(model, {"x": RNG.standard_normal((6, 10)).astype(np.float32)},
+                      kernels=4)
+    text = exe.dumps[".kernels.txt"]
+    assert "materialized" in text and "rows are" in text
+    temps = [b for b in exe.program.buffers if b.role == "temp"]
+    assert len(temps) == 3
+    assert len({b.slot for b in temps}) == 2  # a and c share memory
+
+
+def test_dumps_present():
+    x = RNG.standard_normal(64).astype(np.float32)
+    exe, _ = compile_model(chain_model(64), {"x": x}, dump_to="/nonexistent")
+    assert "kernel k0" in exe.dumps[".kernels.txt"]
+    assert "define" in exe.dumps[".ll"] and "ret" in exe.dumps[".s"]
+
+
+def test_outputs_are_fresh_and_inputs_may_be_strided():
+    model = chain_model(100)
+    exe, _ = compile_model(model, {"x": np.zeros(100, np.float32)})
+    base = RNG.standard_normal(200).astype(np.float32)
+    first = exe.run([base[::2]])[0]
+    second = exe.run([base[1::2]])[0]
+    assert first is not second and not np.shares_memory(first, second)
+    expected = ort_session(model, 1).run(None, {"x": base[::2].copy()})[0]
+    np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_threads_split_large_kernels():
+    n = 1 << 20
+    x = RNG.standard_normal(n).astype(np.float32)
+    exe, args = compile_model(chain_model(n), {"x": x}, threads=2)
+    one, _ = compile_model(chain_model(n), {"x": x}, threads=1)
+    assert "k0.par" in exe.dumps[".ll"]
+    np.testing.assert_array_equal(exe.run(args)[0], one.run(args)[0])
+
+
+CACHE_SCRIPT = """
+import sys, numpy as np
+sys.path.insert(0, {tests!r})
+from test_fusion import chain_model, compile_model
+from autoclust.backends import cpu
+x = np.arange(256, dtype=np.float32) / 256
+exe, args = compile_model(chain_model(256), {{"x": x}}, cache_dir={cache!r})
+print(cpu.COMPILE_COUNT, float(exe.run(args)[0].sum()))
+"""
+
+
+def test_persistent_cache_second_process_compiles_nothing(tmp_path):
+    script = CACHE_SCRIPT.format(tests=os.path.dirname(__file__), cache=str(tmp_path))
+
+    def run() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             check=True)
+        return out.stdout.split()
+
+    cold, warm = run(), run()
+    assert cold[0] == "1" and warm[0] == "0" and cold[1] == warm[1]
+    for entry in tmp_path.iterdir():  # a corrupted entry is detected and recompiled
+        entry.write_bytes(entry.read_bytes()[:-10] + b"0123456789")
+    again = run()
+    assert again[0] == "1" and again[1] == cold[1]
+
+
+def test_unwritable_cache_dir_warns_once(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    x = np.ones(32, np.float32)
+    with pytest.warns(RuntimeWarning, match="cache"):
+        exe, args = compile_model(chain_model(32), {"x": x}, cache_dir=str(blocker / "sub"))
+    assert exe.run(args)[0].shape == (32,)
+
+
+def test_chain_faster_than_onnxruntime():
+    n = 1 << 22
+    model = chain_model(n)
+    x = RNG.standard_normal(n).astype(np.float32)
+    exe, args = compile_model(model, {"x": x})
+    sess = ort_session(model)
+    t_ours, t_ort = [], []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        exe.run(args)
+        t1 = time.perf_counter()
+        sess.run(None, {"x": x})
+        t2 = time.perf_counter()
+        t_ours.append(t1 - t0)
+        t_ort.append(t2 - t1)
+    ratio = np.median(t_ort) / np.median(t_ours)
+    print(f"16-op chain on 4M floats: onnxruntime / autoclust = {ratio:.1f}x")
+    assert ratio > 1.0
+
+
+def test_fuse_program_text():
+    graph = import_model(chain_model(8))
+    from autoclust import kernel_ir
+    text = kernel_ir.format_program(fusion.fuse(graph))
+    assert text.count("kernel ") == 1 and "tanh(" in text
