@@ -99,7 +99,8 @@ def test_shrinker_reduces_injected_bug_and_writes_bundle(monkeypatch, tmp_path):
     want = fuzz_check.run_ort(model, feeds)
     for e, w in zip(expected, want):
         np.testing.assert_array_equal(e, w)
-    meta = json.loads(open(f"{folder}/meta.json").read())
+    with open(f"{folder}/meta.json") as f:
+        meta = json.load(f)
     assert meta["seed"] == 9 and meta["kind"] == "mismatch"
     assert {"onnx", "onnxruntime", "autoclust"} <= set(meta["versions"])
     # The shrunk repro still fails, and onnxruntime runs it.

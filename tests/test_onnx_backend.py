@@ -29,6 +29,7 @@ from onnx import helper
 from autoclust.backend import AutoclustBackend, node_model
 from autoclust.errors import NotCompilableError
 
+CASES = conformance.node_cases()  # built once, warnings silenced; BackendTest reuses them
 DEVICE = conformance.default_device()
 RESULTS_PATH = os.path.join(os.path.dirname(__file__), "data", "ort_node_results.json")
 RESULTS = conformance.read_results(RESULTS_PATH)
@@ -146,7 +147,7 @@ def _default_tests() -> type[unittest.TestCase]:
 
 def _compiled_tests() -> type[unittest.TestCase]:
     cls = _node_tests(CompiledBackend, "Compiled")
-    models = {c.name: c.model for c in conformance.node_cases()}
+    models = {c.name: c.model for c in CASES}
     for test in [n for n in vars(cls) if n.startswith("test_")]:
         case = test[:-len("_cpu")]
         missing = conformance.missing_ops(models[case])
@@ -168,12 +169,12 @@ def test_results_file_matches_installed_versions():
     got = {k: RESULTS[k] for k in want}
     assert got == want, ("tests/data/ort_node_results.json was generated with other versions; "
                          "run `python -m autoclust.tools.conformance generate`")
-    assert RESULTS["cases"] == len(conformance.node_cases())
+    assert RESULTS["cases"] == len(CASES)
     assert RESULTS["passed"] == RESULTS["cases"] - len(ORT_FAILS)
 
 
 def test_exclusions_name_real_cases():
-    names = {c.name for c in conformance.node_cases()}
+    names = {c.name for c in CASES}
     for case, reason in {**OURS_DEFAULT, **OURS_COMPILED}.items():
         assert case in names, f"{case}: no such node case"
         assert reason.strip(), f"{case}: an exclusion needs a reason"

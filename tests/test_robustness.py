@@ -148,7 +148,9 @@ def _outcome(data, feeds):
                                              min_cluster_size=1).run(None, feeds)
     except AutoclustError:
         return "clean"
-    except Exception as exc:  # noqa: BLE001 - the finding
+    except Exception as exc:  # noqa: BLE001 - the finding, unless onnxruntime fails alike
+        if want is None and type(exc).__module__.startswith("onnxruntime"):
+            return "ort_error"  # a fallback segment raised what onnxruntime itself raises
         return f"UNCLEAN: {type(exc).__name__}: {str(exc)[:200]}"
     if want is None:
         return "ort_failed"
@@ -177,7 +179,8 @@ def mutation_batch(names, per_model, seed):
 def test_mutated_zoo_models_fail_cleanly_or_match_onnxruntime():
     cmd = [sys.executable, __file__, "mutate", str(MUTATIONS_PER_MODEL)]
     env = dict(os.environ, ORT_LOGGING_LEVEL="3")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
     assert proc.returncode == 0, f"the mutation subprocess died ({proc.returncode}): " \
         f"{proc.stderr[-2000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -254,9 +257,12 @@ def test_unwritable_dump_and_cache_dirs_warn_and_carry_on(tmp_path, flag):
     if device == "cpu" and DEVICE != "cpu":
         pytest.skip("--cache_dir is used by the cpu backend, which is not available")
     x = np.ones((2, 4), np.float32)
-    with pytest.warns(RuntimeWarning):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         sess = session(small_model(), device=device, **{flag: _unwritable(tmp_path)})
         got = sess.run(None, {"x": x})
+    assert any(issubclass(w.category, RuntimeWarning) and "cannot write" in str(w.message)
+               for w in caught)
     np.testing.assert_allclose(got[0], ort_run(small_model(), {"x": x})[0], rtol=1e-5)
 
 

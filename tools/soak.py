@@ -30,8 +30,9 @@ def rss_bytes() -> int:
 def soak(runs: int, model: str = "gelu", device: str = "interpreter", warmup: int = 500,
          samples: int = 10, dims: dict[str, int] | None = None) -> dict[str, Any]:
     """Run zoo `model` `runs` times; RSS after warm-up, at samples, and the growth ratio."""
-    import autoclust
     from autoclust.models import zoo
+
+    import autoclust
     proto = zoo.build(model)
     feeds = zoo.feeds(proto, dims or {})
     sess = autoclust.InferenceSession(proto, device=device, min_cluster_size=1)
