@@ -230,3 +230,19 @@ def test_random_dags_run_like_onnxruntime(case):
     assert sorted(n.name for s in plan.steps for n in s.nodes) == \
         sorted(n.name for n in plan.graph.nodes)
     assert_close(sess.run(None, feeds), ort_run(model, feeds), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["cpu", "interpreter"])
+def test_zero_d_input_passes_through_as_zero_d(device):
+    """Regression (fuzzer seed 11): Expand(x[], shape=[]) folds to the input itself, and
+    the CPU executable used np.ascontiguousarray, which turns 0-d arrays into shape (1,)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    shape = helper.make_tensor("s", TensorProto.INT64, [0], [])
+    nodes = [helper.make_node("Expand", ["x", "s"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [shape]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    sess = autoclust.InferenceSession(model, device=device, min_cluster_size=1)
+    out = sess.run(None, {"x": np.array(2.5, np.float32)})[0]
+    assert out.shape == () and out == np.float32(2.5)

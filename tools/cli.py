@@ -109,7 +109,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `autoclust` console script."""
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # bench and fuzz own their options (argparse's REMAINDER cannot start with an option).
+    if argv and argv[0] in ("bench", "fuzz"):
+        args = argparse.Namespace(command=argv[0], rest=argv[1:],
+                                  fn=_cmd_bench if argv[0] == "bench" else _cmd_fuzz)
+    else:
+        args = _parser().parse_args(argv)
     fn: Callable[[argparse.Namespace], int] = args.fn
     try:
         return fn(args)

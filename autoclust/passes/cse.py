@@ -67,6 +67,7 @@ def cse(graph: Graph) -> Graph:
         if first is node:
             continue
         for old, new in zip(node.outputs, first.outputs):
-            graph.replace_all_uses(old, new)
+            if old is not new:  # only a broken graph shares outputs; don't loop on it
+                graph.replace_all_uses(old, new)
         graph.remove_node(node)
     return graph

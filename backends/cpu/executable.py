@@ -58,7 +58,7 @@ class Executable:
                 arr = self._slots[b.slot][:nbytes].view(b.dtype).reshape(b.shape)
                 self._set(b.id, arr)
             elif b.role == "const":
-                self._set(b.id, np.ascontiguousarray(constants[b.id]))
+                self._set(b.id, np.ascontiguousarray(constants[b.id]).reshape(b.shape))
 
     def _set(self, bid: int, arr: np.ndarray) -> None:
         self._arrays[bid] = arr
@@ -100,7 +100,8 @@ class Executable:
         """Run the cluster; outputs are fresh arrays."""
         with self._lock:
             for bid, x in zip(self.program.inputs, inputs):
-                self._set(bid, np.ascontiguousarray(x))
+                # not np.ascontiguousarray: it turns 0-d arrays into shape (1,)
+                self._set(bid, x if x.flags.c_contiguous else np.ascontiguousarray(x))
             for b in self._outputs:
                 self._set(b.id, np.empty(b.shape, b.dtype))
             for step in self._steps:
