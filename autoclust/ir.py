@@ -191,6 +191,8 @@ class Graph:
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
         """Point every use of `old` (and graph outputs) at `new`."""
+        if old is new:
+            return
         for node, i in old.uses:
             if i >= 0:
                 node.inputs[i] = new

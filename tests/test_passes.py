@@ -144,9 +144,22 @@ SHAPE_CHAIN = """
     y = Reshape(x, c)
 """
 
+# The form exporters write: a scalar Gather, then Unsqueeze.
+SHAPE_CHAIN_SCALAR = """
+    s = Shape(x)
+    i = Constant<value = int64 {0}>()
+    n = Gather<axis = 0>(s, i)
+    a = Constant<value = int64[1] {0}>()
+    u = Unsqueeze(n, a)
+    m = Constant<value = int64[2] {2, 2}>()
+    c = Concat<axis = 0>(u, m)
+    y = Reshape(x, c)
+"""
 
-def test_specialize_then_fold_shape_chain():
-    spec, opt = _check(_model("float[N,4] x", "float[N,2,2] y", SHAPE_CHAIN), [(3, 4)])
+
+@pytest.mark.parametrize("body", [SHAPE_CHAIN, SHAPE_CHAIN_SCALAR])
+def test_specialize_then_fold_shape_chain(body):
+    spec, opt = _check(_model("float[N,4] x", "float[N,2,2] y", body), [(3, 4)])
     assert all(v.is_static() for n in spec.nodes for v in n.outputs)
     assert spec.nodes[-1].outputs[0].shape == (3, 2, 2)
     assert _ops(opt) == ["Reshape"]
