@@ -232,7 +232,7 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
         return f"unsupported op {node.qualified_op}"
     if opdef.data_dependent:
         return f"data-dependent output shape ({node.op})"
-    reason = _dtype_reason(node, opdef)
+    reason = _dtype_reason(node, opdef) or _random_reason(node, graph)
     if reason:
         return reason
     for i in opdef.shape_inputs:
@@ -248,6 +248,18 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
         reason = backend_why_not(node, graph)
         if reason:
             return f"device {flags.device}: {reason}"
+    return None
+
+
+def _random_reason(node: Node, graph: Graph) -> str | None:
+    """Dropout in training mode draws random masks: only inference Dropout compiles."""
+    if node.op != "Dropout" or len(node.inputs) < 3 or node.inputs[2] is None:
+        return None
+    mode = graph.constant_value(node.inputs[2])
+    if mode is None:
+        return "Dropout training_mode comes from runtime data (training mode is random)"
+    if bool(mode.any()):
+        return "Dropout in training mode is random (only inference Dropout compiles)"
     return None
 
 
@@ -369,7 +381,13 @@ def _reduction_fed_by_elementwise(an: _Analysis, members: list[int]) -> bool:
 
 
 def why_not_profitable(an: _Analysis, members: list[int], flags: Flags) -> str | None:
-    """Why a legal cluster is not worth compiling, or None to keep it."""
+    """Why a legal cluster is not worth compiling, or None to keep it.
+
+    Under --must_compile profitability does not apply: the user asked for every node to
+    be compiled, even a lone Identity or Shape that weighs 0.
+    """
+    if flags.must_compile:
+        return None
     weight = sum(an.weight[i] for i in members)
     if weight < flags.min_cluster_size:
         return f"cluster too small ({weight} < min_cluster_size={flags.min_cluster_size})"

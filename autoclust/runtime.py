@@ -178,6 +178,8 @@ class Runtime:
         self.runners: list[Any] = []
         for step in plan.steps:
             sub = self.graph.extract(step.nodes, name=step.name)
+            if not sub.outputs:
+                continue  # dead nodes (e.g. a Shape nobody reads): nothing to compute
             if isinstance(step, Cluster):
                 runner = ClusterRunner(step, sub, flags, backend, options, dumper)
             else:

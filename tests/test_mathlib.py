@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
+import sys
 import threading
 import time
 
@@ -282,6 +283,30 @@ def test_special_values(name: str, x: list[float], want: list[float], dtype: typ
     # signs of zeros and infinities are exact
     exact = (want_arr == 0) | np.isinf(want_arr)
     assert np.array_equal(np.signbit(got[exact]), np.signbit(want_arr[exact]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exp_scaling_paths_agree(dtype: type, sweep32: np.ndarray, monkeypatch) -> None:
+    """2^n by llvm.ldexp (vscalefps on AVX-512) and by the two-factor bit trick: same bits."""
+    with np.errstate(invalid="ignore"):  # signalling NaNs in the sweep
+        x = sweep32.astype(dtype)
+    if dtype is np.float64:
+        x = np.concatenate([x, np.linspace(-760, 720, 200001)])
+    first = run("exp", x)
+    host = mathlib._has_avx512()
+    monkeypatch.setitem(mathlib._HOST, "avx512", not host)
+    monkeypatch.setattr(sys.modules[__name__], "_CACHE", {})
+    other = run("exp", x)
+    assert np.array_equal(first, other, equal_nan=True)
+
+
+def test_exp_underflow_band_exact() -> None:
+    """Around the float32 underflow threshold (denormal results, then exactly 0)."""
+    x = np.linspace(-110, -85, 200001, dtype=np.float32)
+    got = run("exp", x)
+    want = np.exp(x.astype(np.float64)).astype(np.float32)
+    assert ulp32(got, want).max() <= 1
+    assert np.all(got[x < -104] == 0) and np.all(np.signbit(got) == 0)
 
 
 # ---------------------------------------------------------------- float64 accuracy

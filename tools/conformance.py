@@ -41,7 +41,7 @@ RESULTS_FILE = os.path.join("tests", "data", "ort_node_results.json")
 # Clustering refusals that are by design: a case with such a node is not a compiled-mode
 # case (its other refusals, e.g. a device that cannot lower an op, are failures).
 DESIGN_REFUSALS = ("unsupported op", "has a subgraph", "data-dependent output shape",
-                   "dtype ")
+                   "dtype ", "Dropout ", "old opset form")
 
 Outcome = str | None  # None: passed; else a one-line reason
 
@@ -73,14 +73,9 @@ def default_device() -> str:
     return "cpu"
 
 
-def default_flags(device: str) -> dict[str, Any]:
-    """Flags of the default mode: fallback allowed."""
-    return {"auto_jit": 2, "device": device}
-
-
-def compiled_flags(device: str) -> dict[str, Any]:
-    """Flags of the compiled mode: every node must compile."""
-    return {"auto_jit": 2, "device": device, "must_compile": True, "min_cluster_size": 1}
+# Flags of the two modes (the device is prepare()'s device argument).
+DEFAULT_FLAGS = {"auto_jit": 2}
+COMPILED_FLAGS = {"auto_jit": 2, "must_compile": True, "min_cluster_size": 1}
 
 
 def missing_ops(model: onnx.ModelProto) -> list[str]:
@@ -181,12 +176,10 @@ def ort_outcomes(cases: Any = None) -> dict[str, Outcome]:
     return {c.name: run_case(c, OrtRep) for c in (cases or node_cases())}
 
 
-def our_outcome(case: Any, flags: dict[str, Any]) -> Outcome:
-    """Run autoclust on one case with `flags`; None when it passes."""
+def our_outcome(case: Any, device: str, flags: dict[str, Any]) -> Outcome:
+    """Run autoclust on one case on `device` with `flags`; None when it passes."""
     from autoclust.backend import AutoclustBackend
-    rest = dict(flags)
-    device = rest.pop("device", "CPU")  # prepare's device argument takes autoclust's names
-    return run_case(case, lambda m: AutoclustBackend.prepare(m, device, **rest))
+    return run_case(case, lambda m: AutoclustBackend.prepare(m, device, **flags))
 
 
 def compiled_outcome(case: Any, device: str) -> tuple[str, Outcome]:
@@ -194,7 +187,7 @@ def compiled_outcome(case: Any, device: str) -> tuple[str, Outcome]:
     missing = missing_ops(case.model)
     if missing:
         return "skip", f"ops not in the op table: {', '.join(missing)}"
-    outcome = our_outcome(case, compiled_flags(device))
+    outcome = our_outcome(case, device, COMPILED_FLAGS)
     if outcome and outcome.startswith("NotCompilableError"):
         why = design_refusal(outcome)
         if why:
@@ -252,7 +245,7 @@ def generate(path: str) -> int:
 
 def case_outcomes(case: Any, device: str, ort_ok: bool) -> dict[str, Any]:
     """Both modes on one case: {"default": outcome | "n/a", "compiled": [kind, outcome]}."""
-    default = our_outcome(case, default_flags(device)) if ort_ok else "n/a"
+    default = our_outcome(case, device, DEFAULT_FLAGS) if ort_ok else "n/a"
     return {"default": default, "compiled": list(compiled_outcome(case, device))}
 
 

@@ -7,7 +7,8 @@ Cases:
 Not folded: ops outside the op table (Random*, custom domains: maybe nondeterministic),
 nodes with subgraphs, outputs over MAX_FOLD_ELEMENTS, outputs that grow past their inputs
 (Expand/ConstantOfShape/Tile of a small constant: a broadcast is cheaper to compute than to
-load), and nodes whose reference fails or disagrees with the inferred dtype/shape (the node
+load; library ops such as MatMul may grow, since left in they cost a library call per run and
+block folding what follows, e.g. the cos/sin tables of rotary embeddings), and nodes whose reference fails or disagrees with the inferred dtype/shape (the node
 stays and the backend computes it).
 Folded outputs keep their Value and name, so a graph output that folds stays in the output
 list, now as an initializer.
@@ -51,8 +52,9 @@ def _inputs_of(graph: Graph, node: Node, known: dict[str, np.ndarray]
     return arrays
 
 
-def _too_big(size: int, input_size: int, max_elements: int) -> bool:
-    return size > max_elements or (size > SMALL_ELEMENTS and size > input_size)
+def _too_big(size: int, input_size: int, max_elements: int, may_grow: bool = False) -> bool:
+    grows = size > SMALL_ELEMENTS and size > input_size and not may_grow
+    return size > max_elements or grows
 
 
 def evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray] | None = None,
@@ -67,8 +69,9 @@ def evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray] | None = Non
     if arrays is None:
         return None
     input_size = 0 if node.op in _SHAPE_OF else sum(a.size for a in arrays if a is not None)
+    may_grow = opdef.kind == ops.LIBRARY
     for v in node.outputs:
-        if v.is_static() and _too_big(int(np.prod(v.shape)), input_size, max_elements):
+        if v.is_static() and _too_big(int(np.prod(v.shape)), input_size, max_elements, may_grow):
             return None
     try:
         with np.errstate(all="ignore"):
@@ -79,7 +82,7 @@ def evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray] | None = Non
         return None
     outs = outs[:len(node.outputs)]  # a ref may compute optional outputs the node omits
     for o, v in zip(outs, node.outputs):
-        if _too_big(o.size, input_size, max_elements):
+        if _too_big(o.size, input_size, max_elements, may_grow):
             return None
         if (v.dtype is not None and o.dtype != v.dtype) or (v.is_static() and o.shape != v.shape):
             return None

@@ -29,12 +29,16 @@ except ImportError:  # written by another engineer; library ops are refused mean
     library = None
 
 NAME = "cpu"
-# Kernels with fewer loop iterations than this run on one thread. Measured on the shared
-# 2-core machine (load average ~5): a 16-op chain on 256K floats took 1.3 ms on one thread
-# but up to 16 ms on two, because a GOMP region waits until the OS schedules its second
-# thread; from 1M floats two threads won (14.6 -> 9.0 ms). On a quiet machine the region
-# costs ~20-40 us and the break-even is lower.
-PARALLEL_MIN_WORK = 1 << 20
+# Kernels with at least this many loop iterations are split over `--threads` threads
+# (executable.Splitter: chunks of the outer loop claimed by the caller and helper threads),
+# in chunks of at least MIN_CHUNK_WORK iterations. A split costs the caller ~10 us, so the
+# break-even is low: GELU on 256K floats takes ~0.35 ms on one thread.
+PARALLEL_MIN_WORK = 1 << 18
+MIN_CHUNK_WORK = 1 << 16
+# libgomp regions (the kernels' `.par` entry points) instead of the Splitter. Off: on the
+# shared 2-core build machine a region cost 4-8 ms (its end barrier waits until the OS
+# schedules the second thread), e.g. BERT's 8 large kernels took 60 ms instead of 15.
+USE_GOMP = False
 REFERENCE_KINDS = (ops.LAYOUT, ops.SHAPE, ops.REDUCTION, ops.NORMALIZATION,
                    ops.ELEMENTWISE)
 COMPILE_COUNT = 0  # LLVM compiles in this process (a warm --cache_dir keeps it 0)
@@ -75,22 +79,76 @@ def compile(graph: Graph, flags: Flags) -> Executable:
     program = dataclasses.replace(program, thunks=thunks)
     kernels = [t for t in thunks if isinstance(t, kir.Kernel) and all(d > 0 for d in t.shape)]
     threads = _threads(flags)
-    parallel = set()
-    if threads > 1 and jit.has_openmp():
-        parallel = {k.name for k in kernels if k.work >= PARALLEL_MIN_WORK and k.shape[0] > 1}
-    dumps = {".kernels.txt": kir.format_program(program)}
+    split = set()
+    if threads > 1:
+        split = {k.name for k in kernels if k.work >= PARALLEL_MIN_WORK and k.shape[0] > 1}
+    unique, bindings = share_code(kernels)
+    gomp = {bindings[n][0] for n in split} if USE_GOMP and jit.has_openmp() else set()
+    dumps = {".kernels.txt": kir.format_program(program) + _format_sharing(bindings)}
     engine, addrs = None, {}
     if kernels:
-        module = codegen.build_module(kernels, flags.fast_math, parallel)
+        module = codegen.build_module(unique, flags.fast_math, gomp)
         before = jit.COUNTS["compiles"]
         obj, ll, asm = jit.compile_object(str(module), flags.cache_dir, bool(flags.dump_to))
         COMPILE_COUNT += jit.COUNTS["compiles"] - before
         dumps[".ll"] = ll
         dumps[".s"] = asm
-        names = [k.name for k in kernels] + [f"{n}.par" for n in parallel]
+        names = [k.name for k in unique] + [f"{n}.par" for n in gomp]
         engine, addrs = jit.load_object(obj, names)
     consts = {b.id: graph.initializers[b.name] for b in program.buffers if b.role == "const"}
-    return Executable(program, addrs, parallel, threads, engine, dumps, consts, library)
+    return Executable(program, addrs, split, threads, engine, dumps, consts, library,
+                      MIN_CHUNK_WORK, bool(gomp), bindings)
+
+
+def _renumber(k: kir.Kernel) -> tuple[kir.Kernel, tuple[int, ...]]:
+    """k with buffers numbered 0..n-1 in order of first use, and the original ids."""
+    order: dict[int, int] = {}
+    memo: dict[int, kir.Expr] = {}
+
+    def expr(e: kir.Expr) -> kir.Expr:
+        key = id(e)
+        if key not in memo:
+            if isinstance(e, kir.Load):
+                memo[key] = dataclasses.replace(e, buf=order.setdefault(e.buf, len(order)))
+            elif isinstance(e, kir.Op):
+                memo[key] = dataclasses.replace(e, args=tuple(expr(a) for a in e.args))
+            else:
+                memo[key] = e
+        return memo[key]
+
+    reds = tuple(dataclasses.replace(r, expr=expr(r.expr)) for r in k.reductions)
+    stores = []
+    for st in k.stores:
+        value = expr(st.expr)
+        stores.append(dataclasses.replace(st, expr=value,
+                                          buf=order.setdefault(st.buf, len(order))))
+    canon = dataclasses.replace(k, name="", nodes=(), reductions=reds, stores=tuple(stores))
+    return canon, tuple(order)
+
+
+def share_code(kernels: list[kir.Kernel]
+               ) -> tuple[list[kir.Kernel], dict[str, tuple[str, tuple[int, ...]]]]:
+    """One function per distinct kernel up to buffer ids (a model's repeated layers).
+
+    Returns the kernels to compile (renumbered, named after their first user) and, per
+    kernel name, (function name, buffer ids in the function's slot order). LLVM's code
+    generation dominates compile time (BERT: ~60 ms per kernel), and 4-layer BERT has 4
+    copies of each layer's kernels.
+    """
+    unique: dict[str, kir.Kernel] = {}
+    bindings: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for k in kernels:
+        canon, ids = _renumber(k)
+        key = repr(canon)
+        if key not in unique:
+            unique[key] = dataclasses.replace(canon, name=k.name, nodes=k.nodes)
+        bindings[k.name] = (unique[key].name, ids)
+    return list(unique.values()), bindings
+
+
+def _format_sharing(bindings: dict[str, tuple[str, tuple[int, ...]]]) -> str:
+    shared = [f"  {name} runs {fn}'s code" for name, (fn, _) in bindings.items() if fn != name]
+    return "code sharing:\n" + "\n".join(shared) + "\n" if shared else ""
 
 
 def reference_outputs(graph: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -13,32 +13,35 @@ writes an op's results into preallocated output arrays. Two implementations:
   float16 computes in float32 and rounds once, as the op references do.
   ("ref": the op's NumPy reference plus a copy, for ConvTranspose and MaxPool Indices.)
 
-When both apply, the choice is measured per (op, attrs, types, threads) once per process:
-below SMALL_FLOPS numpy wins on call overhead; above PROBE_MAX_SECONDS of estimated work
-mlas is taken unprobed (it is as fast or faster on large GEMMs and degrades gracefully on a
-loaded machine, where OpenBLAS's busy-waiting threads collapse); in between both run on
-random inputs for about 20 ms and the faster stays.
+When both apply, the choice is a size rule, decided once per (op, attrs, types, threads)
+per process: below the op's small-work threshold numpy wins on call overhead; above it mlas
+is taken. (An earlier version probed both on random inputs at compile time: it cost ~1 s of
+compile time for BERT and its answers were noise on a shared machine: one probe timed
+OpenBLAS at 371 ms for a 0.5 ms MatMul; picking numpy for a mid-size GEMM was a 10-100x
+loss whenever other processes ran.)
 
 Measured on the 2-core znver4 build machine (noisy: other jobs share it), 2 threads:
 - per-call overhead: numpy matmul 1.0 us; onnxruntime io_binding run 3-5 us, plus 3 us
   when inputs are rebound; plain sess.run 6.9 us plus an output copy; run_with_ort_values
   ~45 us.
 - MatMul float32, numpy vs mlas(bound): [32,64]x[64,64] 2.7 vs 8.5 us; [64,64]x[64,64]
-  4.3 vs 11 us; [128,128]^2 36 vs 30-34 us (crossover ~2e6 flops);
+  4.3-6 vs 8-11 us; [128,128]^2 36 vs 30-34 us quiet, 11900 vs 61 us loaded;
   [256,256]x[256,1024] 0.80-1.1 ms vs 0.86-1.2 ms (both ~150 GFLOP/s on a quiet machine);
-  MLAS with a constant B (prepacked) is 7-12% faster than with B as an input.
+  [512,256]x[256,688] 12.3 ms vs 1.24 ms loaded; MLAS with a constant B (prepacked) is
+  7-12% faster than with B as an input.
+- OpenBLAS goes multi-threaded above m*n*k = 262144 (5.2e5 flops), and its busy-waiting
+  threads collapse under load (48 ms instead of 1.2 ms for [256,256]x[256,1024]); mlas
+  (spinning off) stays at 1.3-1.7 ms. So numpy only takes what OpenBLAS runs on one thread.
 - batched [16,12,128,64]x[16,12,64,128]: stacked np.matmul 520-650 ms (no BLAS),
   per-matrix loop 22 ms, mlas 12-16 ms.
-- under load (load average 6 on 2 cores), multi-threaded OpenBLAS collapses:
-  [256,256]x[256,1024] 48 ms (1.2 ms with OPENBLAS_NUM_THREADS=1), [128,128]^2 50 ms;
-  mlas (spinning off) 1.3-1.7 ms and 0.2 ms. The probe sees this and picks mlas.
+- pooling through numpy makes one strided pass per kernel offset: MaxPool 2x2 on
+  [8,16,64,64] took 0.62 ms; pools go to mlas above POOL_SMALL_WORK window reads.
 - the numpy side uses OpenBLAS's own thread count (process-global), not `threads`.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,9 +68,8 @@ OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
 MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
               "MaxPool": (F32, F64), "Conv": (F32,), "ConvTranspose": (F32,),
               "AveragePool": (F32,), "GlobalAveragePool": (F32,), "GlobalMaxPool": (F32,)}
-SMALL_FLOPS = 2e6          # below: numpy without probing (MatMul crossover measured ~2e6)
-PROBE_MAX_SECONDS = 5e-3   # estimated run time above which mlas is taken unprobed
-PROBE_BUDGET = 0.02        # seconds of probing per decision
+SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
+POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
 OPSET = 18
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
@@ -132,7 +134,7 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     key = (op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
            tuple(sorted(constants)))
     if key not in _DECISIONS:
-        _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders, constants)
+        _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
     choice, note = _DECISIONS[key]
     return LibraryFn(op, choice, builders[choice](), note)
 
@@ -180,45 +182,15 @@ def _candidates(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
-            builders: dict[str, Callable],
-            constants: dict[int, np.ndarray]) -> tuple[str, str]:
+            builders: dict[str, Callable]) -> tuple[str, str]:
     if len(builders) == 1:
         return next(iter(builders)), "only implementation"
     fallback = "numpy" if "numpy" in builders else "ref"
-    flops = _flops(op, attrs, in_types, out_types)
-    if flops < SMALL_FLOPS or any(math.prod(t[1]) == 0 for t in out_types):
-        return fallback, f"small ({flops:.2g} flops)"
-    if flops / 30e9 > PROBE_MAX_SECONDS:
-        return "mlas", f"large ({flops:.2g} flops)"
-    inputs, outputs = _probe_arrays(in_types, out_types, constants)
-    fns = {name: b() for name, b in builders.items()}
-    best = {name: math.inf for name in fns}
-    for fn in fns.values():  # warm-up (first onnxruntime run allocates)
-        fn(inputs, outputs)
-    start = time.perf_counter()
-    # Alternate so that load from other processes hits both alike; at least one round.
-    while math.inf in best.values() or time.perf_counter() - start < PROBE_BUDGET:
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(inputs, outputs)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    choice = min(best, key=best.get)
-    note = ", ".join(f"{k} {v * 1e6:.0f}us" for k, v in sorted(best.items()))
-    return choice, f"probed: {note}"
-
-
-def _probe_arrays(in_types: list, out_types: list, constants: dict[int, np.ndarray]
-                  ) -> tuple[list, list]:
-    rng = np.random.default_rng(0)
-    inputs = []
-    for i, t in enumerate(in_types):
-        if t is None:
-            inputs.append(None)
-        elif i in constants:
-            inputs.append(np.ascontiguousarray(constants[i]))
-        else:
-            inputs.append(rng.standard_normal(t[1]).astype(t[0]))
-    return inputs, [np.empty(s, d) for d, s in out_types]
+    work = _flops(op, attrs, in_types, out_types)
+    small = POOL_SMALL_WORK if "Pool" in op else SMALL_FLOPS
+    if work < small or any(math.prod(t[1]) == 0 for t in out_types):
+        return fallback, f"small ({work:.2g} flops)"
+    return "mlas", f"large ({work:.2g} flops)"
 
 
 def _flops(op: str, attrs: dict[str, Any], in_types: list, out_types: list) -> float:
