@@ -89,11 +89,16 @@ def op(name: str, *args: kir.Expr, dtype: str | None = None) -> Op:
 ElementFn = Callable[[list, Node, str], kir.Expr]
 
 
+# Inputs read only for their dtype, never loaded (CastLike(x, like) has x's shape).
+_DTYPE_ONLY_INPUTS = {"CastLike": (1,)}
+
+
 def _elementwise(fn: ElementFn) -> Callable:
     """Lowering of an elementwise op from fn(operand exprs, node, out dtype)."""
     def lower(b, node: Node, k: int, idx: tuple[Affine, ...]) -> kir.Expr:
         out = node.outputs[0]
-        args = [None if v is None else b.operand(node, i, idx, out.shape)
+        skip = _DTYPE_ONLY_INPUTS.get(node.op, ())
+        args = [None if v is None or i in skip else b.operand(node, i, idx, out.shape)
                 for i, v in enumerate(node.inputs)]
         return fn(args, node, out.dtype.name)
     return lower

@@ -224,3 +224,45 @@ def test_choice_is_cached_and_printed(a: tuple, b: tuple) -> None:
     out = np.empty(out_types[0][1], np.float32)
     again([x, y], [out])
     np.testing.assert_allclose(out, x @ y, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("op,x_shape,impl", [
+    ("MaxPool", (1, 2, 8, 8), "numpy"), ("MaxPool", (8, 16, 64, 64), "mlas"),
+    ("AveragePool", (2, 16, 32, 32), "mlas"), ("GlobalAveragePool", (8, 16, 32, 32), "mlas"),
+    ("Conv", (1, 1, 4, 4), "numpy"), ("Conv", (4, 16, 32, 32), "mlas")])
+def test_choice_rule_by_work(op: str, x_shape: tuple, impl: str) -> None:
+    """Small work goes to numpy (call overhead), the rest to MLAS; no probing, same answer."""
+    x = rand(*x_shape)
+    inputs, attrs = [x], {}
+    if op == "Conv":
+        inputs.append(rand(x_shape[1], x_shape[1], 3, 3))
+        attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    elif "Global" not in op:
+        attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    expected = ops.get(op).ref(inputs, attrs)[0]
+    fn = library.make_call(op, attrs, types(inputs), [(expected.dtype, expected.shape)], 2)
+    assert fn.impl == impl, fn.note
+    assert library.decisions()  # the choice is recorded for `explain`-style dumps
+    out = np.empty_like(expected)
+    fn(inputs, [out])
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["mlas", "numpy"])
+def test_strided_outputs_are_filled(impl: str) -> None:
+    """Outputs that are views with strides (e.g. a transposed array) get the right values."""
+    x, w = rand(2, 3, 9, 9), rand(4, 3, 3, 3)
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    expected = ops.get("Conv").ref([x, w], attrs)[0]
+    fn = library.make_call("Conv", attrs, types([x, w]), [(expected.dtype, expected.shape)], 2,
+                           impl=impl)
+    base = np.zeros((9, 9, 4, 2), np.float32)
+    out = base.transpose(3, 2, 0, 1)  # shape (2, 4, 9, 9), not C-contiguous
+    fn([x, w], [out])
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    a, b = rand(6, 5), rand(5, 7)
+    mm = library.make_call("MatMul", {}, types([a, b]), [(np.dtype("float32"), (6, 7))], 2,
+                           impl=impl)
+    y = np.zeros((7, 6), np.float32).T
+    mm([a, b], [y])
+    np.testing.assert_allclose(y, a @ b, rtol=1e-4, atol=1e-4)

@@ -45,8 +45,12 @@ def _cases(template: str, parts: str) -> list[str]:
 _MOD_FMOD0 = ("ops: Mod with fmod=0 on floats (valid in opset 28, np.mod semantics) is "
               "rejected by its infer rule; onnxruntime 1.31 cannot load these cases either")
 
-OURS_DEFAULT: dict[str, str] = {}
+_FP16_FUSED = ("float16 in a fused kernel computes intermediates in float32 (one rounding, "
+               "as XLA does) where the reference rounds after every op: 1 float16 ulp apart, "
+               "just over rtol 1e-3")
+OURS_DEFAULT: dict[str, str] = {"test_attention_4d_causal_fp16_expanded": _FP16_FUSED}
 OURS_COMPILED: dict[str, str] = {
+    "test_attention_4d_causal_fp16_expanded": _FP16_FUSED,
     **dict.fromkeys(_cases("test_mod_{}", """
         float16_mixed_sign_fmod_0 float32_mixed_sign_fmod_0 float64_mixed_sign_fmod_0
         float_edge_cases_fmod_0_float16 float_edge_cases_fmod_0_float32
@@ -57,8 +61,7 @@ OURS_COMPILED: dict[str, str] = {
 _LLVM_ABORT = ("cpu backend: LLVM LoopVectorize asserts 'VPlan cost model and legacy cost "
                "model disagreed' and aborts the process")
 CRASHES: dict[str, dict[str, str]] = {
-    "cpu": dict.fromkeys(_cases("test_attention_4d_softcap_neginf_{}_expanded",
-                                "mask mask_poison"), _LLVM_ABORT),
+    "cpu": {},
 }
 
 

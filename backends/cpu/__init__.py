@@ -4,8 +4,9 @@
     outs = exe.run([x, y])
 
 Pipeline: fusion.fuse (graph -> kernel IR program) -> kernel_ir.collapse (merge loop
-dims) -> codegen.build_module (one LLVM module per cluster) -> jit (optimize, object
-code, persistent cache) -> Executable.
+dims) -> share_code (one function per distinct kernel: repeated layers compile once) ->
+codegen.build_module (one LLVM module per cluster) -> jit (optimize, object code,
+persistent cache) -> Executable (large kernels split over threads by its Splitter).
 """
 
 from __future__ import annotations

@@ -124,12 +124,13 @@ class Executable:
         # buffer ids in the function's slot order). _set keeps those arrays current.
         self._bindings = bindings or {}
         self._site_slots: dict[int, list[tuple[ctypes.Array, int]]] = {}
+        self._sites: list[ctypes.Array] = []  # keeps the per-kernel arrays alive
         self._library = library
         self._fixed(constants)
         self._constants = constants
         self._min_chunk_work = min_chunk_work
         self._use_gomp = use_gomp
-        self.split = set()  # kernels split over threads (names)
+        self.split: set[str] = set()  # kernels split over threads (names)
         self._steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
         self._steps = [s for s in self._steps if s is not None]
         self._outputs = [b for b in program.buffers if b.role == "output"]
@@ -165,7 +166,7 @@ class Executable:
         for j, bid in enumerate(ids):
             site[j] = self._ptrs[bid]
             self._site_slots.setdefault(bid, []).append((site, j))
-        self._sites = getattr(self, "_sites", []) + [site]  # keep the arrays alive
+        self._sites.append(site)
         return fn_name, ctypes.addressof(site)
 
     def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
@@ -176,6 +177,7 @@ class Executable:
             n0 = t.shape[0]
             fn_name, bufs = self._entry(t.name)
             if t.name in parallel and self._use_gomp:
+                self.split.add(t.name)
                 fn = KERNEL_FN(addrs[f"{fn_name}.par"])
                 return lambda: fn(bufs, n0, threads)
             fn = KERNEL_FN(addrs[fn_name])

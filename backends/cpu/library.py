@@ -85,7 +85,16 @@ class LibraryFn:
         self._run = run
 
     def __call__(self, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        self._run(inputs, outputs)
+        if all(y.flags.c_contiguous for y in outputs):
+            self._run(inputs, outputs)
+            return
+        # The implementations write C-order memory (onnxruntime binds raw buffers, the NumPy
+        # ones reshape): strided outputs get a contiguous stand-in, copied back once.
+        dense = [y if y.flags.c_contiguous else np.empty(y.shape, y.dtype) for y in outputs]
+        self._run(inputs, dense)
+        for y, d in zip(outputs, dense):
+            if d is not y:
+                np.copyto(y, d)
 
     def __repr__(self) -> str:
         return f"LibraryFn({self.op}, impl={self.impl}{', ' + self.note if self.note else ''})"
