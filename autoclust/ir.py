@@ -320,21 +320,30 @@ class Graph:
         return _extract(self, chosen, name, list(extra_outputs))
 
 
+class ValueCopier:
+    """Copies Values into `graph` by name, each once: `copy(v)` returns the copy."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.copies: dict[str, Value] = {}
+
+    def __call__(self, v: Value) -> Value:
+        c = self.copies.get(v.name)
+        if c is None:
+            c = Value(v.name, v.dtype, v.shape)
+            c.type_proto = v.type_proto
+            self.copies[v.name] = c
+            self.graph.values[v.name] = c
+        return c
+
+
 def _extract(graph: Graph, chosen: list[Node], name: str, extra: list[Value]) -> Graph:
     ids = {id(n) for n in chosen}
     sub = Graph(name)
     sub.opset = dict(graph.opset)
     sub.doc = dict(graph.doc)
-    copies: dict[str, Value] = {}
-
-    def copy(v: Value) -> Value:
-        c = copies.get(v.name)
-        if c is None:
-            c = Value(v.name, v.dtype, v.shape)
-            c.type_proto = v.type_proto
-            copies[v.name] = c
-            sub.values[v.name] = c
-        return c
+    copy = ValueCopier(sub)
+    copies = copy.copies
 
     graph_outputs = {v.name for v in graph.outputs}
     for node in chosen:

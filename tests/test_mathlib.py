@@ -6,7 +6,6 @@ import ctypes
 import math
 import re
 import sys
-import threading
 import time
 
 import llvmlite.binding as llvm
@@ -14,28 +13,17 @@ import mpmath
 import numpy as np
 import pytest
 import scipy.special as sp
-from autoclust.backends.cpu import mathlib
+from autoclust.backends.cpu import jit, mathlib
+from autoclust.backends.cpu.jit import LLVM_LOCK
 from autoclust.backends.cpu.mathlib import SQRT1_2
 from llvmlite import ir
 
 from autoclust.errors import CompileError, UnsupportedOpError
 
-try:  # the codegen's global LLVM lock, once it exists
-    from autoclust.backends.cpu.codegen import LLVM_LOCK
-except ImportError:
-    LLVM_LOCK = threading.Lock()
-
 llvm.initialize_native_target()
 llvm.initialize_native_asmprinter()
 
 _KEEP: list[object] = []  # engines must outlive the function pointers taken from them
-
-
-def _target_machine() -> llvm.TargetMachine:
-    target = llvm.Target.from_default_triple()
-    return target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-        opt=3, jit=True)
 
 
 def _loop_module(name: str, fty: ir.Type) -> ir.Module:
@@ -63,22 +51,6 @@ def _loop_module(name: str, fty: ir.Type) -> ir.Module:
     return mod
 
 
-def _optimize(mod: ir.Module) -> tuple[llvm.ModuleRef, llvm.TargetMachine]:
-    tm = _target_machine()
-    ref = llvm.parse_assembly(str(mod))
-    ref.triple = tm.triple
-    ref.data_layout = str(tm.target_data)
-    ref.verify()
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_unrolling = True
-    pto.loop_interleaving = True
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(ref, pb)
-    return ref, tm
-
-
 _CACHE: dict[tuple[str, type], tuple[object, str]] = {}
 
 
@@ -87,8 +59,9 @@ def _compile(name: str, dtype: type) -> tuple[object, str]:
     key = (name, dtype)
     if key not in _CACHE:
         fty = ir.FloatType() if dtype is np.float32 else ir.DoubleType()
+        ref = jit.optimize(str(_loop_module(name, fty)))  # the backend's own pipeline
+        tm = jit.target_machine()
         with LLVM_LOCK:
-            ref, tm = _optimize(_loop_module(name, fty))
             text = str(ref)
             ee = llvm.create_mcjit_compiler(ref, tm)
             ee.finalize_object()
@@ -402,8 +375,8 @@ def test_vector_type_operands() -> None:
     # align=4: numpy buffers need not have the 32-byte alignment a <8 x float> load assumes
     b.store(mathlib.call(b, "tanh", [b.load(fn.args[0], align=4)]), fn.args[1], align=4)
     b.ret_void()
+    ref, tm = jit.optimize(str(mod)), jit.target_machine()
     with LLVM_LOCK:
-        ref, tm = _optimize(mod)
         ee = llvm.create_mcjit_compiler(ref, tm)
         ee.finalize_object()
         kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from autoclust.ir import Graph, Node, Value
+from autoclust.ir import Graph, Node, Value, ValueCopier
 
 
 def copy_graph(graph: Graph) -> Graph:
@@ -18,16 +18,7 @@ def copy_graph(graph: Graph) -> Graph:
     out = Graph(graph.name)
     out.opset = dict(graph.opset)
     out.doc = dict(graph.doc)
-    copies: dict[str, Value] = {}
-
-    def copy(v: Value) -> Value:
-        c = copies.get(v.name)
-        if c is None:
-            c = Value(v.name, v.dtype, v.shape)
-            c.type_proto = v.type_proto
-            copies[v.name] = c
-            out.values[v.name] = c
-        return c
+    copy = ValueCopier(out)
 
     out.inputs = [copy(v) for v in graph.inputs]
     for name, array in graph.initializers.items():

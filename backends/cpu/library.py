@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from autoclust.backends import ort as ort_backend
 from onnx import helper, numpy_helper
 
 from autoclust import kernel_ir as kir
@@ -255,8 +256,9 @@ def _session(op: str, attrs: dict[str, Any], in_types: list, out_types: list, th
     # Spinning threads steal the cores our own kernels run on between calls.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    # Not ort.InferenceSession: under the hook that is autoclust's own session class.
+    return ort_backend.ORIGINAL_SESSION(model.SerializeToString(), so,
+                                        providers=["CPUExecutionProvider"])
 
 
 def _bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
