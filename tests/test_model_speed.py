@@ -207,3 +207,18 @@ def test_concat_writes_into_its_buffer():
     exe, args = compile_model(model, feeds)
     for _ in range(2):  # buffers are reused across runs
         assert_matches_ort(model, feeds, exe.run(args))
+
+
+def test_splitter_hands_errors_to_the_caller():
+    splitter = executable.Splitter(1)
+
+    def fn(bufs, start, stop):
+        time.sleep(0.002)
+        if start == 3:
+            raise ValueError("chunk 3 failed")
+
+    with pytest.raises(ValueError, match="chunk 3"):
+        splitter.run(fn, 0, [(i, i + 1) for i in range(6)])
+    done = []
+    splitter.run(lambda b, s, e: done.append(s), 0, [(0, 1), (1, 2)])  # still serving
+    assert sorted(done) == [0, 1]

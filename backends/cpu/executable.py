@@ -35,7 +35,7 @@ def _address(a: np.ndarray) -> int:
 class _Job:
     """One split kernel call: chunks claimed from a counter, finished ones counted down."""
 
-    __slots__ = ("bounds", "bufs", "claim", "done", "fn", "left", "lock")
+    __slots__ = ("bounds", "bufs", "claim", "done", "error", "fn", "left", "lock")
 
     def __init__(self, fn: Callable, bufs: int, bounds: Sequence[tuple[int, int]]):
         self.fn, self.bufs, self.bounds = fn, bufs, bounds
@@ -43,16 +43,19 @@ class _Job:
         self.left = len(bounds)
         self.lock = threading.Lock()
         self.done = threading.Event()
+        self.error: BaseException | None = None
 
     def work(self) -> None:
-        ran = 0
+        ran = 0  # chunks claimed here; a failed one counts as finished so nobody waits forever
         try:
             while True:
                 i = self.claim()
                 if i >= len(self.bounds):
                     break
-                self.fn(self.bufs, *self.bounds[i])
                 ran += 1
+                self.fn(self.bufs, *self.bounds[i])
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller by Splitter.run
+            self.error = exc
         finally:
             if ran:
                 with self.lock:
@@ -82,6 +85,8 @@ class Splitter:
         job.work()
         if job.left:
             job.done.wait()
+        if job.error is not None:
+            raise job.error
 
 
 _SPLITTERS: dict[int, Splitter] = {}
