@@ -482,6 +482,7 @@ def test_random_dags_give_valid_plans(case):
     assert _summary(plan) == _summary(cluster(graph, settings_, ALL))
 
 
+@pytest.mark.speed
 def test_clustering_10k_nodes_is_fast():
     graph = chain_and_diamond_graph(10_000)
     start = time.perf_counter()

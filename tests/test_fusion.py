@@ -302,6 +302,7 @@ def test_unwritable_cache_dir_warns_once(tmp_path):
     assert exe.run(args)[0].shape == (32,)
 
 
+@pytest.mark.speed
 def test_chain_faster_than_onnxruntime():
     n = 1 << 22
     model = chain_model(n)

@@ -89,7 +89,7 @@ def test_auto_jit_zero_does_not_install(tmp_path):
     assert not dump.exists()
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="timing check is for CI machines")
+@pytest.mark.speed
 def test_startup_overhead_without_env_var(tmp_path):
     """The .pth line costs one environ lookup when AUTOCLUST_FLAGS is unset."""
     site_dir = tmp_path / "site"

@@ -159,6 +159,7 @@ def test_threads_and_sessions_share_results():
     assert all(c["compiles"] == 1 for c in sess.stats()["clusters"])
 
 
+@pytest.mark.speed
 def test_plan_overhead_per_step_is_small():
     """The run loop's own cost per step (runners stubbed out) stays under 10 us."""
     import time

@@ -148,6 +148,7 @@ def _overhead_us(sess, ref, feeds, n=2000):
     return ours - theirs
 
 
+@pytest.mark.speed
 def test_pass_through_overhead_is_small():
     """auto_jit=0 adds input validation only: < 10 us per run (asserted with slack for
     noisy shared CI machines; the README quotes the measured figure)."""

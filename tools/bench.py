@@ -75,7 +75,9 @@ def run_case(case: str, repeat: int, threads: int, flags: str) -> dict[str, Any]
     overrides = flags_mod.parse_string(flags)
     overrides.setdefault("threads", threads)
     t0 = time.perf_counter()
-    sess = autoclust.InferenceSession(model, **overrides)
+    # The same SessionOptions as the baseline: onnxruntime segments (and a pass-through
+    # session when nothing clusters) run exactly as the baseline does.
+    sess = autoclust.InferenceSession(model, ref.get_session_options(), **overrides)
     t_session = time.perf_counter() - t0
     t0 = time.perf_counter()
     ours = sess.run(None, feeds)
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in cases:
         cmd = [sys.executable, "-m", "autoclust.tools.bench", "--one", case, "--repeat",
-               str(args.repeat), "--threads", str(args.threads), "--flags", args.flags]
+               str(args.repeat), "--threads", str(args.threads), f"--flags={args.flags}"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
