@@ -247,3 +247,21 @@ def test_zero_d_input_passes_through_as_zero_d(device):
     sess = autoclust.InferenceSession(model, device=device, min_cluster_size=1)
     out = sess.run(None, {"x": np.array(2.5, np.float32)})[0]
     assert out.shape == () and out == np.float32(2.5)
+
+
+def test_cpu_outputs_the_caller_keeps_are_never_overwritten():
+    """The CPU executable refills last run's output array only once the caller dropped it."""
+    sess = autoclust.InferenceSession(chain_model(), device="cpu")
+    x1 = np.linspace(-2, 2, 4096, dtype=np.float32)
+    x2 = np.linspace(3, 5, 4096, dtype=np.float32)
+    first = sess.run(None, {"x": x1})[0]
+    snapshot = first.copy()
+    view = sess.run(None, {"x": x2})[0][:10]  # only a view of the second output is kept
+    third = sess.run(None, {"x": x1})[0]
+    np.testing.assert_array_equal(first, snapshot)
+    assert not np.shares_memory(first, third) and not np.shares_memory(view, third)
+    want2 = ort_run(chain_model(), {"x": x2})[0][:10]
+    np.testing.assert_allclose(view, want2, rtol=1e-5)
+    del first
+    fourth = sess.run(None, {"x": x2})[0]
+    np.testing.assert_allclose(fourth, ort_run(chain_model(), {"x": x2})[0], rtol=1e-5)

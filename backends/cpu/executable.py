@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import queue
+import sys
 import threading
 from collections.abc import Callable, Sequence
 
@@ -222,14 +223,26 @@ class Executable:
             np.copyto(self._arrays[b], np.asarray(r).reshape(self.buffers[b].shape),
                       casting="unsafe")
 
+    def _output_array(self, b: kir.Buffer) -> np.ndarray:
+        """The last run's output array when nobody else holds it any more, else a new one.
+
+        A new 64 MB array page-faults on first touch (~15 ms of a 40 ms GELU run); an array
+        the caller has dropped is safe to refill. References when dropped: our slot, `old`
+        and getrefcount's argument. A view the caller kept counts too (its .base).
+        """
+        old = self._arrays[b.id]
+        if old is not None and sys.getrefcount(old) == 3 and old.shape == tuple(b.shape):
+            return old
+        return np.empty(b.shape, b.dtype)
+
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Run the cluster; outputs are fresh arrays."""
+        """Run the cluster; outputs are arrays the caller owns (reused once it drops them)."""
         with self._lock:
             for bid, x in zip(self.program.inputs, inputs):
                 # not np.ascontiguousarray: it turns 0-d arrays into shape (1,)
                 self._set(bid, x if x.flags.c_contiguous else np.ascontiguousarray(x))
             for b in self._outputs:
-                self._set(b.id, np.empty(b.shape, b.dtype))
+                self._set(b.id, self._output_array(b))
             for step in self._steps:
                 step()
             outs, handed = [], set()
