@@ -50,7 +50,7 @@ def versions() -> dict[str, str]:
         import llvmlite.binding as llvm
         out["llvmlite"] = llvmlite.__version__
         out["llvm"] = ".".join(map(str, llvm.llvm_version_info))
-    except Exception:  # llvmlite missing or broken: the manifest says so
+    except (ImportError, OSError):  # llvmlite missing or broken: the manifest says so
         out["llvmlite"] = "unavailable"
     return out
 
@@ -60,8 +60,8 @@ def cpu_info() -> dict[str, str]:
     try:
         import llvmlite.binding as llvm
         info["llvm_cpu"] = llvm.get_host_cpu_name()
-    except Exception:  # noqa: BLE001 - informational only
-        pass
+    except (ImportError, OSError):
+        info["llvm_cpu"] = "unknown"
     return info
 
 

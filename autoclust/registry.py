@@ -26,7 +26,7 @@ _loaded: dict[str, ModuleType] = {}
 def _entry_points() -> dict[str, str]:
     try:
         eps = metadata.entry_points(group="autoclust.backends")
-    except Exception:  # broken metadata must not break the built-in backends
+    except Exception:  # noqa: BLE001 - broken metadata must not break the built-in backends
         return {}
     return {ep.name: ep.value for ep in eps}
 

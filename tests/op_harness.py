@@ -135,7 +135,7 @@ def _check_symbolic_infer(d, op, inputs, attrs, const_inputs, expected, where) -
             shapes.append(tuple(s))
     try:
         types = d.infer(_context(op, inputs, attrs, const_inputs, shapes))
-    except Exception as exc:  # symbolic dims must never crash a rule
+    except Exception as exc:  # noqa: BLE001 - symbolic dims must never crash a rule
         raise AssertionError(f"{where}: infer with symbolic dims {shapes} raised {exc!r}")
     for k, e in enumerate(expected):
         dt, shape = types[k]

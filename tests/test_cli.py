@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from autoclust.models import zoo
+from autoclust.tools import cli
 
 import autoclust
 from autoclust import interpreter
-from autoclust.models import zoo
-from autoclust.tools import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(REPO, "models")
@@ -63,7 +63,7 @@ def test_run_with_dims_and_inputs(tmp_path, capsys):
     (["replay", "/no/cluster_0001"], "no dumped cluster model"),
 ])
 def test_user_mistakes_are_one_line_errors(args, fragment, capsys):
-    code, out, err = run_cli(args, capsys)
+    code, _, err = run_cli(args, capsys)
     assert code == 2
     assert fragment in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
@@ -174,7 +174,7 @@ def test_replay_generates_inputs_without_npz(tmp_path, capsys):
 
 
 def test_console_script_entry_point(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "autoclust.tools.cli", "flags"],
+    proc = subprocess.run([sys.executable, "-m", "autoclust.tools.cli", "flags"], check=False,
                           capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
     assert proc.returncode == 0 and "--dump_to" in proc.stdout
 
@@ -190,7 +190,7 @@ def test_exec_runs_script_with_auto_jit(tmp_path):
         "print(type(s).__mro__[1].__module__, hasattr(s, '_autoclust'), float(y.sum()))\n")
     env = dict(os.environ, AUTOCLUST_FLAGS="--device=interpreter")
     proc = subprocess.run([sys.executable, "-m", "autoclust.tools.cli", "exec", str(script),
-                           str(tmp_path / "g.onnx")], capture_output=True, text=True,
+                           str(tmp_path / "g.onnx")], check=False, capture_output=True, text=True,
                           cwd=str(tmp_path), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "True" in proc.stdout.split()

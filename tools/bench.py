@@ -122,8 +122,8 @@ def run_case(case: str, repeat: int, threads: int, flags: str) -> dict[str, Any]
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| case | onnxruntime ms | autoclust ms | ratio | compile ms | kernels | "
-             "vs NumPy copy | max abs err | peak RSS MB |",
+    lines = [("| case | onnxruntime ms | autoclust ms | ratio | compile ms | kernels | "
+              "vs NumPy copy | max abs err | peak RSS MB |"),
              "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         cmd = [sys.executable, "-m", "autoclust.tools.bench", "--one", case, "--repeat",
                str(args.repeat), "--threads", str(args.threads), f"--flags={args.flags}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
             rows.append({"case": case, "error": tail[:200]})

@@ -55,7 +55,7 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
     try:
         return ORIGINAL_SESSION(model, options, providers=providers,
                                 provider_options=provider_options)
-    except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph/...
         where = model if isinstance(model, str) else "model bytes"
         raise ModelLoadError(f"onnxruntime could not load {where}: {exc}") from None
 
