@@ -192,15 +192,26 @@ def _check_spatial(ctx: InferContext, x: Shape, n_spatial: int | None) -> None:
 
 # ---- Conv -------------------------------------------------------------------------------
 
-def _infer_conv(ctx: InferContext) -> list[TypeShape]:
+def _conv_operands(ctx: InferContext) -> tuple[Shape, Shape, int, list | None]:
+    """Conv/ConvTranspose: (x, w, group, kernel); kernel None when not all known ints."""
     _check_dtypes(ctx, (0, 1, 2), FLOAT_TYPES)
     x, w = ctx.shapes[0], ctx.shapes[1]
     group = int(ctx.attr("group", 1))
     kernel = ctx.attr("kernel_shape") or (None if w is None else list(w[2:]))
     _check_spatial(ctx, x, None if kernel is None else len(kernel))
-    if x is None or kernel is None or any(not isinstance(k, int) for k in kernel):
-        rank = None if x is None else len(x)
-        return [(ctx.dtypes[0], None if rank is None else (None,) * rank)]
+    if kernel is not None and any(not isinstance(k, int) for k in kernel):
+        kernel = None
+    return x, w, group, kernel
+
+
+def _unknown_like(ctx: InferContext, x: Shape) -> list[TypeShape]:
+    return [(ctx.dtypes[0], None if x is None else (None,) * len(x))]
+
+
+def _infer_conv(ctx: InferContext) -> list[TypeShape]:
+    x, w, group, kernel = _conv_operands(ctx)
+    if x is None or kernel is None:
+        return _unknown_like(ctx, x)
     if w is not None and not _same_dim(x[1], None if w[1] is None else _mul(w[1], group)):
         raise ctx.fail(f"input channels {x[1]} != weight channels {w[1]} * group {group}")
     m = None if w is None else w[0]
@@ -278,13 +289,9 @@ def _convt_pads(in_dims: Sequence[Dim], kernel: Sequence[int], attrs: dict[str, 
 
 
 def _infer_convt(ctx: InferContext) -> list[TypeShape]:
-    _check_dtypes(ctx, (0, 1, 2), FLOAT_TYPES)
-    x, w = ctx.shapes[0], ctx.shapes[1]
-    group = int(ctx.attr("group", 1))
-    kernel = ctx.attr("kernel_shape") or (None if w is None else list(w[2:]))
-    _check_spatial(ctx, x, None if kernel is None else len(kernel))
-    if x is None or kernel is None or any(not isinstance(k, int) for k in kernel):
-        return [(ctx.dtypes[0], None if x is None else (None,) * len(x))]
+    x, w, group, kernel = _conv_operands(ctx)
+    if x is None or kernel is None:
+        return _unknown_like(ctx, x)
     if w is not None and not _same_dim(x[1], w[0]):
         raise ctx.fail(f"input channels {x[1]} != weight dim 0 {w[0]}")
     m = None if w is None else _mul(w[1], group)
