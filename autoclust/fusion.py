@@ -217,6 +217,7 @@ class Fusion:
         self.buffers: dict[str, int] = {}
         self.groups: list[Group] = []
         self.group_of: dict[str, int] = {}  # materialized value -> group index
+        self.aliases: dict[str, str] = {}  # reshaped value -> the value whose buffer it shares
         self.live = {v.name for v in graph.outputs}
         for v in graph.values.values():
             if v.uses:
@@ -236,8 +237,26 @@ class Fusion:
                 self._add_thunk(node)
                 continue
             for v in node.outputs:
-                if v.name in self.materialized and v.name in self.live:
+                if (v.name in self.materialized and v.name in self.live
+                        and not self._alias(v)):
                     self._add_root(v)
+
+    def _alias(self, v: Value) -> bool:
+        """Whether `v`, a Reshape of a temp buffer, shares that buffer instead of a copy."""
+        node = v.producer
+        if node is None or node.op not in ALIAS_OPS or node.domain not in ("", "ai.onnx"):
+            return False
+        x = node.inputs[0]
+        root = self.aliases.get(x.name, x.name)
+        g = self.graph
+        outputs = {w.name for w in g.outputs} | {w.name for w in g.inputs}
+        if (x.name not in self.materialized or root in outputs or v.name in outputs
+                or g.is_constant(g.values[root]) or x.name not in self.group_of
+                or x.dtype != v.dtype):
+            return False
+        self.aliases[v.name] = root
+        self.group_of[v.name] = self.group_of[x.name]
+        return True
 
     def _add_thunk(self, node: Node) -> None:
         ins = tuple(None if v is None else self.buffer_of(v) for v in node.inputs)
@@ -306,6 +325,9 @@ class Fusion:
         if len(v.shape) == b.rank:
             idx += [kir.constant(0, b.rank)] * b.n_inner
         return tuple(idx)
+
+
+ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 
 
 class Materialize(Exception):
@@ -416,7 +438,9 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
         role = ("input" if name in inputs else "const" if graph.is_constant(v)
                 else "output" if name in outputs else "temp")
         buffers.append(kir.Buffer(bid, name, v.dtype.name, tuple(v.shape), role))
-    buffers = plan_memory(buffers, thunks)
+    aliases = {f.buffers[v]: f.buffers[x] for v, x in f.aliases.items() if v in f.buffers}
+    notes = notes + [f"{v} shares {x}'s buffer: a reshape, no copy" for v, x in f.aliases.items()]
+    buffers = plan_memory(buffers, thunks, aliases)
     return kir.Program(buffers, thunks, [f.buffers[v.name] for v in graph.inputs],
                        [f.buffers[v.name] for v in graph.outputs], notes)
 
@@ -436,12 +460,19 @@ def _thunk_buffers(t: kir.Thunk) -> tuple[set[int], set[int]]:
     return {b for b in t.inputs if b is not None}, set(t.outputs)
 
 
-def plan_memory(buffers: list[kir.Buffer], thunks: list[kir.Thunk]) -> list[kir.Buffer]:
-    """Give temps slots; two temps share a slot when their lifetimes do not overlap."""
+def plan_memory(buffers: list[kir.Buffer], thunks: list[kir.Thunk],
+                aliases: dict[int, int] | None = None) -> list[kir.Buffer]:
+    """Give temps slots; two temps share a slot when their lifetimes do not overlap.
+
+    `aliases` maps a buffer to the temp whose memory it views (a Reshape needing no copy):
+    it gets that temp's slot, and its reads keep the temp alive.
+    """
+    aliases = aliases or {}
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for i, t in enumerate(thunks):
         reads, writes = _thunk_buffers(t)
+        reads = {aliases.get(b, b) for b in reads}
         for b in writes:
             first.setdefault(b, i)
             last[b] = max(last.get(b, i), i)
@@ -449,7 +480,8 @@ def plan_memory(buffers: list[kir.Buffer], thunks: list[kir.Thunk]) -> list[kir.
             last[b] = i
     slot_free_after: list[int] = []  # per slot: the last thunk reading its current tenant
     out = []
-    temps = sorted((b for b in buffers if b.role == "temp"), key=lambda b: first.get(b.id, 0))
+    temps = sorted((b for b in buffers if b.role == "temp" and b.id not in aliases),
+                   key=lambda b: first.get(b.id, 0))
     slots: dict[int, int] = {}
     for b in temps:
         start = first.get(b.id, 0)
@@ -462,7 +494,7 @@ def plan_memory(buffers: list[kir.Buffer], thunks: list[kir.Thunk]) -> list[kir.
             slots[b.id] = len(slot_free_after)
             slot_free_after.append(last.get(b.id, start))
     for b in buffers:
-        out.append(dataclasses.replace(b, slot=slots.get(b.id, -1)))
+        out.append(dataclasses.replace(b, slot=slots.get(aliases.get(b.id, b.id), -1)))
     return out
 
 

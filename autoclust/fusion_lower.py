@@ -316,8 +316,36 @@ def _reshape(b, node, k, idx):
         from autoclust.fusion import flat_index  # the flat offset is the same in x and out
         b.loads.add(x.name)
         return kir.Load(b.fusion.buffer_of(x), flat_index(idx, out.shape, b.rank), x.dtype.name)
-    raise Refuse(x, f"Reshape {list(x.shape)} -> {list(out.shape)} of a computed value "
-                    "regroups dims")
+    idx_in = _split_index(b, x.shape, out.shape, idx)
+    if idx_in is None:
+        raise Refuse(x, f"Reshape {list(x.shape)} -> {list(out.shape)} of a computed value "
+                        "regroups dims")
+    return b.expr(x, idx_in)
+
+
+def _split_index(b, in_shape, out_shape, idx) -> tuple[Affine, ...] | None:
+    """x's index when every dim of x is split into (or equal to) a run of output dims.
+
+    Such a Reshape is affine: x's index along a dim is the flat offset of its output run
+    (BERT's [8, 128, 256] -> [8, 128, 4, 64]). Merging dims would need div/mod: None.
+    """
+    # size-1 dims index at 0 on both sides; match the other dims run by run
+    out_dims = [k for k, d in enumerate(out_shape) if d != 1]
+    idx_in, j = [], 0
+    for d in in_shape:
+        if d == 1:
+            idx_in.append(_zero(b))
+            continue
+        acc, run = 1, _zero(b)
+        while acc < d and j < len(out_dims):
+            k = out_dims[j]
+            run = run.scaled(out_shape[k]).plus(idx[k])
+            acc *= out_shape[k]
+            j += 1
+        if acc != d:
+            return None
+        idx_in.append(run)
+    return tuple(idx_in)
 
 
 def _expand(b, node, k, idx):

@@ -15,11 +15,13 @@ import onnx.parser
 import onnxruntime as ort
 import pytest
 from autoclust.backends import cpu
+from autoclust.backends.cpu.codegen import _loop_order
 from autoclust.importers.onnx import import_model
 
 from autoclust import flags as flags_mod
 from autoclust import fusion
 from autoclust.compile import compile_cluster
+from autoclust.fusion_lower import _split_index
 
 RNG = np.random.default_rng(1)
 
@@ -332,3 +334,66 @@ def test_fuse_program_text():
     from autoclust import kernel_ir
     text = kernel_ir.format_program(fusion.fuse(graph))
     assert text.count("kernel ") == 1 and "tanh(" in text
+
+
+def _attention_layout_model() -> onnx.ModelProto:
+    # BERT's head split: bias Add, Reshape [2,8,32] -> [2,8,4,8], Transpose; then the head
+    # merge: Transpose back and a Reshape that regroups dims, feeding a MatMul.
+    return model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        heads (float[2,8,32] x, float[32] b, float[32,16] w) => (float[2,8,16] y)
+        <int64[4] split = {2, 8, 4, 8}, int64[3] merge = {2, 8, 32}>
+        {
+            xb = Add(x, b)
+            r = Reshape(xb, split)
+            t = Transpose<perm = [0, 2, 3, 1]>(r)
+            s = Sigmoid(t)
+            u = Transpose<perm = [0, 3, 1, 2]>(s)
+            m = Reshape(u, merge)
+            y = MatMul(m, w)
+        }""")
+
+
+def test_bias_fuses_into_head_split_and_merge_reshape_aliases():
+    # Splitting dims is an affine index map: Add + Reshape + Transpose + Sigmoid +
+    # Transpose is one kernel. The merging Reshape of that temp shares its buffer (no copy
+    # kernel), so the program is that kernel and the MatMul.
+    feeds = {"x": RNG.standard_normal((2, 8, 32)).astype(np.float32),
+             "b": RNG.standard_normal(32).astype(np.float32),
+             "w": RNG.standard_normal((32, 16)).astype(np.float32)}
+    exe = check_model(_attention_layout_model(), feeds, kernels=2)
+    buffers = {b.name: b for b in exe.program.buffers}
+    assert buffers["m"].slot == buffers["u"].slot >= 0
+    assert "m shares u's buffer" in exe.dumps[".kernels.txt"]
+    assert "regroups dims" in exe.dumps[".kernels.txt"]  # u itself must be materialized
+    assert exe.run([feeds["x"], feeds["b"], feeds["w"]])[0].shape == (2, 8, 16)
+
+
+def test_reshape_split_index_map():
+    b = fusion.KernelBuilder.__new__(fusion.KernelBuilder)
+    b.rank = 3
+    idx = tuple(fusion.kir.unit(k, 3) for k in range(3))
+    got = _split_index(b, (6, 4), (2, 3, 4), idx)
+    assert [str(a) for a in got] == ["3*i0 + i1", "i2"]
+    assert _split_index(b, (2, 12), (2, 3, 4), idx) is not None
+    assert _split_index(b, (4, 6), (2, 3, 4), idx) is None  # 4 = 2 x 2 does not split 3
+
+
+def test_transposing_kernel_runs_inner_loop_over_contiguous_loads():
+    # 4 inputs read with stride 64 along y's last dim but contiguously along the one
+    # before: the loop order swaps so the loads stay unit-stride; values are unchanged.
+    model = model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        kt (float[2,3,128,64] a, float[2,3,128,64] c, float[128,64] s) => (float[2,3,64,128] y)
+        {
+            p = Mul(a, s)
+            q = Add(p, c)
+            y = Transpose<perm = [0, 1, 3, 2]>(q)
+        }""")
+    feeds = {"a": RNG.standard_normal((2, 3, 128, 64)).astype(np.float32),
+             "c": RNG.standard_normal((2, 3, 128, 64)).astype(np.float32),
+             "s": RNG.standard_normal((128, 64)).astype(np.float32)}
+    exe = check_model(model, feeds, kernels=1)
+    kernel = next(t for t in exe.program.thunks if isinstance(t, fusion.kir.Kernel))
+    collapsed = fusion.kir.collapse(kernel)
+    assert _loop_order(collapsed)[-1] != len(collapsed.shape) - 1

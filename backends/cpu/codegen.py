@@ -63,8 +63,9 @@ class KernelEmitter:
         start, stop = body.args[-2], body.args[-1]
         n_outer = len(k.shape) - k.n_inner
         ranges = [(start, stop)] + [(_i64(0), _i64(d)) for d in k.shape[1:n_outer]]
-        with for_nest(self.b, ranges, "o") as outer:
-            self.outer = outer
+        order = _loop_order(k)
+        with for_nest(self.b, [ranges[d] for d in order], "o") as ivs:
+            self.outer = [ivs[order.index(d)] for d in range(n_outer)]
             self._row()
         self.b.ret_void()
         self._wrapper(body)
@@ -228,6 +229,29 @@ class KernelEmitter:
                 got = True
             self.invariant[key] = got
         return got
+
+
+def _loop_order(k: kir.Kernel) -> list[int]:
+    """Outer loop dims, outermost first: i0 first (threads split it), then the rest.
+
+    A transposing kernel (elementwise, rank >= 3) runs innermost over the dim along which
+    most of its loads and stores are unit-stride or invariant, not blindly the last one:
+    LLaMA's K transpose + rotary read 4 inputs with stride 64-256 along the output's last
+    dim (gathers) but contiguously along the one before it.
+    """
+    rank = len(k.shape)
+    order = list(range(rank - k.n_inner))
+    if k.n_inner or k.reductions or rank < 3:
+        return order
+    indices = [e.index for e in _walk(k) if isinstance(e, kir.Load)] + \
+        [s.index for s in k.stores]
+
+    def strided(d: int) -> int:
+        return sum(1 for a in indices if a.coeffs[d] not in (0, 1))
+
+    best = min(range(1, rank), key=lambda d: (strided(d), d != rank - 1))
+    order.remove(best)
+    return order + [best]
 
 
 # Ops that cost far more than storing and reloading a value that sits in L1/L2
