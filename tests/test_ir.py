@@ -51,7 +51,7 @@ def test_verify_catches_double_definition():
 
 
 def test_verify_catches_undefined_output_and_missing_link():
-    g, relu, add, exp = small_graph()
+    g, relu, _add, _exp = small_graph()
     g.outputs.append(Value("ghost"))
     with pytest.raises(ValueError, match="graph output 'ghost' is never defined"):
         g.verify()
