@@ -71,6 +71,8 @@ class KernelBuilder:
         self.inlined: set[str] = set()   # non-materialized values this kernel recomputes
         self.loads: set[str] = set()     # materialized values it loads
         self.memo: dict[tuple, kir.Expr] = {}
+        # (loop dim, lo, hi) clamps for loads built now: set while lowering a Concat piece
+        self.clamps: tuple[tuple[int, int, int], ...] = ()
 
     def clone(self) -> KernelBuilder:
         c = KernelBuilder(self.fusion, self.shape, self.n_inner)
@@ -81,12 +83,13 @@ class KernelBuilder:
         c.inlined = set(self.inlined)
         c.loads = set(self.loads)
         c.memo = dict(self.memo)
+        c.clamps = self.clamps
         return c
 
     # ---- expressions ---------------------------------------------------------------------
     def expr(self, v: Value, idx: tuple[Affine, ...]) -> kir.Expr:
         """The scalar expression of value `v` at logical index `idx`."""
-        key = (v.name, idx)
+        key = (v.name, idx, self.clamps)  # a clamped load differs outside its piece
         e = self.memo.get(key)
         if e is None:
             e = self._expr(v, idx)
@@ -101,7 +104,8 @@ class KernelBuilder:
         if v.name in f.materialized and v.name not in self.roots:
             self.loads.add(v.name)
             buf = f.buffer_of(v)
-            return kir.Load(buf, flat_index(idx, v.shape, self.rank), v.dtype.name)
+            return kir.Load(buf, flat_index(idx, v.shape, self.rank), v.dtype.name,
+                            self.clamps)
         node = v.producer
         if v.name not in self.roots:
             self.inlined.add(v.name)

@@ -315,7 +315,8 @@ def _reshape(b, node, k, idx):
     if x.name in b.fusion.materialized and x.name not in b.roots:
         from autoclust.fusion import flat_index  # the flat offset is the same in x and out
         b.loads.add(x.name)
-        return kir.Load(b.fusion.buffer_of(x), flat_index(idx, out.shape, b.rank), x.dtype.name)
+        return kir.Load(b.fusion.buffer_of(x), flat_index(idx, out.shape, b.rank), x.dtype.name,
+                        b.clamps)
     idx_in = _split_index(b, x.shape, out.shape, idx)
     if idx_in is None:
         raise Refuse(x, f"Reshape {list(x.shape)} -> {list(out.shape)} of a computed value "
@@ -368,6 +369,45 @@ def _slice(b, node, k, idx):
     return b.expr(x, tuple(idx_in))
 
 
+def _concat(b, node, k, idx):
+    """A select chain over the pieces; each piece's loads clamp the axis loop index into
+    the piece's own range, so no lane reads out of bounds (select drops those lanes)."""
+    out = node.outputs[0]
+    axis = node.attr("axis")
+    axis = axis + len(out.shape) if axis < 0 else axis
+    a = idx[axis]
+    moving = [d for d, c in enumerate(a.coeffs) if c]
+    if len(moving) != 1 or a.coeffs[moving[0]] != 1:
+        raise Refuse(out, f"Concat axis index {a} is not one loop index")
+    j = moving[0]
+    extent = b.shape[j]
+    pieces, off = [], 0  # (value, offset, lo, hi): loop index range of each piece
+    for v in node.inputs:
+        n = v.shape[axis]
+        lo, hi = max(off - a.const, 0), min(off + n - 1 - a.const, extent - 1)
+        if n and lo <= hi:
+            pieces.append((v, off, lo, hi))
+        off += n
+    if not pieces:  # an empty output: the loop never runs
+        return const(0, out.dtype.name)
+    result = None
+    for v, off, lo, hi in reversed(pieces):
+        idx_p = idx[:axis] + (Affine(a.const - off, a.coeffs),) + idx[axis + 1:]
+        saved = b.clamps
+        if len(pieces) > 1:
+            b.clamps = saved + ((j, lo, hi),)
+        try:
+            e = b.expr(v, idx_p)
+        finally:
+            b.clamps = saved
+        if result is None:
+            result = e
+        else:
+            cond = op("le", kir.Index(kir.unit(j, b.rank)), const(hi, "int64"))
+            result = op("select", cond, e, result)
+    return result
+
+
 def _dropout(b, node, k, idx):
     if k == 0:
         return b.expr(node.inputs[0], idx)
@@ -376,7 +416,7 @@ def _dropout(b, node, k, idx):
 
 _LAYOUT = {"Identity": _same, "Transpose": _transpose, "Squeeze": _squeeze_like,
            "Unsqueeze": _squeeze_like, "Reshape": _reshape, "Flatten": _reshape,
-           "Expand": _expand, "Slice": _slice, "Dropout": _dropout}
+           "Expand": _expand, "Slice": _slice, "Dropout": _dropout, "Concat": _concat}
 # Inputs that must be constants for the index map (specialization folds them).
 CONST_INPUTS = {"Slice": (1, 2, 3, 4), "Reshape": (1,), "Expand": (1,), "Squeeze": (1,),
                 "Unsqueeze": (1,)}

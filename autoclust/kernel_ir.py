@@ -75,9 +75,16 @@ def constant(value: int, rank: int) -> Affine:
 
 @dataclasses.dataclass(frozen=True)
 class Load:
+    """buf[index]; each (dim, lo, hi) in clamps first clamps loop index i_dim into [lo, hi].
+
+    Concat reads each piece at clamped indices so that no lane reads out of bounds; a
+    select keeps only the lanes inside the piece.
+    """
+
     buf: int
     index: Affine
     dtype: str
+    clamps: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +206,8 @@ def format_expr(e: Expr, names: dict[int, str] | None = None) -> str:
     """One-line text of an expression."""
     if isinstance(e, Load):
         name = names.get(e.buf, f"b{e.buf}") if names else f"b{e.buf}"
-        return f"{name}[{e.index}]"
+        clamps = "".join(f" | i{d} in [{lo}, {hi}]" for d, lo, hi in e.clamps)
+        return f"{name}[{e.index}{clamps}]"
     if isinstance(e, Const):
         return f"{e.value!r}:{e.dtype}"
     if isinstance(e, Index):
@@ -259,19 +267,25 @@ def _affines(k: Kernel) -> list[Affine]:
         e = stack.pop()
         if isinstance(e, (Load, Index)):
             out.append(e.index)
+            # a clamped loop dim must stay its own dim: a unit map keeps collapse off it
+            out.extend(unit(d, len(e.index.coeffs)) for d, _, _ in getattr(e, "clamps", ()))
         elif isinstance(e, Op):
             stack.extend(e.args)
     return out
 
 
-def _remap(k: Kernel, fn) -> Kernel:
-    """Apply fn(Affine) -> Affine to every index of kernel k."""
+def _remap(k: Kernel, fn, dim_fn=None) -> Kernel:
+    """Apply fn(Affine) -> Affine to every index of kernel k, dim_fn(dim) to clamped dims."""
     memo: dict[int, Any] = {}
 
     def expr(e):
         key = id(e)
         if key not in memo:
-            if isinstance(e, (Load, Index)):
+            if isinstance(e, Load) and e.clamps and dim_fn is not None:
+                moved = ((dim_fn(d), lo, hi) for d, lo, hi in e.clamps)
+                clamps = tuple(c for c in moved if c[0] is not None)
+                memo[key] = dataclasses.replace(e, index=fn(e.index), clamps=clamps)
+            elif isinstance(e, (Load, Index)):
                 memo[key] = dataclasses.replace(e, index=fn(e.index))
             elif isinstance(e, Op):
                 memo[key] = dataclasses.replace(e, args=tuple(expr(a) for a in e.args))
@@ -312,10 +326,15 @@ def collapse(k: Kernel) -> Kernel:
     def fn(a: Affine) -> Affine:
         return Affine(a.const, tuple(a.coeffs[groups[i][-1]] for i in keep))
 
-    out = _remap(k, fn)
+    def dim_fn(d: int) -> int | None:  # a clamped dim is a group of its own (see _affines)
+        g = next(i for i, grp in enumerate(groups) if d in grp)
+        # fusion never clamps a size-1 dim (one Concat piece covers it): dropped, no clamp
+        return keep.index(g) if g in keep else None
+
+    out = _remap(k, fn, dim_fn)
     final_shape = tuple(new_shape[i] for i in keep)
     if len(final_shape) == new_inner:  # no outer dim: add one of size 1
-        out = _remap(out, lambda a: Affine(a.const, (0,) + a.coeffs))
+        out = _remap(out, lambda a: Affine(a.const, (0,) + a.coeffs), lambda d: d + 1)
         final_shape = (1,) + final_shape
     return dataclasses.replace(out, shape=final_shape, n_inner=new_inner)
 

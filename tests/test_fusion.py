@@ -397,3 +397,52 @@ def test_transposing_kernel_runs_inner_loop_over_contiguous_loads():
     kernel = next(t for t in exe.program.thunks if isinstance(t, fusion.kir.Kernel))
     collapsed = fusion.kir.collapse(kernel)
     assert _loop_order(collapsed)[-1] != len(collapsed.shape) - 1
+
+
+# ---- Concat as an index map ----------------------------------------------------------------
+
+def test_rotate_half_concat_is_one_kernel():
+    """LLaMA's rotate_half: Concat(-x2, x1) fuses into the rotary kernel as a select chain."""
+    model = model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[2, 5, 3, 16] x, float[5, 1, 16] cos, float[5, 1, 16] sin)
+          => (float[2, 5, 3, 16] y) {
+            s0 = Constant <value = int64[1] {0}> ()
+            s8 = Constant <value = int64[1] {8}> ()
+            s16 = Constant <value = int64[1] {16}> ()
+            ax = Constant <value = int64[1] {3}> ()
+            x1 = Slice(x, s0, s8, ax)
+            x2 = Slice(x, s8, s16, ax)
+            n2 = Neg(x2)
+            r = Concat <axis = -1> (n2, x1)
+            a = Mul(x, cos)
+            b = Mul(r, sin)
+            y = Add(a, b)
+        }""")
+    feeds = {"x": RNG.standard_normal((2, 5, 3, 16)).astype(np.float32),
+             "cos": RNG.standard_normal((5, 1, 16)).astype(np.float32),
+             "sin": RNG.standard_normal((5, 1, 16)).astype(np.float32)}
+    exe = check_model(model, feeds, kernels=1)
+    assert "select(" in exe.dumps[".kernels.txt"]
+
+
+def test_concat_of_three_pieces_under_slice_and_transpose():
+    """Uneven pieces along a middle axis, read through a Slice (an offset axis index) and a
+    Transpose: every output element comes from the right piece, reads stay in bounds."""
+    model = model_from_text("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[3, 2, 4] a, float[3, 5, 4] b, float[3, 1, 4] c) => (float[4, 3, 7] y) {
+            ea = Exp(a)
+            nb = Neg(b)
+            cat = Concat <axis = 1> (ea, nb, c)
+            st = Constant <value = int64[1] {1}> ()
+            en = Constant <value = int64[1] {8}> ()
+            ax = Constant <value = int64[1] {1}> ()
+            s = Slice(cat, st, en, ax)
+            t = Transpose <perm = [2, 0, 1]> (s)
+            y = Tanh(t)
+        }""")
+    feeds = {k: RNG.standard_normal(shape).astype(np.float32)
+             for k, shape in (("a", (3, 2, 4)), ("b", (3, 5, 4)), ("c", (3, 1, 4)))}
+    exe = check_model(model, feeds, kernels=1)
+    assert exe.dumps[".kernels.txt"].count("select(") == 2

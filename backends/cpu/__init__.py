@@ -15,7 +15,7 @@ import dataclasses
 import os
 
 import numpy as np
-from autoclust.backends.cpu import codegen, jit
+from autoclust.backends.cpu import cache, codegen, jit
 from autoclust.backends.cpu.executable import Executable
 
 from autoclust import fusion, ops
@@ -88,17 +88,58 @@ def compile(graph: Graph, flags: Flags) -> Executable:
     dumps = {".kernels.txt": kir.format_program(program) + _format_sharing(bindings)}
     engine, addrs = None, {}
     if kernels:
-        module = codegen.build_module(unique, flags.fast_math, gomp)
         before = jit.COUNTS["compiles"]
-        obj, ll, asm = jit.compile_object(str(module), flags.cache_dir, bool(flags.dump_to))
+        engine, addrs, dumps[".ll"], dumps[".s"] = _build(unique, flags, gomp)
         COMPILE_COUNT += jit.COUNTS["compiles"] - before
-        dumps[".ll"] = ll
-        dumps[".s"] = asm
-        names = [k.name for k in unique] + [f"{n}.par" for n in gomp]
-        engine, addrs = jit.load_object(obj, names)
     consts = {b.id: graph.initializers[b.name] for b in program.buffers if b.role == "const"}
     return Executable(program, addrs, split, threads, engine, dumps, consts, library,
                       MIN_CHUNK_WORK, bool(gomp), bindings)
+
+
+def _build(unique: list[kir.Kernel], flags: Flags, gomp: set[str]
+           ) -> tuple[object, dict[str, int], str, str]:
+    """(engine, {function name: address}, .ll, .s): one object per distinct kernel code.
+
+    Each kernel compiles as its own module under a symbol named after its code key, so its
+    object code is reusable by any cluster and any batch size (jit.kernel_object caches it
+    in memory and in --cache_dir); a cluster's objects are loaded into one engine.
+    """
+    objs, lls, asms, symbols = [], [], [], {}
+    for k in unique:
+        par = k.name in gomp
+        key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}|par={par}",
+                             jit.version_key())
+        sym = f"k_{key[:20]}"
+        symbols[k.name] = sym
+        if par:
+            symbols[f"{k.name}.par"] = f"{sym}.par"
+
+        def build(k: kir.Kernel = k, sym: str = sym, par: bool = par) -> str:
+            renamed = dataclasses.replace(k, name=sym)
+            return str(codegen.build_module([renamed], flags.fast_math, {sym} if par else set()))
+
+        obj, ll, asm = jit.kernel_object(key, build, flags.cache_dir, bool(flags.dump_to))
+        objs.append(obj)
+        lls.append(f"; kernel {k.name}\n{ll}")
+        asms.append(f"# kernel {k.name}\n{asm}")
+    engine, found = jit.load_object(objs, list(symbols.values()))
+    addrs = {name: found[sym] for name, sym in symbols.items()}
+    return engine, addrs, "\n".join(lls), "\n".join(asms)
+
+
+def code_key(k: kir.Kernel) -> str:
+    """Text that determines k's generated code: its IR with the outer loop extent abstracted.
+
+    codegen runs loop index i0 over [start, stop) given by the caller and reads only
+    shape[1:] (see KernelEmitter.emit), so a kernel's code does not depend on shape[0].
+    Anything else that varies with it (a stride, a reduction extent, a constant computed
+    from it) stays in the text, so such kernels get distinct keys and compile separately.
+    Buffer ids are part of the text: pass a renumbered kernel (_renumber).
+    """
+    k = dataclasses.replace(k, name="", nodes=())
+    if len(k.shape) > k.n_inner:  # collapse() guarantees an outer dim; be safe otherwise
+        k = dataclasses.replace(k, shape=("n0",) + k.shape[1:])
+    return repr(k)
 
 
 def _renumber(k: kir.Kernel) -> tuple[kir.Kernel, tuple[int, ...]]:
@@ -129,7 +170,9 @@ def _renumber(k: kir.Kernel) -> tuple[kir.Kernel, tuple[int, ...]]:
 
 def share_code(kernels: list[kir.Kernel]
                ) -> tuple[list[kir.Kernel], dict[str, tuple[str, tuple[int, ...]]]]:
-    """One function per distinct kernel up to buffer ids (a model's repeated layers).
+    """One function per distinct kernel code up to buffer ids (a model's repeated layers).
+
+    Kernels that differ only in their outer extent (code_key) share a function too.
 
     Returns the kernels to compile (renumbered, named after their first user) and, per
     kernel name, (function name, buffer ids in the function's slot order). LLVM's code
@@ -140,7 +183,7 @@ def share_code(kernels: list[kir.Kernel]
     bindings: dict[str, tuple[str, tuple[int, ...]]] = {}
     for k in kernels:
         canon, ids = _renumber(k)
-        key = repr(canon)
+        key = code_key(canon)
         if key not in unique:
             unique[key] = dataclasses.replace(canon, name=k.name, nodes=k.nodes)
         bindings[k.name] = (unique[key].name, ids)

@@ -29,6 +29,11 @@ def _path(cache_dir: str, key: str) -> str:
     return os.path.join(cache_dir, f"{key}.o")
 
 
+def contains(cache_dir: str, key: str) -> bool:
+    """Whether an entry for `key` exists (not checked for corruption)."""
+    return os.path.isfile(_path(cache_dir, key))
+
+
 def load(cache_dir: str, key: str) -> bytes | None:
     """The cached object for `key`, or None (missing or corrupted)."""
     try:

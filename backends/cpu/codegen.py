@@ -158,10 +158,14 @@ class KernelEmitter:
         return self.b.icmp_signed(cmp, x, best)
 
     # ---- stores, loads and expressions -----------------------------------------------------
-    def _address(self, buf: int, index: kir.Affine) -> ir.Value:
+    def _address(self, buf: int, index: kir.Affine, clamps: tuple = ()) -> ir.Value:
         b = self.b
         off = _i64(index.const)
-        for c, iv in zip(index.coeffs, self.iv):
+        ivs = list(self.iv)
+        for d, lo, hi in clamps:  # branch-free: min(max(i_d, lo), hi)
+            v = b.select(b.icmp_signed("<", ivs[d], _i64(lo)), _i64(lo), ivs[d])
+            ivs[d] = b.select(b.icmp_signed(">", v, _i64(hi)), _i64(hi), v)
+        for c, iv in zip(index.coeffs, ivs):
             if c:
                 term = iv if c == 1 else b.mul(iv, _i64(c), flags=["nsw"])
                 off = b.add(off, term, flags=["nsw"])
@@ -199,7 +203,7 @@ class KernelEmitter:
                     off = b.add(off, b.mul(iv, _i64(c)))
             return off
         if isinstance(e, kir.Load):
-            v = b.load(self._address(e.buf, e.index), typ=STORAGE[e.dtype])
+            v = b.load(self._address(e.buf, e.index, e.clamps), typ=STORAGE[e.dtype])
             if e.dtype == "float16":
                 return b.fpext(v, COMPUTE["float16"])
             if e.dtype == "bool":

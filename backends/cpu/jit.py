@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes.util
 import threading
+from collections.abc import Callable
 
 import llvmlite
 from autoclust.backends.cpu import cache
@@ -18,6 +19,10 @@ import autoclust
 
 LLVM_LOCK = threading.RLock()
 COUNTS = {"compiles": 0}
+# kernel code key -> (object code, .ll, .s): a kernel compiles once per process, whatever
+# cluster or batch size asks for it again (a few KB per distinct kernel).
+_OBJECTS: dict[str, tuple[bytes, str, str]] = {}
+_STORED: set[tuple[str, str]] = set()  # (--cache_dir, key) known to hold the entry
 _state: dict = {}
 
 
@@ -93,15 +98,48 @@ def compile_object(ir_text: str, cache_dir: str, want_asm: bool) -> tuple[bytes,
     return obj, ll, asm
 
 
-def load_object(obj: bytes, names: list[str]) -> tuple[llvm.ExecutionEngine, dict[str, int]]:
-    """An MCJIT engine holding `obj`, and the addresses of `names`."""
+def kernel_object(key: str, build: Callable[[], str], cache_dir: str,
+                  want_asm: bool) -> tuple[bytes, str, str]:
+    """(object code, .ll, .s) of one kernel's module, by its code key.
+
+    Looks in this process's memory, then in --cache_dir, and only then calls build() for
+    the LLVM IR text and compiles it. `key` must determine the module's code (see
+    share_code); checking it first skips building the IR as well as compiling it.
+    """
+    hit = _OBJECTS.get(key)
+    if hit is not None and (hit[2] or not want_asm):
+        if cache_dir and (cache_dir, key) not in _STORED:
+            # compiled earlier without this --cache_dir: fill it, so the next process is warm
+            _STORED.add((cache_dir, key))
+            if not cache.contains(cache_dir, key):
+                cache.store(cache_dir, key, hit[0])
+        return hit
+    if cache_dir:
+        obj = cache.load(cache_dir, key)
+        if obj is not None:
+            _STORED.add((cache_dir, key))
+            note = f"; loaded from the persistent cache, key {key}\n"
+            _OBJECTS[key] = (obj, note, note)
+            return _OBJECTS[key]
+    obj, ll, asm = compile_object(build(), "", want_asm)
+    if cache_dir:
+        _STORED.add((cache_dir, key))
+        cache.store(cache_dir, key, obj)
+    _OBJECTS[key] = (obj, ll, asm)
+    return _OBJECTS[key]
+
+
+def load_object(obj: bytes | list[bytes], names: list[str]
+                ) -> tuple[llvm.ExecutionEngine, dict[str, int]]:
+    """An MCJIT engine holding `obj` (one object or several), and the addresses of `names`."""
     target_machine()
     with LLVM_LOCK:
         tm = _new_target_machine()  # the engine owns (and frees) its target machine
         empty = llvm.parse_assembly("")
         empty.triple = tm.triple
         engine = llvm.create_mcjit_compiler(empty, tm)
-        engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        for data in [obj] if isinstance(obj, bytes) else obj:
+            engine.add_object_file(llvm.ObjectFileRef.from_data(data))
         engine.finalize_object()
         addrs = {n: engine.get_function_address(n) for n in names}
     missing = [n for n, a in addrs.items() if not a]
