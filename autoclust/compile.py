@@ -54,7 +54,12 @@ def _check(graph: Graph, pass_name: str) -> None:
 
 
 def _fingerprint(graph: Graph) -> tuple:
-    return (str(graph), tuple(graph.initializers))
+    """Cheap structural identity: every pass edit changes a node, an edge or a constant."""
+    nodes = tuple((n.op, tuple(v.name if v is not None else "" for v in n.inputs),
+                   tuple(v.name for v in n.outputs),
+                   tuple((k, repr(a)[:200]) for k, a in sorted(n.attrs.items())))
+                  for n in graph.nodes)
+    return (nodes, tuple(v.name for v in graph.outputs), tuple(graph.initializers))
 
 
 def optimize(graph: Graph, flags: Flags) -> Graph:
