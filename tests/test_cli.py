@@ -173,6 +173,13 @@ def test_replay_generates_inputs_without_npz(tmp_path, capsys):
     assert code == 0 and "generated inputs" in out
 
 
+def test_zoo_command_writes_every_model(tmp_path, capsys):
+    code, _, _ = run_cli(["zoo", "--out", str(tmp_path)], capsys)
+    assert code == 0
+    assert sorted(p.stem for p in tmp_path.glob("*.onnx")) == sorted(zoo.BUILDERS)
+    onnx.checker.check_model(onnx.load(str(tmp_path / "mlp_gelu.onnx")))
+
+
 def test_console_script_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "autoclust.tools.cli", "flags"], check=False,
                           capture_output=True, text=True, cwd=str(tmp_path), timeout=120)

@@ -41,7 +41,9 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 
 
 def _cmd_zoo(args: argparse.Namespace) -> int:
-    from autoclust.models import build
+    import importlib
+    # the module, not autoclust.models.build (the package re-exports zoo.build under that name)
+    build = importlib.import_module("autoclust.models.build")
     return build.main(["--out", args.out] if args.out else [])
 
 
