@@ -201,3 +201,15 @@ def test_exec_runs_script_with_auto_jit(tmp_path):
                           cwd=str(tmp_path), env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "True" in proc.stdout.split()
+
+
+def test_bench_command_writes_json_and_markdown(tmp_path, capsys):
+    code, out, _ = run_cli(["bench", "--cases", "mixed_dynamic", "--repeat", "2",
+                            "--threads", "1", "--out", str(tmp_path)], capsys)
+    assert code == 0, out
+    rows = json.loads((tmp_path / "bench.json").read_text())
+    assert rows[0]["case"] == "mixed_dynamic" and rows[0]["ratio"] > 0
+    assert rows[0]["max_abs_err"] < 1e-4 and rows[0]["clusters"] == 4
+    assert "| mixed_dynamic |" in (tmp_path / "bench.md").read_text()
+    code, _, err = run_cli(["bench", "--cases", "nope"], capsys)
+    assert code == 2 and "unknown case" in err
