@@ -318,10 +318,27 @@ def _reshape(b, node, k, idx):
         return kir.Load(b.fusion.buffer_of(x), flat_index(idx, out.shape, b.rank), x.dtype.name,
                         b.clamps)
     idx_in = _split_index(b, x.shape, out.shape, idx)
+    if idx_in is None:  # a merge: affine only when the loop nest refines both shapes
+        from autoclust.fusion import flat_index
+        idx_in = delinearize(flat_index(idx, out.shape, b.rank), x.shape, b.shape)
+    if idx_in is None and b.n_inner == 0:
+        _probe_rows(b, x)
     if idx_in is None:
         raise Refuse(x, f"Reshape {list(x.shape)} -> {list(out.shape)} of a computed value "
                         "regroups dims")
     return b.expr(x, idx_in)
+
+
+def _probe_rows(b, x: Value) -> None:
+    """Re-raise NeedRowDomain if x (in its own loop nest) needs a row kernel: a refined
+    row nest may then make this Reshape affine (GroupNorm's merge, see refined_row_domain)."""
+    probe = type(b)(b.fusion, tuple(x.shape), 0)
+    try:
+        probe.expr(x, tuple(kir.unit(k, len(x.shape)) for k in range(len(x.shape))))
+    except NeedRowDomain:
+        raise
+    except Refuse:
+        pass
 
 
 def _split_index(b, in_shape, out_shape, idx) -> tuple[Affine, ...] | None:
@@ -347,6 +364,47 @@ def _split_index(b, in_shape, out_shape, idx) -> tuple[Affine, ...] | None:
             return None
         idx_in.append(run)
     return tuple(idx_in)
+
+
+def delinearize(flat: Affine, shape: tuple[int, ...],
+                extents: tuple[int, ...]) -> tuple[Affine, ...] | None:
+    """The index into a contiguous `shape` of flat offset `flat`, or None if not affine.
+
+    Each loop index i_k (in [0, extents[k])) must land in one dim: its coefficient is a
+    multiple of that dim's stride and the dim's terms stay below its size, so no carry
+    crosses dims. [4, 8 | 8, 1024] reads x[4, 8, 8192] at (i0, i1, 1024*i2 + i3).
+    """
+    strides = _strides(shape)
+    rank = len(flat.coeffs)
+    coeffs = [[0] * rank for _ in shape]
+    if flat.const < 0 or not shape:
+        return None if flat.const or any(flat.coeffs) else ()
+    consts, rest = [], flat.const
+    for s in strides:
+        consts.append(rest // s)
+        rest %= s
+    for k, c in enumerate(flat.coeffs):
+        if c == 0 or extents[k] == 1:
+            continue
+        j = next((j for j, s in enumerate(strides) if c >= s and c % s == 0), None)
+        if c < 0 or j is None:
+            return None
+        coeffs[j][k] = c // strides[j]
+    out = []
+    for j, size in enumerate(shape):
+        top = consts[j] + sum(c * (extents[k] - 1) for k, c in enumerate(coeffs[j]))
+        if top >= size:
+            return None
+        out.append(Affine(consts[j], tuple(coeffs[j])))
+    return tuple(out)
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return strides[::-1]
 
 
 def _expand(b, node, k, idx):

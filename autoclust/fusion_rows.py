@@ -20,6 +20,7 @@ from autoclust.fusion_lower import (
     cast,
     compute_dtype,
     const,
+    delinearize,
     elementwise_lowerings,
     op,
 )
@@ -209,6 +210,52 @@ def _batchnorm(b, node: Node, k: int, idx: tuple[Affine, ...]) -> kir.Expr:
                                                                    ct))))
     y = op("mul", op("sub", _loaded(x, ct)(b, idx), mean), op("mul", inv, scale))
     return cast(op("add", y, bias), out.dtype.name)
+
+
+def _boundaries(shape: tuple[int, ...]) -> set[int]:
+    """Suffix products of `shape`: the flat strides where its dims start."""
+    out, acc = {1}, 1
+    for d in reversed(shape):
+        acc *= d
+        out.add(acc)
+    return out
+
+
+def refined_row_domain(v_shape: tuple[int, ...], x_shape: tuple[int, ...],
+                       axes: list[int]) -> tuple[tuple[int, ...], int, tuple] | None:
+    """(loop shape, n_inner, root index) of a row kernel reducing x's trailing `axes`
+    whose root `v` is a Reshape of x (GroupNorm: x [4, 8, 8192], v [4, 64, 32, 32]).
+
+    The loop nest is the common refinement of both shapes ([4, 8 | 8, 32, 32]) so that
+    Reshapes either way are affine index maps (see delinearize); None if there is none.
+    """
+    n = len(x_shape)
+    total = int(np.prod(x_shape, dtype=np.int64))
+    if (not axes or axes != list(range(n - len(axes), n)) or 0 in x_shape
+            or int(np.prod(v_shape, dtype=np.int64)) != total):
+        return None
+    cuts = sorted(_boundaries(x_shape) | _boundaries(v_shape), reverse=True)
+    if any(a % b for a, b in zip(cuts, cuts[1:])):
+        return None
+    shape = tuple(a // b for a, b in zip(cuts, cuts[1:]))
+    row = int(np.prod(x_shape[n - len(axes):], dtype=np.int64))
+    n_inner = sum(1 for c in cuts[1:] if c < row)
+    flat = Affine(0, tuple(cuts[1:]))
+    idx = delinearize(flat, tuple(v_shape), shape)
+    return (shape, n_inner, idx) if idx is not None else None
+
+
+def reduced_index(inner: tuple[int, ...], sizes: tuple[int, ...],
+                  rank: int) -> tuple[Affine, ...] | None:
+    """Indices of reduced dims `sizes` over the inner loops `inner` (a refinement of them)."""
+    if int(np.prod(inner, dtype=np.int64)) != int(np.prod(sizes, dtype=np.int64)):
+        return None
+    coeffs, acc = [0] * rank, 1
+    for k in range(len(inner) - 1, -1, -1):
+        coeffs[rank - len(inner) + k] = acc
+        acc *= inner[k]
+    extents = (1,) * (rank - len(inner)) + tuple(inner)
+    return delinearize(Affine(0, tuple(coeffs)), sizes, extents)
 
 
 LOWERINGS: dict[str, Callable] = elementwise_lowerings()

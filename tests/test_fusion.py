@@ -20,6 +20,7 @@ from autoclust.importers.onnx import import_model
 
 from autoclust import flags as flags_mod
 from autoclust import fusion
+from autoclust import kernel_ir as kir_mod
 from autoclust.compile import compile_cluster
 from autoclust.fusion_lower import _split_index
 
@@ -446,3 +447,88 @@ def test_concat_of_three_pieces_under_slice_and_transpose():
              for k, shape in (("a", (3, 2, 4)), ("b", (3, 5, 4)), ("c", (3, 1, 4)))}
     exe = check_model(model, feeds, kernels=1)
     assert exe.dumps[".kernels.txt"].count("select(") == 2
+
+
+def _bias_model(body: str, x_shape: str, y_shape: str) -> onnx.ModelProto:
+    # w and b are initializers (constants), as in exported models.
+    return model_from_text(f"""
+        <ir_version: 10, opset_import: ["" : 18]>
+        mmb (float{x_shape} x) => (float{y_shape} y)
+        <float[16,32] w = {{{_floats(16 * 32)}}}, float[32] b = {{{_floats(32)}}},
+         float[1] sq2 = {{1.41421356}}, float[1] one = {{1.0}}, float[1] half = {{0.5}}>
+        {{
+            h = MatMul(x, w)
+{body}
+        }}""")
+
+
+@pytest.mark.parametrize("order", ["Add(h, b)", "Add(b, h)"])
+@pytest.mark.parametrize("x_shape", ["[8,16]", "[2,5,16]"])
+def test_standalone_bias_add_folds_into_gemm(order: str, x_shape: str):
+    # MatMul + constant bias feeding nothing fusable (a graph output): one Gemm call with
+    # the bias as C, no loop kernel at all. Batched 3-D A is flattened into Gemm's M.
+    y_shape = x_shape.replace("16]", "32]")
+    model = _bias_model(f"            y = {order}", x_shape, y_shape)
+    shape = tuple(int(d) for d in x_shape.strip("[]").split(","))
+    exe = check_model(model, {"x": RNG.standard_normal(shape).astype(np.float32)}, kernels=1)
+    text = exe.dumps[".kernels.txt"]
+    assert "library Gemm" in text and "folded into a Gemm call" in text, text
+
+
+@pytest.mark.parametrize("order", ["Add(h, b)", "Add(b, h)"])
+def test_bias_gelu_epilogue_keeps_bias_in_kernel(order: str):
+    # MatMul + bias + GELU (erf form): 2 thunks, the MatMul call and one kernel doing
+    # bias + GELU; the bias stays in the kernel (free there, an extra pass in the Gemm).
+    body = f"""            hb = {order}
+            r = Div(hb, sq2)
+            e = Erf(r)
+            e1 = Add(e, one)
+            m = Mul(hb, e1)
+            y = Mul(m, half)"""
+    model = _bias_model(body, "[2,5,16]", "[2,5,32]")
+    exe = check_model(model, {"x": RNG.standard_normal((2, 5, 16)).astype(np.float32)},
+                      kernels=2, rtol=1e-4, atol=1e-5)
+    text = exe.dumps[".kernels.txt"]
+    assert "library MatMul" in text and "Gemm" not in text, text
+
+
+def test_bias_fold_feeding_a_matmul_and_large_gemm():
+    # A large (mlas-sized) folded Gemm whose result feeds another MatMul: 2 library calls,
+    # no kernel; numbers equal onnxruntime's.
+    w1 = RNG.standard_normal((64, 256)).astype(np.float32)
+    b1 = RNG.standard_normal(256).astype(np.float32)
+    w2 = RNG.standard_normal((256, 64)).astype(np.float32)
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 64, 64])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, 64, 64])
+    nodes = [onnx.helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             onnx.helper.make_node("Add", ["b1", "h"], ["hb"]),
+             onnx.helper.make_node("MatMul", ["hb", "w2"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"),
+                                                              (w2, "w2"))]
+    graph = onnx.helper.make_graph(nodes, "fold2", [x], [y], inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    feeds = {"x": RNG.standard_normal((4, 64, 64)).astype(np.float32)}
+    exe = check_model(model, feeds, kernels=2, rtol=1e-4, atol=1e-3)
+    assert "library Gemm" in exe.dumps[".kernels.txt"]
+    assert not any(isinstance(t, kir_mod.Kernel) for t in exe.program.thunks)
+
+
+def test_delinearize_merge_reshape_matches_numpy():
+    # A refined nest [4, 8 | 8, 32, 32] reads x[4, 8, 8192] and y[4, 64, 32, 32] affinely;
+    # [4, 64, 1024] cannot read x[4, 8, 8192] without div/mod.
+    from autoclust.fusion_lower import delinearize
+    from autoclust.fusion_rows import refined_row_domain
+    from autoclust.kernel_ir import Affine
+    shape, n_inner, idx = refined_row_domain((4, 64, 32, 32), (4, 8, 8192), [2])
+    assert shape == (4, 8, 8, 32, 32) and n_inner == 3
+    flat = Affine(0, (65536, 8192, 1024, 32, 1))
+    x_idx = delinearize(flat, (4, 8, 8192), shape)
+    pts = np.stack(np.unravel_index(np.arange(4 * 8 * 8 * 32 * 32), shape)).T[::997]
+    for p in pts:
+        want = np.unravel_index(int(p @ np.array(flat.coeffs)), (4, 8, 8192))
+        assert tuple(a.const + int(np.dot(a.coeffs, p)) for a in x_idx) == want
+        want = np.unravel_index(int(p @ np.array(flat.coeffs)), (4, 64, 32, 32))
+        assert tuple(a.const + int(np.dot(a.coeffs, p)) for a in idx) == want
+    assert delinearize(Affine(0, (65536, 1024, 1)), (4, 8, 8192), (4, 64, 1024)) is None
+    assert refined_row_domain((4, 6, 5), (4, 5, 6), [2]) is None

@@ -266,3 +266,16 @@ def test_strided_outputs_are_filled(impl: str) -> None:
     y = np.zeros((7, 6), np.float32).T
     mm([a, b], [y])
     np.testing.assert_allclose(y, a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["mlas", "numpy"])
+def test_gemm_with_batched_a_is_matmul_plus_bias(impl: str):
+    # The folded MatMul + bias call: Gemm on a [B, S, K] A flattens the batch dims into M.
+    a, b, c = rand(3, 40, 24), rand(24, 48), rand(48)
+    fn = library.make_call("Gemm", {}, types([a, b, c]), [(a.dtype, (3, 40, 48))], 1,
+                           {1: b, 2: c}, impl=impl)
+    assert fn.impl == impl
+    for x in (a, a * 2, a):  # same array again, a new one, and back: views are rebound
+        y = np.full((3, 40, 48), 99, np.float32)
+        fn([x, b, c], [y])
+        np.testing.assert_allclose(y, np.matmul(x, b) + c, rtol=1e-4, atol=1e-4)

@@ -217,6 +217,8 @@ class Executable:
     def _reference(self, t: kir.LibraryCall | kir.RefCall) -> None:
         args = [None if b is None else self._arrays[b] for b in t.inputs]
         domain = getattr(t, "domain", "")
+        if t.op == "Gemm" and args[0].ndim > 2:  # a MatMul with its bias folded in
+            args[0] = args[0].reshape(-1, args[0].shape[-1])
         with np.errstate(all="ignore"):
             results = ops.get(t.op, domain).ref(args, dict(t.attrs))
         for b, r in zip(t.outputs, results):

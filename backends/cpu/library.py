@@ -135,6 +135,8 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     in_types = [None if t is None else (np.dtype(t[0]), tuple(t[1])) for t in in_types]
     out_types = [(np.dtype(t[0]), tuple(t[1])) for t in out_types]
     constants = dict(constants or {})
+    if op == "Gemm" and len(in_types[0][1]) > 2:
+        return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl)
     builders = _candidates(op, attrs, in_types, out_types, threads, constants)
     if impl is not None:
         if impl not in builders:
@@ -147,6 +149,39 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
     choice, note = _DECISIONS[key]
     return LibraryFn(op, choice, builders[choice](), note)
+
+
+def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
+                    constants: dict[int, np.ndarray], impl: str | None) -> LibraryFn:
+    """Gemm whose A is [..., K] (a MatMul with its bias Add folded in): batch dims join M."""
+    if attrs.get("transA", 0):
+        raise UnsupportedOpError(f"Gemm with transA on a {len(in_types[0][1])}-D A")
+    (da, sa), (dy, sy) = in_types[0], out_types[0]
+    flat_in = [(da, (math.prod(sa[:-1]), sa[-1]))] + list(in_types[1:])
+    fn = make_call("Gemm", attrs, flat_in, [(dy, (math.prod(sy[:-1]), sy[-1]))], threads,
+                   constants, impl)
+    views = _ViewCache()
+
+    def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
+        fn([views.flat(inputs[0], 0), *inputs[1:]], [views.flat(outputs[0], 1)])
+
+    return LibraryFn("Gemm", fn.impl, run, f"{fn.note}, A flattened to {flat_in[0][1]}")
+
+
+class _ViewCache:
+    """2-D views of the arrays passed last time: the same array yields the same view object,
+    so the onnxruntime binding (keyed on identity) is not rebuilt every call."""
+
+    def __init__(self):
+        self._last: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def flat(self, x: np.ndarray, slot: int) -> np.ndarray:
+        hit = self._last.get(slot)
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        view = x.reshape(-1, x.shape[-1])
+        self._last[slot] = (x, view)
+        return view
 
 
 def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads: int = 0,
