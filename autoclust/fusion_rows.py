@@ -9,6 +9,7 @@ Each op asks the kernel builder for reduction phases over its reduced axes
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -235,9 +236,9 @@ def refined_row_domain(v_shape: tuple[int, ...], x_shape: tuple[int, ...],
             or int(np.prod(v_shape, dtype=np.int64)) != total):
         return None
     cuts = sorted(_boundaries(x_shape) | _boundaries(v_shape), reverse=True)
-    if any(a % b for a, b in zip(cuts, cuts[1:])):
+    if any(a % b for a, b in itertools.pairwise(cuts)):
         return None
-    shape = tuple(a // b for a, b in zip(cuts, cuts[1:]))
+    shape = tuple(a // b for a, b in itertools.pairwise(cuts))
     row = int(np.prod(x_shape[n - len(axes):], dtype=np.int64))
     n_inner = sum(1 for c in cuts[1:] if c < row)
     flat = Affine(0, tuple(cuts[1:]))
