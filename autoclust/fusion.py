@@ -28,7 +28,7 @@ from autoclust import kernel_ir as kir
 from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.fusion_lower import NeedRowDomain, Refuse, broadcast_index
-from autoclust.fusion_rows import LOWERINGS, why_not_lower
+from autoclust.fusion_rows import LOWERINGS, reduced_index, refined_row_domain, why_not_lower
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel_ir import Affine
 
@@ -147,9 +147,12 @@ class KernelBuilder:
         if self.n_inner == 0:
             raise NeedRowDomain(out, x, axes)
         inner = self.shape[self.rank - self.n_inner:]
-        if sizes != inner:
-            raise Refuse(out, f"reduces dims {list(sizes)} but the kernel's rows are "
-                               f"{list(inner)}")
+        red_idx = tuple(self.inner_unit(k) for k in range(len(sizes)))
+        if sizes != inner:  # a refined row nest ([8, 32, 32] for 8192) reads x's dims merged
+            red_idx = reduced_index(inner, sizes, self.rank)
+            if red_idx is None:
+                raise Refuse(out, f"reduces dims {list(sizes)} but the kernel's rows are "
+                                   f"{list(inner)}")
         if any(self.moves_with_inner(a) for a in kept.values()):
             raise Refuse(out, "its row index moves along the consumer's reduced dims")
         idx_x, k = [], 0
@@ -157,7 +160,7 @@ class KernelBuilder:
             if d in kept:
                 idx_x.append(kept[d])
             else:
-                idx_x.append(self.inner_unit(k))
+                idx_x.append(red_idx[k])
                 k += 1
         e = element(self, tuple(idx_x))
         red = kir.Reduction(kind, e, dtype)
@@ -318,9 +321,13 @@ class Fusion:
         except NeedRowDomain as need:
             try:
                 shape, idx = row_domain(v, need)
+                n_inner = len(need.axes)
             except Refuse as refuse:
-                raise Materialize(need.value, str(refuse)) from None
-            trial = KernelBuilder(self, shape, len(need.axes))
+                refined = refined_row_domain(tuple(v.shape), tuple(need.x.shape), need.axes)
+                if refined is None:
+                    raise Materialize(need.value, str(refuse)) from None
+                shape, n_inner, idx = refined
+            trial = KernelBuilder(self, shape, n_inner)
             try:
                 trial.add_root(v, idx)
             except (NeedRowDomain, Refuse) as exc:

@@ -532,3 +532,25 @@ def test_delinearize_merge_reshape_matches_numpy():
         assert tuple(a.const + int(np.dot(a.coeffs, p)) for a in idx) == want
     assert delinearize(Affine(0, (65536, 1024, 1)), (4, 8, 8192), (4, 64, 1024)) is None
     assert refined_row_domain((4, 6, 5), (4, 5, 6), [2]) is None
+
+
+@pytest.mark.parametrize("form", ["instance_norm", "reduce_mean"])
+def test_group_norm_with_merging_reshapes_is_one_kernel(form):
+    """Exported GroupNorm: Reshape [N,C,H,W] -> [N,G,C/G*H*W], normalize the rows, Reshape
+    back, per-channel scale/bias and SiLU. The loop nest [N, G | C/G, H*W] refines both
+    shapes, so both Reshapes are affine index maps and the whole block is one row kernel."""
+    import autoclust
+    from autoclust.models import blocks, writer
+    w = writer.GraphWriter(0)
+    x = w.input("x", onnx.TensorProto.FLOAT, ["batch", 16, 8, 8])
+    y = blocks.silu(w, blocks.group_norm(w, x, "gn", 16, 4,
+                                         instance_norm=form == "instance_norm"))
+    w.output(y, onnx.TensorProto.FLOAT, ["batch", 16, 8, 8], "y")
+    model = w.model("gn", {"batch": 2})
+    feeds = {"x": RNG.standard_normal((2, 16, 8, 8)).astype(np.float32)}
+    sess = autoclust.InferenceSession(model, min_cluster_size=1)
+    got = sess.run(None, feeds)[0]
+    want = ort_session(model).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    kernels = [k for c in sess.stats()["clusters"] for k in c["kernels"]]
+    assert kernels == [1], kernels
