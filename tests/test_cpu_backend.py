@@ -292,3 +292,24 @@ def test_layout_fuses_into_consumer():
     g.outputs = [y]
     exe = check_compiled(g, [x])
     assert exe.num_kernels == 1
+
+
+@pytest.mark.parametrize("shape", [(2, 75), (3, 7, 33), (1, 129)])
+def test_softmax_rows_of_odd_length_compile(shape):
+    """Regression (fuzzer seed 7): with a 512-bit vector preference on row kernels, LLVM 22's
+    loop vectorizer aborted the process ("VPlan cost model and legacy cost model
+    disagreed") on a Softmax over rows of 75."""
+    from onnx import TensorProto, helper
+
+    import autoclust
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=-1)
+    graph = helper.make_graph([node], "sm", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, list(shape))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    sess = autoclust.InferenceSession(model, min_cluster_size=1, must_compile=True)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], e / e.sum(-1, keepdims=True),
+                               rtol=1e-5, atol=1e-7)

@@ -539,8 +539,9 @@ def test_group_norm_with_merging_reshapes_is_one_kernel(form):
     """Exported GroupNorm: Reshape [N,C,H,W] -> [N,G,C/G*H*W], normalize the rows, Reshape
     back, per-channel scale/bias and SiLU. The loop nest [N, G | C/G, H*W] refines both
     shapes, so both Reshapes are affine index maps and the whole block is one row kernel."""
-    import autoclust
     from autoclust.models import blocks, writer
+
+    import autoclust
     w = writer.GraphWriter(0)
     x = w.input("x", onnx.TensorProto.FLOAT, ["batch", 16, 8, 8])
     y = blocks.silu(w, blocks.group_norm(w, x, "gn", 16, 4,

@@ -409,15 +409,21 @@ def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function
 def build_module(kernels: list[kir.Kernel], fast_math: bool, parallel: set[str]) -> ir.Module:
     """One LLVM module holding every kernel of a cluster (and parallel launchers)."""
     module = ir.Module(name="autoclust")
+    wide = set()
     for k in kernels:
         KernelEmitter(module, k, fast_math).emit()
         if k.name in parallel:
             emit_parallel(module, k.name)
+        if not k.reductions:
+            wide.add(k.name)
     for fn in module.functions:
-        if not fn.is_declaration:
-            # LLVM's Intel server tuning caps vectors at 256 bits; these kernels are FMA-heavy
-            # streams where 512 bits measured 1.3-1.5x faster. On every function, since the
-            # body is inlined into its callers. llvmlite checks attribute names against a
-            # fixed list, so the string attribute goes in directly.
+        if not fn.is_declaration and fn.name.split(".")[0] in wide:
+            # LLVM's Intel server tuning caps vectors at 256 bits; elementwise kernels are
+            # FMA-heavy streams where 512 bits measured 1.3-1.5x faster (GELU, the math
+            # chain). Not on row kernels: there LLVM 22's loop vectorizer asserts ("VPlan
+            # cost model and legacy cost model disagreed") and aborts the process, e.g. on a
+            # Softmax over rows of 75 (tests/test_cpu_backend.py). On every function of the
+            # kernel, since the body is inlined into its callers. llvmlite checks attribute
+            # names against a fixed list, so the string attribute goes in directly.
             set.add(fn.attributes, f'"prefer-vector-width"="{VECTOR_BITS}"')
     return module
