@@ -58,10 +58,11 @@ class MathOps:
         except KeyError:
             return ir.Function(self.module, ir.FunctionType(ret, args), name)
 
-    def intrinsic(self, b: ir.IRBuilder, name: str, args: list[ir.Value]) -> ir.Value:
+    def intrinsic(self, b: ir.IRBuilder, name: str, args: list[ir.Value],
+                  fastmath: tuple[str, ...] = ()) -> ir.Value:
         ty = args[0].type
         fn = self._fn(f"{name}.{_suffix(ty)}", ty, [a.type for a in args])
-        return b.call(fn, args)
+        return b.call(fn, args, fastmath=fastmath)
 
     def libm(self, b: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
         load_libm()
