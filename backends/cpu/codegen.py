@@ -147,9 +147,10 @@ class KernelEmitter:
             return b.fmul(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.mul(acc, x)
         if is_float(dtype):  # NaN-skipping; the first-NaN rule is applied after the loop
             # NaN is replaced by the neutral value here, so neither operand can be NaN and
-            # the call is truthfully `nnan`. Without that, LLVM 22 vectorizes maxnum with
-            # its NaN-checking scheme, which miscompiles some trip counts (a max over 15
-            # elements missed the last 3: tests/test_cpu_backend.py).
+            # the call is truthfully `nnan`. Not a plain llvm.maxnum reduction: LLVM 22
+            # vectorizes that with a NaN-checking scheme that drops elements for some trip
+            # counts (11, 14, 15 measured; tests/test_cpu_backend.py). The price: max/min
+            # rows are not vectorized (softmax's max phase).
             neutral = ir.Constant(x.type, float("-inf") if kind == "max" else float("inf"))
             x = b.select(b.fcmp_unordered("uno", x, x), neutral, x)
             name = "llvm.maxnum" if kind == "max" else "llvm.minnum"
