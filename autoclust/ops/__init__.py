@@ -62,6 +62,8 @@ COMPILABLE_TYPES = frozenset(np.dtype(t) for t in
                              ("float16", "float32", "float64", "int32", "int64", "bool"))
 
 TypeShape = tuple[np.dtype, Shape]
+Arrays = list[np.ndarray | None]  # a ref's inputs (None for an omitted optional input)
+Attrs = dict[str, Any]
 
 
 class InferContext:
@@ -103,7 +105,7 @@ class InferContext:
 
 
 InferFn = Callable[[InferContext], list[TypeShape]]
-RefFn = Callable[[list[np.ndarray | None], dict[str, Any]], list[np.ndarray]]
+RefFn = Callable[[Arrays, Attrs], list[np.ndarray]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +200,11 @@ def dim_product(dims: Sequence[Dim]) -> Dim:
             return None
         out *= d
     return out
+
+
+def dense(a: np.ndarray) -> np.ndarray:
+    """`a` as a C-contiguous array (np.ascontiguousarray would turn 0-d into 1-d)."""
+    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def same_as_input(i: int = 0) -> InferFn:

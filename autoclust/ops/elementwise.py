@@ -31,6 +31,7 @@ from autoclust.ops import (
     FLOAT_TYPES,
     INT_TYPES,
     NUMERIC_TYPES,
+    Attrs,
     InferContext,
     InferFn,
     TypeShape,
@@ -54,7 +55,6 @@ POW_BASE = FLOAT | {np.dtype("int32"), np.dtype("int64")}
 PRELU = FLOAT | {np.dtype(t) for t in ("int32", "int64", "uint32", "uint64")}
 
 Array = np.ndarray
-Attrs = dict[str, Any]
 
 
 # ---- infer helpers ----------------------------------------------------------------------

@@ -18,17 +18,18 @@ from autoclust.ir import Dim, Shape
 from autoclust.ops import (
     BOOL,
     LAYOUT,
+    Arrays,
+    Attrs,
     InferContext,
     TypeShape,
     broadcast_dims,
+    dense,
     dim_product,
     normalize_axis,
     register,
     same_as_input,
 )
 
-Arrays = list[np.ndarray | None]
-Attrs = dict[str, Any]
 # Slice bounds at or beyond this mean "to the end" (exporters write INT32/INT64 max).
 _BIG = 2**31 - 1
 
@@ -42,8 +43,8 @@ def _ints(v: np.ndarray) -> list[int]:
 
 
 def _dense(*arrays: np.ndarray) -> list[np.ndarray]:
-    """C-contiguous outputs (np.ascontiguousarray would turn 0-d into 1-d)."""
-    return [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
+    """C-contiguous outputs, as a ref's result list."""
+    return [dense(a) for a in arrays]
 
 
 def _refail(ctx: InferContext, exc: ShapeInferenceError) -> ShapeInferenceError:

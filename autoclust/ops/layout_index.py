@@ -7,23 +7,23 @@ Negative indices count from the end, as ONNX allows; out-of-range ones raise.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Dim
-from autoclust.ops import LAYOUT, InferContext, TypeShape, normalize_axis, register
+from autoclust.ops import (
+    LAYOUT,
+    Arrays,
+    Attrs,
+    InferContext,
+    TypeShape,
+    dense,
+    normalize_axis,
+    register,
+)
 
-Arrays = list[np.ndarray | None]
-Attrs = dict[str, Any]
 _INDEX_TYPES = (np.dtype("int32"), np.dtype("int64"))
 _REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
-
-
-def _dense(a: np.ndarray) -> np.ndarray:
-    """C-contiguous output (np.ascontiguousarray would turn 0-d into 1-d)."""
-    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def _axis(op: str, axis: int, rank: int) -> int:
@@ -63,7 +63,7 @@ def _gather_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x = inputs[0]
     axis = _axis("Gather", attrs.get("axis", 0), x.ndim)
     idx = _check_index(inputs[1], x.shape[axis], "Gather")
-    return [_dense(np.take(x, idx, axis=axis))]
+    return [dense(np.take(x, idx, axis=axis))]
 
 
 def _gather_elements_infer(ctx: InferContext) -> list[TypeShape]:
@@ -80,7 +80,7 @@ def _gather_elements_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x, idx = inputs
     axis = _axis("GatherElements", attrs.get("axis", 0), x.ndim)
     idx = _check_index(idx, x.shape[axis], "GatherElements")
-    return [_dense(np.take_along_axis(x, idx, axis=axis))]
+    return [dense(np.take_along_axis(x, idx, axis=axis))]
 
 
 def _gather_nd_infer(ctx: InferContext) -> list[TypeShape]:
@@ -107,7 +107,7 @@ def _gather_nd_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     ib = idx.reshape(batch, -1, k)
     coords = [_check_index(ib[..., j], x.shape[b + j], "GatherND") for j in range(k)]
     out = xb[(np.arange(batch)[:, None], *coords)]
-    return [_dense(out.reshape(idx.shape[:-1] + x.shape[b + k:]))]
+    return [dense(out.reshape(idx.shape[:-1] + x.shape[b + k:]))]
 
 
 # ---- Scatter family ----------------------------------------------------------------------
@@ -187,7 +187,7 @@ def _one_hot_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     hot = idx[..., None] == np.arange(depth)
     off, on = np.asarray(values).reshape(-1)[:2]
     out = np.where(hot, on, off).astype(values.dtype)
-    return [_dense(np.moveaxis(out, -1, axis))]
+    return [dense(np.moveaxis(out, -1, axis))]
 
 
 # ---- ReverseSequence ---------------------------------------------------------------------
@@ -216,7 +216,7 @@ def _reverse_sequence_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     view = [1] * x.ndim
     view[b_axis], view[t_axis] = x.shape[b_axis], steps
     src = np.broadcast_to(src.reshape(view), x.shape)
-    return [_dense(np.take_along_axis(x, src, axis=t_axis))]
+    return [dense(np.take_along_axis(x, src, axis=t_axis))]
 
 
 register("Gather", LAYOUT, _gather_infer, _gather_ref)

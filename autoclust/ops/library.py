@@ -19,13 +19,13 @@ from autoclust.ops import (
     FLOAT_TYPES,
     INT64,
     LIBRARY,
+    Arrays,
     InferContext,
     TypeShape,
     broadcast_shapes,
     register,
 )
 
-Arrays = list[np.ndarray | None]
 F32 = np.dtype("float32")
 MATMUL_TYPES = FLOAT_TYPES + tuple(np.dtype(t) for t in ("int32", "int64", "uint32", "uint64"))
 POOL_TYPES = FLOAT_TYPES + (np.dtype("int8"), np.dtype("uint8"))

@@ -15,13 +15,13 @@ import numpy as np
 from autoclust.ops import (
     FLOAT_TYPES,
     NORMALIZATION,
+    Arrays,
     InferContext,
     TypeShape,
     normalize_axis,
     register,
 )
 
-Arrays = list[np.ndarray | None]
 F32 = np.dtype("float32")
 
 

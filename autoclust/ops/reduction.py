@@ -30,13 +30,13 @@ from autoclust.ops import (
     INT64,
     NUMERIC_TYPES,
     REDUCTION,
+    Arrays,
     InferContext,
     TypeShape,
     normalize_axis,
     register,
 )
 
-Arrays = list[np.ndarray | None]
 AXIS_TYPES = (np.dtype("int32"), np.dtype("int64"))
 
 

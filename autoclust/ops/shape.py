@@ -17,15 +17,14 @@ from autoclust.ops import (
     DATA_DEPENDENT,
     INT64,
     SHAPE,
+    Arrays,
+    Attrs,
     InferContext,
     TypeShape,
     dim_product,
     normalize_axis,
     register,
 )
-
-Arrays = list[np.ndarray | None]
-Attrs = dict[str, Any]
 
 SHAPE_LIKE_OPS: frozenset[str] = frozenset({
     "Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Add",
