@@ -136,9 +136,8 @@ class ClusterRunner:
         if self.dumper is not None:
             self.dumper.write_failure(self.name, reason)
         self.fallback = ort_backend.Segment(export_model(self.graph), self.ort_options,
-                                            name=self.name)
-        self.fallback.input_names = self.input_names  # feed order stays the cluster's
-        self.fallback.output_names = self.output_names
+                                            name=self.name, input_names=self.input_names,
+                                            output_names=self.output_names)
 
     def _check_numerics(self, outs: list[np.ndarray]) -> None:
         for name, x in zip(self.output_names, outs):
@@ -156,14 +155,12 @@ class SegmentRunner:
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
         self.segment = ort_backend.Segment(export_model(graph), ort_options, providers,
-                                           provider_options, name=step.name)
-        # onnxruntime may order inputs differently from our extraction: feed by its order.
-        self._feed_order = [self.input_names.index(n) for n in self.segment.input_names]
-        self._out_order = [self.segment.output_names.index(n) for n in self.output_names]
+                                           provider_options, name=step.name,
+                                           input_names=self.input_names,
+                                           output_names=self.output_names)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        outs = self.segment.run([inputs[i] for i in self._feed_order])
-        return [outs[i] for i in self._out_order]
+        return self.segment.run(inputs)
 
 
 class Runtime:

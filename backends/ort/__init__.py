@@ -64,11 +64,13 @@ class Segment:
     """An onnxruntime session over a sub-model, run by name lists."""
 
     def __init__(self, model: onnx.ModelProto, options: ort.SessionOptions | None,
-                 providers: Any = None, provider_options: Any = None, name: str = "segment"):
+                 providers: Any = None, provider_options: Any = None, name: str = "segment",
+                 input_names: list[str] | None = None, output_names: list[str] | None = None):
         self.name = name
         self.session = create_session(model, options, providers, provider_options)
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_names = [o.name for o in self.session.get_outputs()]
+        # Feeds and fetches go by name, so any order the caller keeps works.
+        self.input_names = input_names or [i.name for i in self.session.get_inputs()]
+        self.output_names = output_names or [o.name for o in self.session.get_outputs()]
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run with inputs in input_names order; outputs in output_names order."""
