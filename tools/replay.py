@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -32,13 +31,9 @@ def resolve(path: str) -> tuple[str, str | None]:
 
 
 def _timed(fn: Any, repeat: int) -> tuple[Any, float]:
-    out = fn()
-    times = []
-    for _ in range(max(repeat, 1)):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return out, float(np.median(times))
+    """fn()'s result (a warm-up run) and its median time in ms over `repeat` more runs."""
+    from autoclust.tools.run import median_ms
+    return fn(), median_ms(fn, repeat)
 
 
 def compare(name: str, got: np.ndarray, want: np.ndarray) -> tuple[float, float]:

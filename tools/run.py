@@ -95,7 +95,8 @@ def _session_kwargs(flags_text: str | None) -> dict[str, Any]:
     return flags.parse_string(flags_text)
 
 
-def _median_ms(fn: Any, repeat: int) -> float:
+def median_ms(fn: Any, repeat: int) -> float:
+    """Median wall time of fn() in ms over `repeat` runs."""
     times = []
     for _ in range(max(repeat, 1)):
         t0 = time.perf_counter()
@@ -119,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     outs = sess.run(None, feeds)
     t_first = (time.perf_counter() - t0) * 1e3
-    t_run = _median_ms(lambda: sess.run(None, feeds), args.repeat)
+    t_run = median_ms(lambda: sess.run(None, feeds), args.repeat)
     print(f"model: {args.model}")
     for name, x in feeds.items():
         print(f"  input  {name}: {x.dtype}{list(x.shape)}")
@@ -143,7 +144,7 @@ def _compare_ort(path: str, feeds: dict, outs: list, t_run: float, repeat: int,
     from autoclust.backends import ort as ort_backend
     ref_sess = ort_backend.create_session(path, None)
     ref = ref_sess.run(None, feeds)
-    t_ort = _median_ms(lambda: ref_sess.run(None, feeds), repeat)
+    t_ort = median_ms(lambda: ref_sess.run(None, feeds), repeat)
     worst = 0.0
     for meta, a, b in zip(sess.get_outputs(), outs, ref):
         a, b = np.asarray(a), np.asarray(b)
