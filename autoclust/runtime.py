@@ -37,6 +37,7 @@ class ClusterRunner:
         self.name = cluster.name
         self.graph = graph
         self.flags = flags
+        self.check_numerics = flags.check_numerics  # read on every run
         self.backend = backend
         self.ort_options = ort_options
         self.dumper = dumper
@@ -70,7 +71,7 @@ class ClusterRunner:
                 return self.fallback.run(inputs)
         self.runs += 1
         outs = exe.run(inputs)
-        if self.flags.check_numerics:
+        if self.check_numerics:
             self._check_numerics(outs)
         return outs
 
