@@ -53,22 +53,13 @@ ZERO_WEIGHT_OPS = frozenset({"Identity", "Constant", "Dropout"})
 # Ops whose output is a view of their input in onnxruntime: no tensor write to save.
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"})
 SHAPE_SOURCE_OPS = frozenset({"Shape", "Size"})
-# Used when autoclust.ops.shape does not export SHAPE_LIKE_OPS (kept in sync by hand).
-_SHAPE_LIKE_FALLBACK = frozenset({
-    "Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Add", "Sub",
-    "Mul", "Div", "Equal", "Where", "ConstantOfShape", "Range", "Reshape", "Identity",
-    "ReduceProd", "Max", "Min", "Neg", "Abs", "Expand", "Tile", "Mod", "Floor", "Ceil",
-})
 # How many recent fallback segments an unclustered node tries to join (bounds the work).
 _SEGMENT_TRIES = 4
 
 
 def shape_like_ops() -> frozenset[str]:
     """Ops that are shape computations when all their inputs are shape-static."""
-    try:
-        from autoclust.ops.shape import SHAPE_LIKE_OPS
-    except ImportError:
-        return _SHAPE_LIKE_FALLBACK
+    from autoclust.ops.shape import SHAPE_LIKE_OPS
     return frozenset(SHAPE_LIKE_OPS)
 
 
@@ -605,11 +596,8 @@ def _build_plan(an: _Analysis, kept: list[list[int]], reasons: dict[int, str],
 
 # ---- the pass ---------------------------------------------------------------------------
 
-def _backend_why_not(flags: Flags) -> WhyNot | None:
-    try:
-        from autoclust.registry import get_backend
-    except ImportError:  # no registry yet: every op in the table counts as compilable
-        return None
+def _backend_why_not(flags: Flags) -> WhyNot:
+    from autoclust.registry import get_backend
     return get_backend(flags.device).why_not
 
 

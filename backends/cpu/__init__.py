@@ -15,7 +15,7 @@ import dataclasses
 import os
 
 import numpy as np
-from autoclust.backends.cpu import cache, codegen, jit
+from autoclust.backends.cpu import cache, codegen, jit, library
 from autoclust.backends.cpu.executable import Executable
 
 from autoclust import fusion, ops
@@ -23,11 +23,6 @@ from autoclust import kernel_ir as kir
 from autoclust.flags import Flags
 from autoclust.fusion_rows import SUPPORTED_DTYPES, why_not_lower
 from autoclust.ir import Graph, Node
-
-try:
-    from autoclust.backends.cpu import library
-except ImportError:  # written by another engineer; library ops are refused meanwhile
-    library = None
 
 NAME = "cpu"
 # Kernels with at least this many loop iterations are split over `--threads` threads
@@ -59,8 +54,6 @@ def why_not(node: Node, graph: Graph) -> str | None:
         if v is not None and (v.dtype is None or v.dtype.name not in SUPPORTED_DTYPES):
             return f"{node.op} ({node.name}): dtype {v.dtype} of {v.name} is not supported"
     if d.kind == ops.LIBRARY:
-        if library is None:
-            return f"{node.op}: library calls need backends/cpu/library.py (not present)"
         types = [None if v is None else (v.dtype, v.shape) for v in node.inputs]
         return library.supported(node.op, node.attrs, types)
     if d.kind in REFERENCE_KINDS and not d.data_dependent:

@@ -193,7 +193,7 @@ class Executable:
                 run = splitter(threads).run
                 return lambda: run(fn, bufs, bounds)
             return lambda: fn(bufs, 0, n0)
-        if isinstance(t, kir.LibraryCall) and self._library is not None:
+        if isinstance(t, kir.LibraryCall):
             return self._library_step(t, threads, self._constants)
         if t.op == "Concat" and getattr(t, "domain", "") in ("", "ai.onnx"):
             return self._concat_step(t)

@@ -1,7 +1,7 @@
 """Kernel IR primitives -> LLVM instructions: a table from primitive name to emitter.
 
-Transcendentals go to mathlib (branch-free, vectorizable) when it is present, else to
-LLVM intrinsics or libm. Integer division and remainder never trap: a zero divisor
+exp, log, tanh, sigmoid and erf go to mathlib (branch-free, vectorizable); the rarer
+transcendentals to LLVM intrinsics or libm. Integer division and remainder never trap: a zero divisor
 is replaced by 1 (the result is then unspecified, as in onnxruntime).
 """
 
@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import ctypes.util
 
+from autoclust.backends.cpu import mathlib
 from llvmlite import binding as llvm
 from llvmlite import ir
-
-try:
-    from autoclust.backends.cpu import mathlib
-except ImportError:  # written by another engineer; intrinsics/libm meanwhile
-    mathlib = None
 
 MATHLIB_OPS = ("exp", "log", "tanh", "sigmoid", "erf")
 INTRINSIC_UNARY = {"sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
                    "round": "llvm.roundeven", "sin": "llvm.sin", "cos": "llvm.cos",
-                   "exp": "llvm.exp", "log": "llvm.log", "abs": "llvm.fabs", "tan": "llvm.tan"}
-LIBM_UNARY = ("asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf",
-              "tanh")
+                   "abs": "llvm.fabs", "tan": "llvm.tan"}
+LIBM_UNARY = ("asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh")
 FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
@@ -120,12 +115,8 @@ class MathOps:
             one, zero = ir.Constant(x.type, 1.0), ir.Constant(x.type, 0.0)
             neg = b.select(b.fcmp_ordered("<", x, zero), ir.Constant(x.type, -1.0), x)
             return b.select(b.fcmp_ordered(">", x, zero), one, neg)
-        if name in MATHLIB_OPS and mathlib is not None and hasattr(mathlib, "call"):
+        if name in MATHLIB_OPS:
             return mathlib.call(b, name, [x])
-        if name == "sigmoid":
-            one = ir.Constant(x.type, 1.0)
-            e = self.intrinsic(b, "llvm.exp", [b.fneg(x)])
-            return b.fdiv(one, b.fadd(one, e))
         if name in INTRINSIC_UNARY:
             return self.intrinsic(b, INTRINSIC_UNARY[name], [x])
         if name in LIBM_UNARY:
