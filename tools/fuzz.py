@@ -15,6 +15,7 @@ mismatched, crashed or raised.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -63,9 +64,12 @@ class Summary:
     invalid: int = 0
     compile_fallbacks: int = 0
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    causes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def record(self, outcome: Outcome) -> None:
         self.graphs += 1
+        if outcome.failed or outcome.kind == fuzz_check.FALLBACK:
+            self.causes[outcome.signature()] += 1
         if outcome.kind == fuzz_check.MISMATCH:
             self.mismatches += 1
         elif outcome.kind == CRASH:
@@ -85,6 +89,10 @@ class Summary:
         return (f"graphs {self.graphs}, mismatches {self.mismatches}, crashes {self.crashes}, "
                 f"errors {self.errors}, invalid {self.invalid}, "
                 f"compile fallbacks {self.compile_fallbacks}")
+
+    def cause_lines(self) -> list[str]:
+        """One line per failure signature, most frequent first."""
+        return [f"{n:6d}  {sig}" for sig, n in self.causes.most_common()]
 
 
 # ---- isolation: a worker subprocess ---------------------------------------------------------
@@ -216,30 +224,35 @@ def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker
         return info
     model, feeds = shrink_failure(case, variants, outcome, checker)
     folder = os.path.join(out_dir, f"case_{seed}_{index}_{outcome.kind}")
+    info["shrunk_ops"] = fuzz_check.ops_of(model)
     info["bundle"] = fuzz_shrink.write_bundle(folder, model, feeds, info)
-    log(f"  shrunk {info['original_nodes']} -> {len(model.graph.node)} nodes: {folder}")
+    log(f"  shrunk {info['original_nodes']} -> {len(model.graph.node)} nodes "
+        f"({' '.join(info['shrunk_ops'])}): {folder}")
     return info
 
 
 def run(seed: int, cases: int | None = None, seconds: float | None = None,
         device: str | None = None, out_dir: str | None = None,
         checker: Checker | None = None, max_reports: int = 10,
-        log: Callable[[str], None] = lambda s: None) -> Summary:
-    """Fuzz until `cases` graphs or `seconds` pass; in-process unless `checker` isolates."""
+        log: Callable[[str], None] = lambda s: None,
+        features: frozenset = fuzz_gen.ALL, per_cause: int = 2) -> Summary:
+    """Fuzz until `cases` graphs or `seconds` pass; in-process unless `checker` isolates.
+    Only the first `per_cause` failures of each signature are shrunk and reported."""
     device = device or default_device()
     check = checker or fuzz_check.check
     summary = Summary()
     deadline = None if seconds is None else time.monotonic() + seconds
     index = 0
     while (cases is None or index < cases) and (deadline is None or time.monotonic() < deadline):
-        case = fuzz_gen.case_for(seed, index)
+        case = fuzz_gen.case_for(seed, index, features)
         variants = variants_for_case(case, device)
         outcome = check(case.model, case.feeds, variants)
         summary.record(outcome)
         if outcome.kind == fuzz_check.FALLBACK:
             log(f"case {seed}/{index}: compile fallback in {outcome.where}: "
                 f"{outcome.message.splitlines()[0]}")
-        if outcome.failed and len(summary.failures) < max_reports:
+        if (outcome.failed and len(summary.failures) < max_reports
+                and summary.causes[outcome.signature()] <= per_cause):
             summary.failures.append(_report(case, variants, outcome, check, out_dir, device,
                                             log))
         index += 1
@@ -256,6 +269,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="write shrunk repro bundles here")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     p.add_argument("--max-reports", type=int, default=10, help="failures shrunk and reported")
+    p.add_argument("--per-cause", type=int, default=2, help="failures reported per signature")
+    p.add_argument("--features", default="all", help="a preset (all, classic, values, empty, "
+                   "index, int, round) or comma-separated generator groups and switches")
     p.add_argument("--in-process", action="store_true", help="no worker (faster, not isolated)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -275,12 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or default_device()
     print(f"autoclust fuzz: seed {args.seed}, device {device}", flush=True)
     try:
+        features = fuzz_gen.features_from(args.features)
         summary = run(args.seed, args.cases, args.seconds, device, args.out, worker,
-                      args.max_reports, log=lambda s: print(s, flush=True))
+                      args.max_reports, log=lambda s: print(s, flush=True),
+                      features=features, per_cause=args.per_cause)
     finally:
         if worker is not None:
             worker.close()
     print(summary.line())
+    print("\n".join(summary.cause_lines()))
     return 1 if summary.failed else 0
 
 

@@ -2,15 +2,31 @@
 
 `check(model, feeds, variants)` runs onnxruntime with graph optimizations off (the
 expected outputs), the whole graph through our NumPy references (interpreter), and an
-autoclust session per flag variant; every result must match onnxruntime within
-rtol 1e-4 / atol 1e-5 (float32), with the same dtype and shape. Variants after the first
-are metamorphic: forcing clusters to fall back (clustering fuel, exclude lists) must not
-change outputs.
+autoclust session per flag variant. Variants after the first are metamorphic: forcing
+clusters to fall back (clustering fuel, exclude lists) must not change outputs.
+
+Every result must have onnxruntime's dtype and shape, NaN where it has NaN, the same
+infinities, and values within a per-element tolerance:
+    |got - want| <= rtol * |want| + SENSITIVITY * spread + atol
+  - rtol: 1e-4 for float32, 8 float16 ulps of `want` for float16, 1e-9 for float64;
+  - atol: the smallest normal number of the dtype (a denormal result may flush to 0, but
+    Softplus(-20) = 2.06e-9 must not come back as 0);
+  - spread: how far onnxruntime's own output moves when every float input moves by one ulp
+    (max over two jittered runs, fuzz_values.jitter). Outputs that cancellation, huge
+    magnitudes or a discontinuity make sensitive to rounding get a matching tolerance;
+    well-conditioned ones are held to rtol. Integer and bool outputs must be equal where
+    the spread is 0 (a Floor or ArgMax whose input sits on a rounding edge may differ).
+When onnxruntime raises at run time for these feeds (an integer division by zero, an
+index out of range), the interpreter must raise too, and every autoclust session must
+raise an autoclust error (autoclust.errors, or onnxruntime's own from a fallback
+segment) that names an op or node of the model: returning values is a mismatch.
+onnxruntime failing to load the model means the generator built an invalid graph.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import traceback
 import warnings
 from typing import Any
@@ -18,9 +34,12 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from autoclust.tools import fuzz_truth, fuzz_values
 
-RTOL = 1e-4
-ATOL = 1e-5
+RTOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-9}
+F16_ULPS = 8
+SENSITIVITY = 8.0
+JITTER_RUNS = 2
 
 OK, MISMATCH, ERROR, CRASH, INVALID = "ok", "mismatch", "error", "crash", "invalid"
 # Outputs were right, but a cluster's compile failed and it fell back to onnxruntime: a
@@ -36,25 +55,39 @@ class Outcome:
     where: str = ""       # "interpreter", or the flags of the failing autoclust variant
     message: str = ""
     flags: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cause: str = ""       # what went wrong: values/NaN/shape/dtype, or exception and site
+    op: str = ""          # the op that produced the mismatching output
 
     @property
     def failed(self) -> bool:
         return self.kind in (MISMATCH, ERROR, CRASH)
 
     def same_failure(self, other: Outcome) -> bool:
-        """True when `other` reproduces this failure (kind and place), for the shrinker."""
-        return other.kind == self.kind and other.where == self.where
+        """True when `other` reproduces this failure (kind, place, cause), for the shrinker."""
+        return (other.kind, other.where, other.cause) == (self.kind, self.where, self.cause)
+
+    def signature(self) -> str:
+        """kind, interpreter or autoclust, op and cause: failures that likely share a bug."""
+        side = "interpreter" if self.where == "interpreter" else self.where.split(" ")[0]
+        what = " ".join(x for x in (self.op, self.cause) if x)
+        return f"{self.kind} in {side}: {what}" if what else f"{self.kind} in {side}"
+
+
+# ---- running the sides ----------------------------------------------------------------------
+
+def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """An onnxruntime session with every graph optimization off, one thread, quiet."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4  # run-time failures are expected; they are reported here
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """onnxruntime with every graph optimization off: the reference outputs."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    return ort_session(model).run(None, feeds)
 
 
 def run_interpreter(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -79,63 +112,190 @@ def run_autoclust(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     return outs, failed
 
 
-def compare(got: list[np.ndarray], want: list[np.ndarray]) -> str:
-    """'' when outputs match (dtype, shape, values within tolerance), else what differs."""
+def spread_of(sess: ort.InferenceSession, feeds: dict[str, np.ndarray],
+              expected: list[np.ndarray]) -> list[np.ndarray | None]:
+    """Per output, how far onnxruntime's result moves under one-ulp input jitter."""
+    rng = np.random.default_rng(0)
+    spread: list[np.ndarray | None] = [np.zeros(w.shape) for w in expected]
+    if not any(v.dtype.kind == "f" and v.size for v in feeds.values()):
+        return spread
+    for _ in range(JITTER_RUNS):
+        moved = {k: fuzz_values.jitter(rng, v) for k, v in feeds.items()}
+        try:
+            outs = sess.run(None, moved)
+        except Exception:  # noqa: BLE001 - e.g. a jittered value that is now a bad index
+            outs = []  # no sample from this run
+        for i, (w, j) in enumerate(zip(expected, outs)):
+            if spread[i] is None or j.shape != w.shape or j.dtype != w.dtype:
+                spread[i] = None
+                continue
+            spread[i] = np.maximum(spread[i], _distance(j, w))
+    return spread
+
+
+def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| in float64, elementwise: 0 for equal values (inf == inf, NaN == NaN), inf
+    where one is NaN and the other not or the infinities differ."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a64 - b64)
+    same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+    d = np.where(same, 0.0, d)
+    return np.where(np.isnan(d), np.inf, d)
+
+
+# ---- comparing ------------------------------------------------------------------------------
+
+def tolerance(want: np.ndarray, spread: np.ndarray | None) -> np.ndarray:
+    """The per-element tolerance for `want` (see the module docstring)."""
+    extra = 0.0 if spread is None else SENSITIVITY * spread
+    if want.dtype.kind != "f":
+        return np.zeros(want.shape) + extra
+    w64 = np.abs(want.astype(np.float64))
+    if want.dtype == np.float16:
+        rel = F16_ULPS * np.nan_to_num(fuzz_values.ulp(want), posinf=0.0)
+    else:
+        rel = RTOL.get(want.dtype, 1e-4) * np.nan_to_num(w64, posinf=0.0)
+    return rel + extra + float(np.finfo(want.dtype).tiny)
+
+
+def compare(got: list[np.ndarray], want: list[np.ndarray],
+            spread: list[np.ndarray | None] | None = None, names: list[str] | None = None,
+            arbiter: fuzz_truth.Arbiter | None = None) -> str:
+    """'' when outputs match (dtype, shape, NaN/inf, values within tolerance), else what
+    differs; names[i] says which node produced output i. The arbiter excuses elements the
+    ONNX reference or a float64 run supports (tools/fuzz_truth.py)."""
     if len(got) != len(want):
         return f"{len(got)} outputs, expected {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
         g = np.asarray(g)
+        label = f"output {i}" + (f" ({names[i]})" if names else "")
         if g.dtype != w.dtype:
-            return f"output {i}: dtype {g.dtype}, expected {w.dtype}"
+            return f"{label}: dtype {g.dtype}, expected {w.dtype}"
         if g.shape != w.shape:
-            return f"output {i}: shape {g.shape}, expected {w.shape}"
+            return f"{label}: shape {g.shape}, expected {w.shape}"
+        tol = tolerance(w, spread[i] if spread else None)
         if w.dtype.kind in "fc":
-            close = np.isclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True)
-        else:
-            close = g == w
-        if not close.all():
-            bad = np.argwhere(~close)
-            at = tuple(int(j) for j in bad[0])
-            diff = np.max(np.abs(g.astype(float) - w.astype(float))[~close]) \
-                if w.dtype.kind in "fiub" else float("nan")
-            return (f"output {i}: {len(bad)} of {w.size} elements differ; first at {at}: "
-                    f"got {g[at]!r}, expected {w[at]!r}; max abs diff {diff:.3g}")
+            bad = ~(_distance(g, w) <= tol)
+        else:  # exact unless the spread allows, and no float64 rounding of int64
+            bad = (g != w) & ~((tol > 0) & (_distance(g, w) <= tol))
+        if bad.any() and arbiter is not None:
+            spread_i = spread[i] if spread else None
+            bad = arbiter.excuse(i, g, w, bad, lambda x, s=spread_i: tolerance(x, s), _distance)
+        if bad.any():
+            return _describe(label, g, w, tol, bad)
     return ""
 
 
-def _error(where: str, flags: dict, exc: BaseException) -> Outcome:
+def _describe(label: str, g: np.ndarray, w: np.ndarray, tol: np.ndarray,
+              bad: np.ndarray) -> str:
+    where = np.argwhere(bad)
+    at = tuple(int(j) for j in where[0])
+    nan = int((np.isnan(g) != np.isnan(w)).sum()) if w.dtype.kind == "f" else 0
+    what = f"; NaN differs at {nan}" if nan else ""
+    return (f"{label}: {len(where)} of {w.size} elements differ{what}; first at {at}: "
+            f"got {g[at]!r}, expected {w[at]!r} (tolerance {tol[at]:.3g})")
+
+
+# ---- the check ------------------------------------------------------------------------------
+
+def _producers(model: onnx.ModelProto) -> list[str]:
+    by_output = {o: n for n in model.graph.node for o in n.output}
+    names = []
+    for o in model.graph.output:
+        node = by_output.get(o.name)
+        names.append(f"{node.op_type} {o.name!r}" if node is not None else o.name)
+    return names
+
+
+def _cause(exc: BaseException) -> str:
+    """The exception type and the innermost frame: one key per raising site."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    frame = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].name}" if tb else ""
+    return f"{type(exc).__name__}{frame}"
+
+
+def _error(where: str, flags: dict, exc: BaseException, note: str = "") -> Outcome:
     tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
     last = "".join(tb[-3:])
-    return Outcome(ERROR, where, f"{type(exc).__name__}: {exc}\n{last}", flags)
+    return Outcome(ERROR, where, f"{note}{type(exc).__name__}: {exc}\n{last}", flags,
+                   ("raised where onnxruntime raised: " if note else "") + _cause(exc))
+
+
+def _names_the_model(exc: BaseException, model: onnx.ModelProto) -> bool:
+    text = str(exc)
+    names = {n.op_type for n in model.graph.node} | {n.name for n in model.graph.node if n.name}
+    return any(n in text for n in names)
+
+
+def _clear_error(exc: BaseException, model: onnx.ModelProto) -> bool:
+    """An autoclust error (or onnxruntime's, from a fallback) naming an op or node."""
+    from autoclust.errors import AutoclustError
+    ours = isinstance(exc, AutoclustError) or type(exc).__module__.startswith("onnxruntime")
+    return ours and _names_the_model(exc, model)
+
+
+def _mismatch(where: str, diff: str, flags: dict, names: list[str]) -> Outcome:
+    op = next((n.split(" ")[0] for i, n in enumerate(names) if diff.startswith(f"output {i} ")),
+              "")
+    kind = next((k for k in ("dtype", "shape", "NaN") if f" {k} " in diff or f"{k} differs"
+                 in diff), "values")
+    return Outcome(MISMATCH, where, diff, flags, kind, op)
+
+
+def _check_side(where: str, flags: dict, run: Any, expected: list[np.ndarray] | None,
+                raised: str, spread: list, names: list[str], model: onnx.ModelProto,
+                arbiter: fuzz_truth.Arbiter) -> tuple[Outcome | None, list[str]]:
+    """Run one side; (a failure or None, compile-failure reasons)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got, compile_failures = run()
+    except Exception as exc:  # noqa: BLE001 - any exception is a finding
+        if not raised:
+            return _error(where, flags, exc), []
+        if where == "interpreter" or _clear_error(exc, model):
+            return None, []
+        return _error(where, flags, exc, f"onnxruntime raised ({raised}); this is not a "
+                      "clear autoclust error naming the op: "), []
+    if raised:
+        return Outcome(MISMATCH, where, f"returned values where onnxruntime raised: {raised}",
+                       flags, "returned values where onnxruntime raised"), []
+    diff = compare(got, expected, spread, names, arbiter)
+    return (_mismatch(where, diff, flags, names) if diff else None), compile_failures
 
 
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
           variants: list[dict[str, Any]]) -> Outcome:
     """Run every oracle and variant; the first failure found, or Outcome('ok')."""
     try:
-        expected = run_ort(model, feeds)
+        sess = ort_session(model)
     except Exception as exc:  # noqa: BLE001 - an invalid graph (generator or shrink step)
         return Outcome(INVALID, "onnxruntime", f"{type(exc).__name__}: {exc}")
+    expected, raised, spread = None, "", []
     try:
-        diff = compare(run_interpreter(model, feeds), expected)
-    except Exception as exc:  # noqa: BLE001 - any exception is a finding
-        return _error("interpreter", {}, exc)
-    if diff:
-        return Outcome(MISMATCH, "interpreter", diff)
-    fallback = None
+        expected = sess.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - a run-time error both sides must agree on
+        raised = str(exc).split("Status Message:")[-1].strip()[:200] or type(exc).__name__
+    if expected is not None:
+        spread = spread_of(sess, feeds, expected)
+    names = _producers(model)
+    # autoclust first: a reference bug must not hide what the product returns.
+    sides = []
     for flags in variants:
         where = "autoclust " + " ".join(f"{k}={v}" for k, v in sorted(flags.items()))
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                got, compile_failures = run_autoclust(model, feeds, flags)
-        except Exception as exc:  # noqa: BLE001 - any exception is a finding
-            return _error(where, flags, exc)
-        diff = compare(got, expected)
-        if diff:
-            return Outcome(MISMATCH, where, diff, flags)
+        sides.append((where, flags, lambda f=flags: run_autoclust(model, feeds, f)))
+    sides.append(("interpreter", {}, lambda: (run_interpreter(model, feeds), [])))
+    fallback = None
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    for where, flags, run in sides:
+        failure, compile_failures = _check_side(where, flags, run, expected, raised, spread,
+                                                names, model, arbiter)
+        if failure is not None:
+            return failure
         if compile_failures and fallback is None:
-            fallback = Outcome(FALLBACK, where, "\n".join(compile_failures), flags)
+            fallback = Outcome(FALLBACK, where, "\n".join(compile_failures), flags,
+                               compile_failures[0].split(": ", 1)[-1][:80])
     return fallback or Outcome(OK)
 
 
