@@ -45,9 +45,10 @@ def floats(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype,
 
 def near_integers(rng: np.random.Generator, shape: tuple[int, ...],
                   dtype: np.dtype) -> np.ndarray:
-    """k + small offsets, |k| up to 1000: one float16 op rounds these onto or off k."""
-    k = rng.integers(-1000, 1001, size=shape).astype(np.float64)
-    off = rng.choice([0.0, 1e-3, -1e-3, 2.4e-3, 0.3, -0.5, 0.5], size=shape)
+    """Integers up to 300, small offsets (0.00234), or both: one float16 op on these
+    (0.00234 - 100 = -99.99766) rounds onto or off an integer."""
+    k = rng.integers(-300, 301, size=shape) * (rng.random(shape) < 0.5)
+    off = rng.choice([0.0, 1e-3, -1e-3, 2.34e-3, 0.3, -0.5, 0.5, 0.7], size=shape)
     return (k + off).astype(dtype)
 
 
