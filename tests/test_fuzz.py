@@ -1,4 +1,4 @@
-"""The differential fuzzer: a fixed-seed budget, the shrinker, bundles and worker isolation."""
+"""The differential fuzzer: fixed-seed budgets, the shrinker, bundles and worker isolation."""
 
 import dataclasses
 import json
@@ -10,55 +10,50 @@ from autoclust.tools import fuzz, fuzz_check, fuzz_gen, fuzz_shrink
 
 from autoclust import ops
 
-# A fixed budget of 300 graphs (3 x 100) checks clustering, partitioned execution and the
-# metamorphic variants on the interpreter device; compiled code (LLVM compiles cost ~0.5 s
-# per cluster here) gets a smaller budget. In-process for speed; isolation is tested below.
-BUDGET = [("interpreter", 0, 100), ("interpreter", 1, 100), ("interpreter", 2, 100),
-          ("cpu", 3, 25)]
+CLASSIC = fuzz_gen.CLASSIC
 
 
-@pytest.mark.parametrize("device, seed, cases", BUDGET)
-def test_fixed_seed_budget_has_no_mismatch(device, seed, cases):
+def _known(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+# Fixed-seed budgets. The classic mix (float32, normal values, no zero-size dims) checks
+# clustering, partitioned execution and the metamorphic variants on the interpreter device
+# (200 graphs) and compiled code on the CPU backend (25 graphs; an LLVM compile costs
+# ~0.3 s per cluster here). One budget per family of edge cases (the presets in
+# tools/fuzz_build.py) runs on the CPU backend, and one mixes every feature on the
+# interpreter device. Budgets that find known issue-8 bugs today are strict xfails naming
+# them (minimal repros in tests/test_fuzz_repros.py): each starts to pass, and must lose
+# its mark, once those bugs are fixed. In-process for speed; isolation is tested below.
+BUDGET = [
+    pytest.param("interpreter", 0, 100, "classic", id="interpreter-classic-0"),
+    pytest.param("interpreter", 1, 100, "classic", id="interpreter-classic-1"),
+    pytest.param("cpu", 3, 25, "classic", id="cpu-classic"),
+    pytest.param("interpreter", 4, 100, "all", id="interpreter-all",
+                 marks=_known("GE (GatherElements indices smaller than data), E (Pad edge with "
+                              "an unpadded 0 dim), integer Mod by zero, new: Softmax and "
+                              "Split references on a zero-length axis")),
+    pytest.param("cpu", 5, 12, "values", id="cpu-values",
+                 marks=_known("G (LayerNormalization over a row holding 1e20)")),
+    pytest.param("cpu", 26, 20, "empty", id="cpu-empty",
+                 marks=_known("B (ReduceProd over a zero-length axis does not write 1)")),
+    pytest.param("cpu", 7, 12, "index", id="cpu-index",
+                 marks=_known("GE (GatherElements indices smaller than data)")),
+    pytest.param("cpu", 8, 12, "int", id="cpu-int",
+                 marks=_known("integer Div/Mod by zero returns values; onnxruntime raises")),
+    pytest.param("cpu", 6, 10, "round", id="cpu-round",
+                 marks=_known("K (float16 results not rounded before Cast)")),
+]
+
+
+@pytest.mark.parametrize("device, seed, cases, preset", BUDGET)
+def test_fixed_seed_budget_has_no_mismatch(device, seed, cases, preset):
     if device != "interpreter" and fuzz.default_device() != device:
         pytest.skip(f"device {device} is not available here")
-    summary = fuzz.run(seed, cases=cases, device=device)
+    summary = fuzz.run(seed, cases=cases, device=device, features=fuzz_gen.PRESETS[preset])
     assert summary.graphs == cases
     assert summary.invalid == 0, "the generator must only build valid graphs"
-    assert summary.failed == 0, summary.failures
-
-
-def test_generator_covers_the_op_mix():
-    seen = set()
-    sizes = []
-    for i in range(150):
-        case = fuzz_gen.case_for(3, i)
-        sizes.append(len(case.model.graph.node))
-        seen.update(n.op_type for n in case.model.graph.node)
-    assert min(sizes) >= 2 and max(sizes) <= 40
-    wanted = {"Add", "MatMul", "Softmax", "LayerNormalization", "ReduceSum", "ReduceMean",
-              "ReduceMax", "Transpose", "Reshape", "Slice", "Concat", "Unsqueeze", "Squeeze",
-              "Expand", "Shape", "Gather", "Where", "Cast", "Clip", "NonZero", "TopK", "Log",
-              "Sqrt", "Div"}
-    assert wanted <= seen, wanted - seen
-
-
-def test_generator_is_deterministic():
-    a, b = fuzz_gen.case_for(4, 17), fuzz_gen.case_for(4, 17)
-    assert a.model.SerializeToString() == b.model.SerializeToString()
-    assert a.feeds.keys() == b.feeds.keys()
-    for k in a.feeds:
-        np.testing.assert_array_equal(a.feeds[k], b.feeds[k])
-
-
-def test_compare_reports_dtype_shape_and_value_differences():
-    x = np.ones((2, 3), np.float32)
-    assert fuzz_check.compare([x], [x.copy()]) == ""
-    assert "dtype" in fuzz_check.compare([x.astype(np.float64)], [x])
-    assert "shape" in fuzz_check.compare([x.reshape(3, 2)], [x])
-    assert "differ" in fuzz_check.compare([x + 1e-3], [x])
-    assert fuzz_check.compare([x + 1e-6], [x]) == ""  # inside atol 1e-5
-    nan = np.array([np.nan, np.inf], np.float32)
-    assert fuzz_check.compare([nan.copy()], [nan]) == ""
+    assert summary.failed == 0, summary.cause_lines()
 
 
 def _broken_tanh(monkeypatch):
@@ -71,10 +66,13 @@ def _broken_tanh(monkeypatch):
 
 
 def _case_with(op, min_nodes=12):
+    """A classic case with an `op` whose output is a graph output (so it can shrink to it)."""
     for i in range(500):
-        case = fuzz_gen.case_for(9, i)
+        case = fuzz_gen.case_for(9, i, CLASSIC)
+        outputs = {o.name for o in case.model.graph.output}
         ops_ = [n.op_type for n in case.model.graph.node]
-        if op in ops_ and len(ops_) >= min_nodes:
+        if len(ops_) >= min_nodes and any(n.op_type == op and n.output[0] in outputs
+                                          for n in case.model.graph.node):
             return case
     raise AssertionError(f"no generated case with {op}")
 
@@ -82,11 +80,12 @@ def _case_with(op, min_nodes=12):
 def test_shrinker_reduces_injected_bug_and_writes_bundle(monkeypatch, tmp_path):
     _broken_tanh(monkeypatch)
     case = _case_with("Tanh")
-    summary = fuzz.run(9, cases=case.seed[1] + 1, device="interpreter", out_dir=str(tmp_path),
-                       max_reports=1)
+    summary = fuzz.run(9, cases=1, first=case.seed[1], device="interpreter",
+                       out_dir=str(tmp_path), max_reports=1, features=CLASSIC)
     assert summary.mismatches >= 1
     info = summary.failures[0]
-    assert info["where"] == "interpreter"
+    # A clustered Tanh fails in the autoclust session on the interpreter device first.
+    assert info["where"] == "interpreter" or info["where"].startswith("autoclust device=interp")
     folder = info["bundle"]
     model = onnx.load(f"{folder}/model.onnx")
     kinds = [n.op_type for n in model.graph.node]
@@ -104,12 +103,12 @@ def test_shrinker_reduces_injected_bug_and_writes_bundle(monkeypatch, tmp_path):
     assert meta["seed"] == 9 and meta["kind"] == "mismatch"
     assert {"onnx", "onnxruntime", "autoclust"} <= set(meta["versions"])
     # The shrunk repro still fails, and onnxruntime runs it.
-    again = fuzz_check.check(model, feeds, [])
-    assert again.kind == "mismatch" and again.where == "interpreter"
+    again = fuzz_check.check(model, feeds, [info["flags"]] if info["flags"] else [])
+    assert again.kind == "mismatch" and again.where == info["where"]
 
 
 def test_prune_drops_dead_nodes_inputs_and_initializers():
-    case = fuzz_gen.case_for(5, 3)
+    case = fuzz_gen.case_for(5, 3, CLASSIC)
     model = fuzz_shrink._copy(case.model)
     keep = model.graph.output[0]
     del model.graph.output[:]
@@ -130,7 +129,7 @@ def test_worker_checks_cases_like_in_process():
     worker = fuzz.Worker(timeout=120)
     try:
         for i in range(3):
-            case = fuzz_gen.case_for(0, i)
+            case = fuzz_gen.case_for(0, i, CLASSIC)
             variants = fuzz.variants_for_case(case, "interpreter")
             assert worker(case.model, case.feeds, variants).kind == "ok"
     finally:
@@ -140,8 +139,8 @@ def test_worker_checks_cases_like_in_process():
 def test_worker_crash_is_caught_reported_and_shrunk(monkeypatch, tmp_path):
     monkeypatch.setenv(fuzz.INJECT_ENV, "crash:Tanh")
     case = _case_with("Tanh")
-    no_tanh = next(fuzz_gen.case_for(9, i) for i in range(100)
-                   if "Tanh" not in {n.op_type for n in fuzz_gen.case_for(9, i).model.graph.node})
+    no_tanh = next(fuzz_gen.case_for(9, i, CLASSIC) for i in range(100) if "Tanh" not in
+                   {n.op_type for n in fuzz_gen.case_for(9, i, CLASSIC).model.graph.node})
     worker = fuzz.Worker(timeout=120)
     try:
         variants = fuzz.variants_for_case(case, "interpreter")
@@ -169,14 +168,23 @@ def test_worker_hang_times_out(monkeypatch):
 
 
 def test_cli_prints_summary_and_exit_status(capsys):
-    assert fuzz.main(["--cases", "3", "--seed", "0", "--device", "interpreter"]) == 0
+    assert fuzz.main(["--cases", "3", "--seed", "0", "--device", "interpreter",
+                      "--features", "classic"]) == 0
     out = capsys.readouterr().out
     assert "graphs 3, mismatches 0, crashes 0" in out
 
 
-def test_onnxruntime_empty_reduce_shape_is_why_the_generator_avoids_it():
-    # onnxruntime 1.31 keeps reduced empty axes with keepdims=0; the spec (and our ref) drop
-    # them. The generator therefore never reduces empty tensors (see fuzz_gen.emit_reduce).
-    x = np.zeros((3, 0, 3, 2), np.float32)
-    (got,) = ops.get("ReduceMean").ref([x, np.array([0, 2, 3])], {"keepdims": 0})
-    assert got.shape == (0,)
+def test_cli_counts_failures_per_cause(monkeypatch, capsys):
+    _broken_tanh(monkeypatch)
+    status = fuzz.main(["--cases", "30", "--seed", "9", "--device", "interpreter",
+                        "--features", "classic", "--in-process"])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 1
+    causes = lines[lines.index(next(x for x in lines if x.startswith("graphs "))) + 1:]
+    assert causes and all(c.split()[0].isdigit() for c in causes), causes
+    assert any("Tanh values" in c for c in causes), causes
+
+
+def test_cli_rejects_unknown_features():
+    with pytest.raises(ValueError, match="unknown fuzz feature 'bogus'"):
+        fuzz.main(["--cases", "1", "--features", "core,bogus"])

@@ -235,15 +235,17 @@ def run(seed: int, cases: int | None = None, seconds: float | None = None,
         device: str | None = None, out_dir: str | None = None,
         checker: Checker | None = None, max_reports: int = 10,
         log: Callable[[str], None] = lambda s: None,
-        features: frozenset = fuzz_gen.ALL, per_cause: int = 2) -> Summary:
-    """Fuzz until `cases` graphs or `seconds` pass; in-process unless `checker` isolates.
-    Only the first `per_cause` failures of each signature are shrunk and reported."""
+        features: frozenset = fuzz_gen.ALL, per_cause: int = 2, first: int = 0) -> Summary:
+    """Fuzz cases first, first+1, ... until `cases` graphs or `seconds` pass; in-process
+    unless `checker` isolates. The first `per_cause` failures of each signature are shrunk
+    and reported."""
     device = device or default_device()
     check = checker or fuzz_check.check
     summary = Summary()
     deadline = None if seconds is None else time.monotonic() + seconds
-    index = 0
-    while (cases is None or index < cases) and (deadline is None or time.monotonic() < deadline):
+    index = first
+    while ((cases is None or index < first + cases)
+           and (deadline is None or time.monotonic() < deadline)):
         case = fuzz_gen.case_for(seed, index, features)
         variants = variants_for_case(case, device)
         outcome = check(case.model, case.feeds, variants)

@@ -38,8 +38,8 @@ PRESETS = {
     "values": frozenset({"core", "wide", "special", "f16"}),  # 1e20, denormals, inf/NaN
     "empty": frozenset({"core", "reduce", "empty"}),          # zero-size dims
     "index": frozenset({"core", "index", "export"}),          # Gather, Pad, Split, ...
-    "int": frozenset({"core", "int", "errors"}),              # Div/Mod, raising feeds
-    "round": frozenset({"core", "round", "f16"}),             # float16 rounding
+    "int": frozenset({"int", "errors"}),                      # Div/Mod, raising feeds
+    "round": frozenset({"round", "f16"}),                     # float16 rounding
 }
 OPSETS = (13, 17, 21)
 

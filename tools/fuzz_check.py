@@ -11,8 +11,8 @@ infinities, and values within a per-element tolerance:
   - rtol: 1e-4 for float32, 8 float16 ulps of `want` for float16, 1e-9 for float64;
   - atol: the smallest normal number of the dtype (a denormal result may flush to 0, but
     Softplus(-20) = 2.06e-9 must not come back as 0);
-  - spread: how far onnxruntime's own output moves when every float input moves by one ulp
-    (max over two jittered runs, fuzz_values.jitter). Outputs that cancellation, huge
+  - spread: how far onnxruntime's own output moves when every float input and initializer
+    moves by one ulp (max over two jittered runs, fuzz_values.jitter). Outputs that cancellation, huge
     magnitudes or a discontinuity make sensitive to rounding get a matching tolerance;
     well-conditioned ones are held to rtol. Integer and bool outputs must be equal where
     the spread is 0 (a Floor or ArgMax whose input sits on a rounding edge may differ).
@@ -39,7 +39,7 @@ from autoclust.tools import fuzz_truth, fuzz_values
 RTOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-9}
 F16_ULPS = 8
 SENSITIVITY = 8.0
-JITTER_RUNS = 2
+JITTER_RUNS = 4
 
 OK, MISMATCH, ERROR, CRASH, INVALID = "ok", "mismatch", "error", "crash", "invalid"
 # Outputs were right, but a cluster's compile failed and it fell back to onnxruntime: a
@@ -112,18 +112,20 @@ def run_autoclust(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     return outs, failed
 
 
-def spread_of(sess: ort.InferenceSession, feeds: dict[str, np.ndarray],
-              expected: list[np.ndarray]) -> list[np.ndarray | None]:
-    """Per output, how far onnxruntime's result moves under one-ulp input jitter."""
+def spread_of(model: onnx.ModelProto, sess: ort.InferenceSession,
+              feeds: dict[str, np.ndarray], expected: list[np.ndarray]) -> list[np.ndarray | None]:
+    """Per output, how far onnxruntime's result moves when every float input and
+    initializer moves by one ulp (None where the jitter changed its shape)."""
     rng = np.random.default_rng(0)
     spread: list[np.ndarray | None] = [np.zeros(w.shape) for w in expected]
-    if not any(v.dtype.kind == "f" and v.size for v in feeds.values()):
-        return spread
     for _ in range(JITTER_RUNS):
         moved = {k: fuzz_values.jitter(rng, v) for k, v in feeds.items()}
+        # Constants too: in (x + 1e8) - 1e8 only the constant's ulp shows the rounding.
+        jittered = _jitter_initializers(model, rng)
         try:
-            outs = sess.run(None, moved)
-        except Exception:  # noqa: BLE001 - e.g. a jittered value that is now a bad index
+            run = sess if jittered is None else ort_session(jittered)
+            outs = run.run(None, moved)
+        except Exception:  # noqa: BLE001 - e.g. a jittered float Range that changed a shape
             outs = []  # no sample from this run
         for i, (w, j) in enumerate(zip(expected, outs)):
             if spread[i] is None or j.shape != w.shape or j.dtype != w.dtype:
@@ -131,6 +133,22 @@ def spread_of(sess: ort.InferenceSession, feeds: dict[str, np.ndarray],
                 continue
             spread[i] = np.maximum(spread[i], _distance(j, w))
     return spread
+
+
+def _jitter_initializers(model: onnx.ModelProto,
+                         rng: np.random.Generator) -> onnx.ModelProto | None:
+    """A copy with every float initializer jittered, or None when there is none."""
+    floats = [i for i, t in enumerate(model.graph.initializer) if t.data_type in
+              (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)]
+    if not floats:
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for i in floats:
+        t = out.graph.initializer[i]
+        moved = fuzz_values.jitter(rng, onnx.numpy_helper.to_array(t))
+        t.CopyFrom(onnx.numpy_helper.from_array(moved, t.name))
+    return out
 
 
 def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -278,7 +296,7 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     except Exception as exc:  # noqa: BLE001 - a run-time error both sides must agree on
         raised = str(exc).split("Status Message:")[-1].strip()[:200] or type(exc).__name__
     if expected is not None:
-        spread = spread_of(sess, feeds, expected)
+        spread = spread_of(model, sess, feeds, expected)
     names = _producers(model)
     # autoclust first: a reference bug must not hide what the product returns.
     sides = []

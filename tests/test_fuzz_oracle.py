@@ -1,0 +1,195 @@
+"""The fuzz oracle: tolerances per dtype, the jitter spread, the arbiters, raising feeds."""
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+from autoclust.tools import fuzz_check, fuzz_truth, fuzz_values
+
+from autoclust.errors import AutoclustError, ShapeInferenceError
+
+F32, F16 = np.float32, np.float16
+
+
+def _model(text: str, opset: int = 18) -> onnx.ModelProto:
+    return onnx.parser.parse_model(f'<ir_version: 10, opset_import: ["" : {opset}]>\n{text}')
+
+
+# ---- compare ------------------------------------------------------------------------------
+
+ONES = np.ones((2, 3), F32)
+COMPARE = [
+    # (got, want, spread, expected substring of the verdict; "" means they match)
+    (ONES, ONES.copy(), None, ""),
+    (ONES.astype(np.float64), ONES, None, "dtype float64, expected float32"),
+    (ONES.reshape(3, 2), ONES, None, "shape (3, 2), expected (2, 3)"),
+    (ONES + 1e-3, ONES, None, "6 of 6 elements differ"),
+    (ONES + 1e-6, ONES, None, ""),                             # within rtol 1e-4
+    (np.array([np.nan, 1], F32), np.array([0, 1], F32), None, "NaN differs at 1"),
+    (np.array([np.nan, np.inf], F32), np.array([np.nan, np.inf], F32), None, ""),
+    (np.array([3e38], F32), np.array([np.inf], F32), None, "differ"),
+    (np.array([-np.inf], F32), np.array([np.inf], F32), None, "differ"),
+    # Softplus(-20) = 2.06e-9 must not come back as 0 (issue 8, I): no absolute slack.
+    (np.array([0.0], F32), np.array([2.0611537e-09], F32), None, "differ"),
+    # A denormal result may flush to zero.
+    (np.array([0.0], F32), np.array([1e-40], F32), None, ""),
+    # float16: 8 ulps of slack, not 9 (one ulp at 1.0 is 2**-10).
+    (np.array([1 + 8 * 2**-10], F16), np.array([1.0], F16), None, ""),
+    (np.array([1 + 9 * 2**-10], F16), np.array([1.0], F16), None, "differ"),
+    # Integers are exact, unless the element is sensitive to rounding (spread > 0).
+    (np.array([-99, 7], np.int32), np.array([-100, 7], np.int32), None, "differ"),
+    (np.array([-99, 7], np.int32), np.array([-100, 7], np.int32), np.array([1.0, 0]), ""),
+    (np.array([-99, 6], np.int32), np.array([-100, 7], np.int32), np.array([1.0, 0]),
+     "first at (1,)"),
+    # A cancellation-sensitive element (spread 1e-3) tolerates a rounding difference.
+    (np.array([1e-3], F32), np.array([0.0], F32), np.array([2e-4]), ""),
+]
+
+
+@pytest.mark.parametrize("got, want, spread, verdict", COMPARE)
+def test_compare(got, want, spread, verdict):
+    diff = fuzz_check.compare([got], [want], None if spread is None else [spread])
+    if verdict:
+        assert verdict in diff, diff
+    else:
+        assert diff == "", diff
+
+
+def test_compare_names_the_producing_op():
+    diff = fuzz_check.compare([ONES], [ONES + 1], None, ["Tanh 'tanh_3'"])
+    assert diff.startswith("output 0 (Tanh 'tanh_3'): 6 of 6 elements differ")
+
+
+# ---- jitter and spread --------------------------------------------------------------------
+
+def test_jitter_moves_finite_nonzero_floats_by_one_ulp():
+    x = np.array([1.0, -2.5, 0.0, np.inf, np.nan, 1e-45, -1e-45, 3e38], F32)
+    y = fuzz_values.jitter(np.random.default_rng(0), x)
+    for a, b in zip(x[:2], y[:2]):
+        assert b in (np.nextafter(a, F32(np.inf)), np.nextafter(a, F32(-np.inf)))
+    assert y[2] == 0 and np.isinf(y[3]) and np.isnan(y[4])
+    assert y[5] > 0 and y[6] < 0  # a denormal never jitters onto 0 or across it
+    ints = np.array([1, 2], np.int64)
+    assert fuzz_values.jitter(np.random.default_rng(0), ints) is ints
+
+
+def test_spread_allows_fma_contraction_but_not_more():
+    # y = a*b + c with c = -(a*b): onnxruntime rounds a*b first and returns exactly 0; a
+    # fused multiply-add (legal: LLVM's contract) returns a*b's rounding error instead.
+    model = _model("g (float[64] a, float[64] b, float[64] c) => (float[64] y, float[64] z) "
+                   "<float two = {2}> { p = Mul (a, b) y = Add (p, c) z = Mul (a, two) }")
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(64).astype(F32) for _ in range(2))
+    feeds = {"a": a, "b": b, "c": -(a * b)}
+    sess = fuzz_check.ort_session(model)
+    want = sess.run(None, feeds)
+    spread = fuzz_check.spread_of(model, sess, feeds, want)
+    fma = (a.astype(np.float64) * b - a * b).astype(F32)
+    assert not want[0].any() and fma.all()
+    assert "64 of 64 elements differ" in fuzz_check.compare([fma], [want[0]])
+    assert fuzz_check.compare([fma], [want[0]], [spread[0]]) == ""
+    # z = 2a is well conditioned: its spread is a few ulps, far below a real error.
+    assert (spread[1] <= 4 * np.spacing(np.abs(want[1]))).all()
+    assert "differ" in fuzz_check.compare([want[1] * F32(1.001)], [want[1]], [spread[1]])
+
+
+# ---- arbiters -----------------------------------------------------------------------------
+
+def test_float64_arbiter_excuses_a_more_accurate_sigmoid():
+    # onnxruntime's Sigmoid(-20) is 0; the exact value is 2.06e-9.
+    model = _model("g (float[2] x) => (float[2] y) { y = Sigmoid (x) }")
+    feeds = {"x": np.array([-20, 1], F32)}
+    (want,) = fuzz_check.run_ort(model, feeds)
+    exact = (1 / (1 + np.exp(-feeds["x"].astype(np.float64)))).astype(F32)
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    assert "differ" in fuzz_check.compare([exact], [want])
+    assert fuzz_check.compare([exact], [want], arbiter=arbiter) == ""
+    wrong = np.array([5e-9, exact[1]], F32)  # farther from the truth than onnxruntime
+    assert "differ" in fuzz_check.compare([wrong], [want], arbiter=arbiter)
+
+
+def test_reference_arbiter_accepts_per_op_float16_rounding():
+    # onnxruntime runs float16 Add+Log in float32 without rounding between them; the spec
+    # and the ONNX reference round Add's result: log(1.0) = 0 for x = 2.166e-4.
+    model = _model("g (float16[2] x, float16 c) => (float16[2] y) { a = Add (x, c) "
+                   "y = Log (a) }")
+    feeds = {"x": np.array([2.166e-4, 0.5], F16), "c": np.array(1, F16)}
+    (want,) = fuzz_check.run_ort(model, feeds)
+    rounded = np.log(feeds["x"] + feeds["c"]).astype(F16)
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    assert "differ" in fuzz_check.compare([rounded], [want])
+    assert fuzz_check.compare([rounded], [want], arbiter=arbiter) == ""
+
+
+def test_no_float64_arbiter_behind_rounding_sensitive_ops():
+    model = _model("g (float[2] x) => (float[2] y, float[2] z) { y = Sigmoid (x) "
+                   "z = Floor (y) }")
+    assert fuzz_truth.continuous_outputs(model) == [True, False]
+    half = _model("g (float16[2] x) => (float16[2] y) { y = Sigmoid (x) }")
+    assert fuzz_truth.continuous_outputs(half) == [False]
+    wide = fuzz_truth.to_float64(model)
+    assert {v.type.tensor_type.elem_type for v in wide.graph.input} == {onnx.TensorProto.DOUBLE}
+
+
+# ---- check(): raising feeds, invalid graphs, signatures ------------------------------------
+
+DIV = _model("g (int32[3] a, int32[3] b) => (int32[3] y) { y = Div (a, b) }")
+DIV_BY_ZERO = {"a": np.array([7, -7, 5], np.int32), "b": np.array([2, 2, 0], np.int32)}
+AUTOCLUST = [{"device": "interpreter", "min_cluster_size": 1}]
+
+
+def _sides(monkeypatch, autoclust, interpreter=None):
+    def run_autoclust(model, feeds, flags):
+        if isinstance(autoclust, Exception):
+            raise autoclust
+        return autoclust, []
+
+    def run_interpreter(model, feeds):
+        raise interpreter or ZeroDivisionError("integer division by zero")
+
+    monkeypatch.setattr(fuzz_check, "run_autoclust", run_autoclust)
+    monkeypatch.setattr(fuzz_check, "run_interpreter", run_interpreter)
+
+
+RAISING = [
+    # what autoclust does when onnxruntime raises -> (kind, cause)
+    (AutoclustError("node 'n0' (Div): integer division by zero"), ("ok", "")),
+    ([np.array([3, -3, 5], np.int32)], ("mismatch", "returned values where onnxruntime raised")),
+    (ZeroDivisionError("integer division by zero"),
+     ("error", "raised where onnxruntime raised: ZeroDivisionError")),
+    (ShapeInferenceError("something went wrong"), ("error", "raised where onnxruntime raised")),
+]
+
+
+@pytest.mark.parametrize("autoclust, verdict", RAISING)
+def test_raising_feeds_need_a_clear_autoclust_error(monkeypatch, autoclust, verdict):
+    _sides(monkeypatch, autoclust)
+    outcome = fuzz_check.check(DIV, DIV_BY_ZERO, AUTOCLUST)
+    assert outcome.kind == verdict[0], outcome
+    assert outcome.cause.startswith(verdict[1]), outcome
+
+
+def test_an_error_on_valid_feeds_is_an_error(monkeypatch):
+    _sides(monkeypatch, AutoclustError("node 'n0' (Div): integer division by zero"))
+    feeds = {"a": DIV_BY_ZERO["a"], "b": np.array([2, 2, 1], np.int32)}
+    outcome = fuzz_check.check(DIV, feeds, AUTOCLUST)
+    assert outcome.kind == "error" and outcome.cause == "AutoclustError at test_fuzz_oracle.py:" \
+        "run_autoclust", outcome
+
+
+def test_unloadable_graph_is_invalid_not_agreement():
+    bad = _model("g (float[2] x) => (float[2] y) { y = NoSuchOp (x) }")
+    assert fuzz_check.check(bad, {"x": np.ones(2, F32)}, AUTOCLUST).kind == "invalid"
+
+
+def test_real_mismatch_signature_and_shrink_identity():
+    tanh = _model("g (float[3] x) => (float[3] y) { y = Tanh (x) }")
+    outcome = fuzz_check._mismatch("autoclust device=cpu", "output 0 (Tanh 'y'): 1 of 3 "
+                                   "elements differ; NaN differs at 1", {}, ["Tanh 'y'"])
+    assert outcome.signature() == "mismatch in autoclust: Tanh NaN"
+    other_op = fuzz_check.Outcome("mismatch", "autoclust device=cpu", "", {}, "NaN", "Relu")
+    assert outcome.same_failure(other_op)  # the shrinker may remove the op, not the cause
+    assert not outcome.same_failure(dataclasses.replace(other_op, cause="values"))
+    assert fuzz_check.check(tanh, {"x": np.ones(3, F32)}, []).kind == "ok"
