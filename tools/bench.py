@@ -3,6 +3,8 @@
     autoclust bench                       # every case, writes bench_out/bench.{json,md,png}
     autoclust bench --cases chain16,gelu --repeat 20 --threads 2
     python -m autoclust.tools.bench --quick
+    autoclust bench --exports | --zoo | --micro | --profile MODEL   (issue 11's tables:
+        tools/bench_exports.py, bench_zoo.py, bench_profile.py; each takes --help)
 
 Each case runs in its own subprocess (so its peak RSS is its own): onnxruntime
 (ORT_ENABLE_ALL, `--threads` intra-op threads) and autoclust (same threads) are timed
@@ -153,7 +155,18 @@ def _chart(rows: list[dict[str, Any]], path: str) -> bool:
     return True
 
 
+# first argument -> the module that owns it (it parses the rest of the arguments)
+SUBCOMMANDS = {"--exports": "bench_exports", "--zoo": "bench_zoo", "--micro": "bench_zoo",
+               "--profile": "bench_profile"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for flag, module in SUBCOMMANDS.items():
+        if flag in argv:
+            import importlib
+            rest = argv if module == "bench_zoo" else [a for a in argv if a != flag]
+            return importlib.import_module(f"autoclust.tools.{module}").main(rest)
     p = argparse.ArgumentParser(prog="autoclust bench", description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="", help="comma-separated; default all")
     p.add_argument("--quick", action="store_true", help="only the five kernel cases")
