@@ -88,9 +88,11 @@ def missing_ops(model: onnx.ModelProto) -> list[str]:
 
 def design_refusal(message: str) -> str | None:
     """For a NotCompilableError message: the first by-design refusal it lists, else None."""
+    from autoclust import ops
+    never_lowered = {d.refuse for d in ops.all_ops() if d.refuse}  # OpDef.refuse reasons
     for part in message.split(": ", 1)[-1].split("; "):
         reason = part.split(": ", 1)[-1].strip()
-        if any(reason.startswith(d) for d in DESIGN_REFUSALS):
+        if any(reason.startswith(d) for d in DESIGN_REFUSALS) or reason in never_lowered:
             return reason
     return None
 

@@ -6,8 +6,9 @@ One guard for every rule, in `_apply`: the result must have exactly the output's
 shape. So `x*1 -> x` never fires when the 1 broadcasts x to a bigger shape, `Cast -> x`
 only fires when the dtype is unchanged, and `Expand/Reshape -> x` only when nothing changes.
 Rewrites are exact: no reassociation, no rounding change (Div becomes Mul only by an exact
-power-of-two reciprocal; Pow(x, 0.5) becomes Sqrt(x) only for x known >= 0, since
-pow(-inf, 0.5) is +inf but sqrt(-inf) is NaN).
+power-of-two reciprocal). Strength reductions an op's lowering already does on constant
+inputs (Pow by 1, 2, 3 or 0.5) are not repeated here: each identity is written once, in
+the op table (autoclust/ops/elementwise.py, Pow's lowering).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ Rewrite = tuple[str, list[Value | None], dict[str, Any]]
 Result = Value | Rewrite | None
 Rule = Callable[[Graph, Node], Result]
 
-RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
-NON_NEGATIVE_OPS = ("Abs", "Relu", "Exp", "Sqrt", "Sigmoid", "Softplus")
+# View ops (OpDef.view): the output is the input's elements in the same order.
+VIEWS = tuple(d.op for d in ops.all_ops() if d.view and not d.domain)
 
 
 def _is(graph: Graph, v: Value | None, c: float) -> bool:
@@ -41,15 +42,6 @@ def _made_by(v: Value | None, *op_names: str) -> Node | None:
     return p if p is not None and p.domain in ("", "ai.onnx") and p.op in op_names else None
 
 
-def _non_negative(graph: Graph, v: Value) -> bool:
-    a = graph.constant_value(v)
-    if a is not None:
-        return bool(np.all(a >= 0))
-    p = v.producer
-    return _made_by(v, *NON_NEGATIVE_OPS) is not None or (
-        _made_by(v, "Mul") is not None and p.inputs[0] is p.inputs[1])
-
-
 def _div_exact(graph: Graph, n: Node) -> Result:
     x, c = n.inputs[0], graph.constant_value(n.inputs[1])
     if c is None or x.dtype is None or x.dtype.kind != "f" or c.size == 0:
@@ -59,13 +51,6 @@ def _div_exact(graph: Graph, n: Node) -> Result:
     ok = np.isfinite(c) & np.isfinite(r) & (np.abs(np.frexp(c)[0]) == 0.5)
     ok &= np.abs(np.frexp(r)[0]) == 0.5  # 1/c is itself a normal power of two: exact
     return ("Mul", [x, new_constant(graph, r, "reciprocal")], {}) if ok.all() else None
-
-
-def _pow_half(graph: Graph, n: Node) -> Result:
-    x = n.inputs[0]
-    if _is(graph, n.inputs[1], 0.5) and _non_negative(graph, x):
-        return ("Sqrt", [x], {})
-    return None
 
 
 def _perm(n: Node) -> list[int] | None:
@@ -93,7 +78,7 @@ def _transpose_transpose(graph: Graph, n: Node) -> Result:
 
 
 def _reshape_chain(graph: Graph, n: Node) -> Result:
-    inner = _made_by(n.inputs[0], *RESHAPES)
+    inner = _made_by(n.inputs[0], *VIEWS)
     out = n.outputs[0]
     if inner is None or not out.is_static() or 0 in out.shape:
         return None  # a 0 in a Reshape target means "copy", so keep those as they are
@@ -128,17 +113,12 @@ RULES: list[tuple[str, Rule]] = [
     ("Sub", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 0) else None),  # x-0 -> x
     ("Div", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 1) else None),  # x/1 -> x
     ("Div", _div_exact),  # x/4 -> x*0.25 (powers of two only)
-    ("Pow", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 1) else None),  # x**1 -> x
-    ("Pow", lambda g, n: ("Mul", [n.inputs[0]] * 2, {}) if _is(g, n.inputs[1], 2)
-     else None),  # x**2 -> x*x
-    ("Pow", _pow_half),  # x**0.5 -> sqrt(x) for x >= 0
     ("Transpose", _transpose_identity),  # Transpose(x, perm=[0,1,..]) -> x
     ("Transpose", _transpose_transpose),  # Transpose(Transpose(x)) -> Transpose(x) or x
-    *[(op, _forward(0)) for op in RESHAPES],  # Reshape(x) to x's own shape -> x
-    *[(op, _reshape_chain) for op in RESHAPES],  # Reshape(Reshape(x)) -> Reshape(x) or x
+    *[(op, _forward(0)) for op in VIEWS],  # Reshape(x) to x's own shape -> x, Identity(x) -> x
+    *[(op, _reshape_chain) for op in VIEWS],  # Reshape(Reshape(x)) -> Reshape(x) or x
     ("Cast", _forward(0)),  # Cast(x: T, to=T) -> x
     ("CastLike", _forward(0)),  # CastLike(x: T, y: T) -> x
-    ("Identity", _forward(0)),  # Identity(x) -> x
     ("Dropout", _dropout),  # Dropout(x) -> x (inference)
     ("Neg", _neg_neg),  # -(-x) -> x
     ("Expand", _forward(0)),  # Expand(x, shape) -> x when nothing broadcasts

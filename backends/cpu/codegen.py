@@ -86,6 +86,9 @@ class KernelEmitter:
         k = self.kernel
         inner_ranges = [(_i64(0), _i64(d)) for d in k.shape[len(k.shape) - k.n_inner:]]
         self.reduced: list[ir.Value] = []
+        if k.scan:
+            self._scan(inner_ranges)
+            return
         self.stash = _plan_stash(k, self.dtypes)
         for phase, red in enumerate(k.reductions):
             self.reduced.append(self._reduction(red, inner_ranges, phase))
@@ -104,6 +107,29 @@ class KernelEmitter:
                                                  typ=STORAGE[self.dtypes[st.buf]])
                 for s in elem_stores:
                     self._store(s)
+
+    def _scan(self, inner_ranges: list) -> None:
+        """A scan kernel: one running phase; every store runs inside its loop and reads
+        the running value (before the element for an exclusive scan, after it otherwise).
+        A reversed scan walks the inner index from its end."""
+        k, b = self.kernel, self.b
+        red = k.reductions[0]
+        ty = COMPUTE[red.dtype]
+        acc = entry_alloca(b, ty, "scan")
+        b.store(_reduce_init(red.kind, red.dtype, ty), acc)
+        self.stash = {}
+        with for_nest(b, inner_ranges, "s") as inner:
+            if red.reverse and inner:
+                last = _i64(inner_ranges[0][1].constant - 1)
+                inner = [b.sub(last, inner[0], flags=["nsw"])] + inner[1:]
+            self.iv = self.outer + inner
+            self.memo = {}
+            old = b.load(acc)
+            new = self._combine(red.kind, old, self.value(red.expr), red.dtype)
+            b.store(new, acc)
+            self.reduced = [old if red.scan == "exclusive" else new]
+            for s in k.stores:
+                self._store(s)
 
     def _reduction(self, red: kir.Reduction, inner_ranges: list, phase: int) -> ir.Value:
         b = self.b
@@ -165,7 +191,8 @@ class KernelEmitter:
         return self.b.icmp_signed(cmp, x, best)
 
     # ---- stores, loads and expressions -----------------------------------------------------
-    def _address(self, buf: int, index: kir.Affine, clamps: tuple = ()) -> ir.Value:
+    def _address(self, buf: int, index: kir.Affine, clamps: tuple = (),
+                 dyn: tuple = ()) -> ir.Value:
         b = self.b
         off = _i64(index.const)
         ivs = list(self.iv)
@@ -176,6 +203,10 @@ class KernelEmitter:
             if c:
                 term = iv if c == 1 else b.mul(iv, _i64(c), flags=["nsw"])
                 off = b.add(off, term, flags=["nsw"])
+        for e, stride in dyn:  # data-dependent positions (gathers), clamped by the lowering
+            pos = self.value(e)
+            term = pos if stride == 1 else b.mul(pos, _i64(stride), flags=["nsw"])
+            off = b.add(off, term, flags=["nsw"])
         return b.gep(self.ptr[buf], [off], inbounds=True,
                      source_etype=STORAGE[self.dtypes[buf]])
 
@@ -210,7 +241,7 @@ class KernelEmitter:
                     off = b.add(off, b.mul(iv, _i64(c)))
             return off
         if isinstance(e, kir.Load):
-            v = b.load(self._address(e.buf, e.index, e.clamps), typ=STORAGE[e.dtype])
+            v = b.load(self._address(e.buf, e.index, e.clamps, e.dyn), typ=STORAGE[e.dtype])
             if e.dtype == "float16":
                 return b.fpext(v, COMPUTE["float16"])
             if e.dtype == "bool":
@@ -219,6 +250,8 @@ class KernelEmitter:
         args = [self.value(a) for a in e.args]
         if e.name == "cast":
             return self.math.cast(b, args[0], e.args[0].dtype, e.dtype)
+        if e.name == "cast_sat":  # float64 accumulator -> integer, saturating
+            return self.math.intrinsic_ret(b, "llvm.fptosi.sat", COMPUTE[e.dtype], args[0])
         arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
         flags = self.flags
         if e.name == "div" and "fast" not in flags and self._invariant(e.args[1]):
@@ -232,7 +265,9 @@ class KernelEmitter:
         got = self.invariant.get(key)
         if got is None:
             last = len(self.kernel.shape) - 1
-            if isinstance(e, (kir.Load, kir.Index)):
+            if isinstance(e, kir.Load):
+                got = e.index.coeffs[last] == 0 and all(self._invariant(x) for x, _ in e.dyn)
+            elif isinstance(e, kir.Index):
                 got = e.index.coeffs[last] == 0
             elif isinstance(e, kir.Op):
                 got = all(self._invariant(a) for a in e.args)
@@ -254,7 +289,7 @@ def _loop_order(k: kir.Kernel) -> list[int]:
     order = list(range(rank - k.n_inner))
     if k.n_inner or k.reductions or rank < 3:
         return order
-    indices = [e.index for e in _walk(k) if isinstance(e, kir.Load)] + \
+    indices = [e.index for e in kir.kernel_exprs(k) if isinstance(e, kir.Load)] + \
         [s.index for s in k.stores]
 
     def strided(d: int) -> int:
@@ -265,12 +300,10 @@ def _loop_order(k: kir.Kernel) -> list[int]:
     return order + [best]
 
 
-# Ops that cost far more than storing and reloading a value that sits in L1/L2
-COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "tan"})
-
-
 def _costly(e: kir.Expr) -> bool:
-    return isinstance(e, kir.Op) and (e.name in COSTLY or any(_costly(a) for a in e.args))
+    """Whether e computes a primitive that costs far more than storing and reloading a
+    value that sits in L1/L2 (kernel_ir.COSTLY)."""
+    return isinstance(e, kir.Op) and (e.name in kir.COSTLY or any(_costly(a) for a in e.args))
 
 
 def _subexprs(e: kir.Expr, out: set) -> set:
@@ -290,9 +323,9 @@ def _plan_stash(k: kir.Kernel, dtypes: dict[int, str]) -> dict:
     Only for float32/float64 outputs (exact round trip), output buffers that the kernel
     does not read, and store maps that move along every inner dim (each element once).
     """
-    if not k.reductions:
+    if not k.reductions or k.scan:
         return {}
-    loaded = {e.buf for e in _walk(k) if isinstance(e, kir.Load)}
+    loaded = kir.loaded_buffers(k)
     inner = range(len(k.shape) - k.n_inner, len(k.shape))
     phases = [_subexprs(r.expr, set()) for r in k.reductions]
     plan: dict = {}
@@ -346,31 +379,12 @@ def _i64(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def _exprs(k: kir.Kernel) -> list:
-    return [r.expr for r in k.reductions] + [s.expr for s in k.stores]
-
-
-def _walk(k: kir.Kernel):
-    seen: set = set()
-    stack = _exprs(k)
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if isinstance(e, kir.Op):
-            stack.extend(e.args)
-
-
 def _buffers_of(k: kir.Kernel) -> set[int]:
-    bufs = {s.buf for s in k.stores}
-    bufs |= {e.buf for e in _walk(k) if isinstance(e, kir.Load)}
-    return bufs
+    return {s.buf for s in k.stores} | kir.loaded_buffers(k)
 
 
 def _buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
-    out = {e.buf: e.dtype for e in _walk(k) if isinstance(e, kir.Load)}
+    out = {e.buf: e.dtype for e in kir.kernel_exprs(k) if isinstance(e, kir.Load)}
     for s in k.stores:
         out[s.buf] = s.expr.dtype
     return out

@@ -2,7 +2,9 @@
 
 Buffer pointers live in one ctypes array that every kernel receives; a run only writes
 the input and output slots, then makes one ctypes call per kernel (CFUNCTYPE releases
-the GIL). Temps live in slots allocated once; outputs are fresh arrays every run.
+the GIL). Temps live in slots allocated once; outputs are fresh arrays every run. Check
+thunks (index ranges, integer divisors) run in NumPy before the kernels that rely on them
+and raise InvalidInputError naming the node.
 
 Large kernels are split over threads by `Splitter`: the outer loop is cut into chunks that
 the calling thread and `threads - 1` helper threads claim from a shared counter. The
@@ -24,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from autoclust import kernel_ir as kir
-from autoclust import ops
+from autoclust.errors import InvalidInputError
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
@@ -113,22 +115,21 @@ class Executable:
     """run(inputs in graph.inputs order) -> outputs in graph.outputs order."""
 
     def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: set[str],
-                 threads: int, engine: object, dumps: dict[str, str],
-                 constants: dict[int, np.ndarray], library: object = None,
-                 min_chunk_work: int = 1 << 16, use_gomp: bool = False,
-                 bindings: dict[str, tuple[str, tuple[int, ...]]] | None = None):
+                 threads: int, engine: object, dumps: dict[str, str], library: object = None,
+                 min_chunk_work: int = 1 << 16, use_gomp: bool = False):
         self.program = program
+        constants = program.constants
         self.engine = engine  # keeps the code alive
         self.dumps = dumps
-        self.num_kernels = len(program.thunks)
+        self.num_kernels = sum(1 for t in program.thunks if not isinstance(t, kir.Check))
         self.buffers = {b.id: b for b in program.buffers}
         self._lock = threading.Lock()
         self._ptrs = (ctypes.c_void_p * max(1, len(program.buffers)))()
         self._ptrs_addr = ctypes.addressof(self._ptrs)
         self._arrays: list[np.ndarray | None] = [None] * len(program.buffers)
-        # Kernels sharing code (see bindings) get their own pointer array: kernel -> (function,
-        # buffer ids in the function's slot order). _set keeps those arrays current.
-        self._bindings = bindings or {}
+        # Kernels sharing code (Program.sharing) get their own pointer array: kernel ->
+        # (function, buffer ids in the function's slot order). _set keeps them current.
+        self._bindings = program.sharing
         self._site_slots: dict[int, list[tuple[ctypes.Array, int]]] = {}
         self._sites: list[ctypes.Array] = []  # keeps the per-kernel arrays alive
         self._library = library
@@ -178,7 +179,7 @@ class Executable:
     def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
               threads: int) -> Callable[[], None] | None:
         if isinstance(t, kir.Kernel):
-            if any(d == 0 for d in t.shape):
+            if t.empty:
                 return None
             n0 = t.shape[0]
             fn_name, bufs = self._entry(t.name)
@@ -193,18 +194,25 @@ class Executable:
                 run = splitter(threads).run
                 return lambda: run(fn, bufs, bounds)
             return lambda: fn(bufs, 0, n0)
-        if isinstance(t, kir.LibraryCall):
-            return self._library_step(t, threads, self._constants)
-        if t.op == "Concat" and getattr(t, "domain", "") in ("", "ai.onnx"):
-            return self._concat_step(t)
-        return lambda: self._reference(t)
+        if isinstance(t, kir.Check):
+            return self._check_step(t)
+        return self._library_step(t, threads, self._constants)
 
-    def _concat_step(self, t: kir.RefCall) -> Callable[[], None]:
-        """Concat straight into its output buffer (the reference allocates, then copies)."""
-        arrays, ins, out = self._arrays, t.inputs, t.outputs[0]
-        axis = int(dict(t.attrs)["axis"])
-        return lambda: np.concatenate([arrays[b] for b in ins if b is not None], axis=axis,
-                                       out=arrays[out])
+    def _check_step(self, t: kir.Check) -> Callable[[], None]:
+        arrays = self._arrays
+
+        def check() -> None:
+            x = arrays[t.buf]
+            if not x.size:
+                return
+            if t.kind == "nonzero":
+                bad = not x.all()
+            else:
+                bad = x.min() < t.lo or x.max() > t.hi
+            if bad:
+                raise InvalidInputError(t.message)
+
+        return check
 
     def _library_step(self, t: kir.LibraryCall, threads: int,
                       constants: dict[int, np.ndarray]) -> Callable[[], None]:
@@ -213,17 +221,6 @@ class Executable:
         ins, outs = t.inputs, t.outputs
         return lambda: fn([None if b is None else arrays[b] for b in ins],
                           [arrays[b] for b in outs])
-
-    def _reference(self, t: kir.LibraryCall | kir.RefCall) -> None:
-        args = [None if b is None else self._arrays[b] for b in t.inputs]
-        domain = getattr(t, "domain", "")
-        if t.op == "Gemm" and args[0].ndim > 2:  # a MatMul with its bias folded in
-            args[0] = args[0].reshape(-1, args[0].shape[-1])
-        with np.errstate(all="ignore"):
-            results = ops.get(t.op, domain).ref(args, dict(t.attrs))
-        for b, r in zip(t.outputs, results):
-            np.copyto(self._arrays[b], np.asarray(r).reshape(self.buffers[b].shape),
-                      casting="unsafe")
 
     def _output_array(self, b: kir.Buffer) -> np.ndarray:
         """The last run's output array when nobody else holds it any more, else a new one.
