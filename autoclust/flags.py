@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from autoclust import registry
 from autoclust.errors import FlagError
 
 ENV_VAR = "AUTOCLUST_FLAGS"
@@ -24,15 +26,19 @@ class FlagSpec:
     type: type  # bool, int, str or list (comma-separated strings)
     default: Any
     help: str
-    choices: tuple = ()
+    choices: tuple | Callable[[], Sequence] = ()  # allowed values, or a function giving them
     changes_code: bool = False  # part of the compile-cache key
+
+    def allowed(self) -> tuple:
+        return tuple(self.choices()) if callable(self.choices) else self.choices
 
 
 SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("auto_jit", int, 2, "0: off (plain onnxruntime); 1: cluster only what the cost "
              "model expects to win; 2: cluster every legal cluster", (0, 1, 2)),
     FlagSpec("device", str, "cpu", "where clusters run: cpu (LLVM), gpu (CUDA via CuPy), "
-             "interpreter (NumPy reference, for debugging)", ("cpu", "gpu", "interpreter"),
+             "interpreter (NumPy reference, for debugging), or a backend registered under "
+             "the autoclust.backends entry point", lambda: registry.device_names(),
              changes_code=True),
     FlagSpec("min_cluster_size", int, 4, "smallest cluster kept (Identity, Constant and pure "
              "shape ops count 0)"),
@@ -142,8 +148,8 @@ def _convert(spec: FlagSpec, raw: Any) -> Any:
         value = tuple(p for p in items if p)
     else:
         value = str(raw)
-    if spec.choices and value not in spec.choices:
-        allowed = ", ".join(str(c) for c in spec.choices)
+    if spec.choices and value not in spec.allowed():
+        allowed = ", ".join(str(c) for c in spec.allowed())
         raise FlagError(f"--{spec.name}={raw} is not one of: {allowed}")
     if spec.type is int and value < -1:
         raise FlagError(f"--{spec.name} must be >= -1, got {value}")
@@ -203,7 +209,10 @@ def table() -> str:
             default = ",".join(default) or "''"
         elif default == "":
             default = "''"
-        rows.append((f"--{s.name}", s.type.__name__, str(default), s.help))
+        meaning = s.help
+        if callable(s.choices):
+            meaning += f" (here: {', '.join(s.allowed())})"
+        rows.append((f"--{s.name}", s.type.__name__, str(default), meaning))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     w2 = max(len(r[2]) for r in rows)

@@ -243,17 +243,22 @@ class NodeLowering(LowerCtx):
         finally:
             self.b.clamps = saved
 
-    def check(self, i: int, kind: str, lo: int = 0, hi: int = 0, message: str = "") -> None:
+    def check(self, i: int, kind: str, lo: int = 0, hi: int = 0, message: str = "",
+              column: tuple[int, int] | None = None) -> None:
         x, b = self.node.inputs[i], self.b
         const = b.graph.constant_value(x)
         if const is not None:
-            bad = (const == 0) if kind == "nonzero" else (const < lo) | (const > hi)
+            values = const.reshape(-1)
+            if column is not None:
+                values = values[column[0]::column[1]]
+            bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
             if np.any(bad):
                 self.refuse(f"constant input {x.name!r} fails its check: {message}")
             return
         if not b.is_buffer(x):
             raise Refuse(x, f"{self.node.op} checks it before the kernel runs")
-        check = kir.Check(b.fusion.buffer_of(x), kind, lo, hi, message, (self.node.name,))
+        check = kir.Check(b.fusion.buffer_of(x), kind, lo, hi, message, (self.node.name,),
+                          column)
         if check not in b.checks:
             b.checks.append(check)
 

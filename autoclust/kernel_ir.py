@@ -208,7 +208,9 @@ class LibraryCall:
 @dataclasses.dataclass(frozen=True)
 class Check:
     """Every element of integer buffer `buf` lies in [lo, hi] ("range") or is non-zero
-    ("nonzero"); otherwise the run raises InvalidInputError with `message`."""
+    ("nonzero"); otherwise the run raises InvalidInputError with `message`. With
+    column = (j, k) only elements j, j + k, j + 2k, ... are checked (GatherND's last dim
+    holds k coordinates, each with its own range)."""
 
     buf: int
     kind: str
@@ -216,6 +218,7 @@ class Check:
     hi: int = 0
     message: str = ""
     nodes: tuple[str, ...] = ()
+    column: tuple[int, int] | None = None
 
 
 Thunk = Kernel | LibraryCall | Check

@@ -143,9 +143,11 @@ class LowerCtx(abc.ABC):
         """Loads built inside the block clamp loop index `dim` into [lo, hi] (Concat)."""
 
     @abc.abstractmethod
-    def check(self, i: int, kind: str, lo: int = 0, hi: int = 0, message: str = "") -> None:
+    def check(self, i: int, kind: str, lo: int = 0, hi: int = 0, message: str = "",
+              column: tuple[int, int] | None = None) -> None:
         """Before the kernel runs, check integer input i: every element in [lo, hi]
-        ("range") or non-zero ("nonzero"); a failure raises InvalidInputError(message)."""
+        ("range") or non-zero ("nonzero"); a failure raises InvalidInputError(message).
+        column = (j, k): only every k-th element from j (one coordinate of GatherND's)."""
 
     # ---- rows ------------------------------------------------------------------------
     @abc.abstractmethod

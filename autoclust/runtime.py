@@ -17,10 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from autoclust.backends import ort as ort_backend
+from autoclust import registry
 from autoclust.errors import AutoclustError, NotCompilableError
 from autoclust.flags import Flags
-from autoclust.importers.onnx import export_model
 from autoclust.ir import Graph
 
 # A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
@@ -48,7 +47,7 @@ class ClusterRunner:
         self.cache: dict[tuple, Any] = {}
         self.compiles = 0
         self.runs = 0
-        self.fallback: ort_backend.Segment | None = None
+        self.fallback: Any = None  # an onnxruntime Segment once the cluster falls back
         self.fallback_reason = ""
         self.signatures: list[tuple] = []
         self._lock = threading.Lock()
@@ -136,9 +135,9 @@ class ClusterRunner:
                       RuntimeWarning, stacklevel=4)
         if self.dumper is not None:
             self.dumper.write_failure(self.name, reason)
-        self.fallback = ort_backend.Segment(export_model(self.graph), self.ort_options,
-                                            name=self.name, input_names=self.input_names,
-                                            output_names=self.output_names)
+        self.fallback = registry.fallback().Segment(
+            _onnx(self.graph), self.ort_options, name=self.name, input_names=self.input_names,
+            output_names=self.output_names)
 
     def _check_numerics(self, outs: list[np.ndarray]) -> None:
         for name, x in zip(self.output_names, outs):
@@ -155,10 +154,9 @@ class SegmentRunner:
         self.name = step.name
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
-        self.segment = ort_backend.Segment(export_model(graph), ort_options, providers,
-                                           provider_options, name=step.name,
-                                           input_names=self.input_names,
-                                           output_names=self.output_names)
+        self.segment = registry.fallback().Segment(
+            _onnx(graph), ort_options, providers, provider_options, name=step.name,
+            input_names=self.input_names, output_names=self.output_names)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return self.segment.run(inputs)
@@ -172,7 +170,7 @@ class Runtime:
         from autoclust.clustering import Cluster
         self.plan = plan
         self.graph = plan.graph
-        options = ort_backend.sub_session_options(sess_options, flags.threads)
+        options = registry.fallback().sub_session_options(sess_options, flags.threads)
         self.runners: list[Any] = []
         for step in plan.steps:
             sub = self.graph.extract(step.nodes, name=step.name)
@@ -218,6 +216,11 @@ class Runtime:
 
     def compiled_clusters(self) -> list[ClusterRunner]:
         return [r for r in self.runners if isinstance(r, ClusterRunner)]
+
+
+def _onnx(graph: Graph) -> Any:
+    """A sub-graph as an ONNX model for onnxruntime (fallback segments run ONNX)."""
+    return registry.importer("onnx").export_model(graph)
 
 
 def check_must_compile(plan: Any) -> None:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 
 import autoclust
+from autoclust import registry
 from autoclust.errors import AutoclustError
 
 
@@ -82,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="rerun a dumped cluster; compare with onnxruntime")
     rp.add_argument("cluster", help="DIR/cluster_NNNN (or its .onnx)")
-    rp.add_argument("--device", default=None, choices=("cpu", "gpu", "interpreter"))
+    rp.add_argument("--device", default=None, choices=registry.device_names())
     rp.add_argument("--rtol", type=float, default=1e-4)
     rp.add_argument("--atol", type=float, default=1e-5)
     rp.add_argument("--repeat", type=int, default=5)

@@ -31,6 +31,8 @@ import onnx
 from autoclust.tools import fuzz_check, fuzz_gen, fuzz_shrink
 from autoclust.tools.fuzz_check import CRASH, Outcome
 
+from autoclust import registry
+
 DEVICE_ENV = "AUTOCLUST_FUZZ_DEVICE"
 # Fault injection for testing the isolation itself: "crash:OP" or "hang:OP" makes the
 # worker's reference of OP segfault or sleep forever.
@@ -251,7 +253,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")
     p.add_argument("--cases", type=int, default=None, help="stop after this many graphs")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, choices=("cpu", "gpu", "interpreter"),
+    p.add_argument("--device", default=None, choices=registry.device_names(),
                    help=f"device under test (default: ${DEVICE_ENV}, else cpu if usable)")
     p.add_argument("--out", default=None, help="write shrunk repro bundles here")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")

@@ -200,5 +200,9 @@ unary("Mish", lambda x: x * np.tanh(softplus(x)),
 unary("ThresholdedRelu", lambda x, alpha: np.where(x > alpha, x, 0), lower=_lower_thresholded,
       alpha=1.0)
 unary("Shrink", shrink, NUMERIC, lower=_lower_shrink, bias=0.0, lambd=0.5)
+unary("Swish", lambda x, alpha: x / (1 + np.exp(-alpha * x)),  # opset 24: x * sigmoid(a*x)
+      lower=lambda c: op("mul", _x(c), op("sigmoid", op("mul", const(c.attr("alpha", 1.0),
+                                                                 _x(c).dtype), _x(c)))),
+      cost=4, alpha=1.0)
 register("PRelu", ELEMENTWISE, _infer_prelu, _ref_prelu, lower=_lower_prelu,
          dtypes=compilable(PRELU))

@@ -299,18 +299,13 @@ def _dense1(a: np.ndarray) -> list[np.ndarray]:
 
 # ---- lowerings ----------------------------------------------------------------------------
 
-def _index_at(ctx: LowerCtx, i: int, idx: tuple, dim: int) -> Any:
+def _index_at(ctx: LowerCtx, i: int, idx: tuple, dim: int,
+              column: tuple[int, int] | None = None) -> Any:
     """Index input i at idx as an int64 position in [0, dim): negative ones count from the
     end; out-of-range data is reported by a check before the kernel and clamped here."""
-    values = ctx.constant(i)
-    if values is not None:
-        flat = np.asarray(values).reshape(-1)
-        if flat.size and (flat.min() < -dim or flat.max() >= dim):
-            ctx.refuse(f"constant index out of range [{-dim}, {dim - 1}]")
-    else:
-        ctx.check(i, "range", -dim, dim - 1,
-                  f"node {ctx.node.name!r} ({ctx.node.op}): index out of range "
-                  f"[{-dim}, {dim - 1}] in input {ctx.input(i).name!r}")
+    ctx.check(i, "range", -dim, dim - 1,
+              f"node {ctx.node.name!r} ({ctx.node.op}): index out of range "
+              f"[{-dim}, {dim - 1}] in input {ctx.input(i).name!r}", column)
     pos = cast(ctx.value(i, idx), "int64")
     pos = select(op("lt", pos, const(0, "int64")), op("add", pos, const(dim, "int64")), pos)
     return op("max", op("min", pos, const(dim - 1, "int64")), const(0, "int64"))
@@ -336,7 +331,8 @@ def _lower_gather_nd(ctx: LowerCtx):
     shape, ishape = ctx.in_shape(0), ctx.in_shape(1)
     b, k = int(ctx.attr("batch_dims", 0)), ishape[-1]
     lead = ctx.idx[:len(ishape) - 1]
-    dyn = {b + j: _index_at(ctx, 1, lead + (ctx.at(j),), shape[b + j]) for j in range(k)}
+    dyn = {b + j: _index_at(ctx, 1, lead + (ctx.at(j),), shape[b + j], (j, k))
+           for j in range(k)}
     idx = ctx.idx[:b] + tuple(ctx.zero() for _ in range(k)) + ctx.idx[len(ishape) - 1:]
     return ctx.gather(0, idx, dyn)
 

@@ -212,6 +212,45 @@ register("LayerNormalization", NORMALIZATION, _infer_layer_norm, _layer_norm_ref
          doc="LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?) (opset 17).")
 
 
+# ---- RMSNormalization (opset 23) -------------------------------------------------------------
+
+def _infer_rms_norm(ctx: InferContext) -> list[TypeShape]:
+    _check_float(ctx, (0, 1))
+    if ctx.shapes[0] is not None:
+        normalize_axis(int(ctx.attr("axis", -1)), len(ctx.shapes[0]), ctx)
+    return [(ctx.dtypes[0], ctx.shapes[0])]
+
+
+def _rms_norm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+    x, scale = inputs[0], inputs[1]
+    axes = tuple(range(normalize_axis(int(attrs.get("axis", -1)), x.ndim), x.ndim))
+    ct = np.promote_types(F32 if attrs.get("stash_type", 1) == 1 else x.dtype, x.dtype)
+    with np.errstate(all="ignore"):
+        xs = x.astype(ct)
+        rms = np.sqrt(np.mean(xs * xs, axis=axes, keepdims=True) +
+                      np.asarray(attrs.get("epsilon", 1e-5), ct))
+        return [(xs / rms * scale.astype(ct)).astype(x.dtype)]
+
+
+def _lower_rms_norm(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    rank = len(shape)
+    axis = normalize_axis(int(ctx.attr("axis", -1)), rank)
+    axes = list(range(axis, rank))
+    ct = "float64" if ctx.in_dtype(0) == "float64" else "float32"
+    load = _loader(ctx, ct)
+    n = math.prod(shape[a] for a in axes)
+    sq = ctx.reduce("sum", shape, axes, {d: ctx.idx[d] for d in range(axis)},
+                    lambda ix: _square(load(ix)), ct)
+    eps = const(ctx.attr("epsilon", 1e-5), ct)
+    rms = op("sqrt", op("add", op("div", sq, const(n, ct)), eps))
+    return op("mul", op("div", load(ctx.idx), rms), _broadcast(ctx, 1, rank, ct))
+
+
+register("RMSNormalization", NORMALIZATION, _infer_rms_norm, _rms_norm_ref,
+         lower=_lower_rms_norm, doc="RMSNormalization(X, scale): X / rms(X) * scale (opset 23).")
+
+
 # ---- BatchNorm / InstanceNorm / GroupNorm --------------------------------------------------
 
 def _channel_shape(x: np.ndarray) -> list[int]:

@@ -353,35 +353,47 @@ def _infer_cumsum(ctx: InferContext) -> list[TypeShape]:
     return [(ctx.dtypes[0], ctx.shapes[0])]
 
 
-def _cumsum_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+def _scan_ref(fn: Callable, identity: int) -> Callable:
+    def ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [_scan(fn, identity, inputs, attrs)]
+    return ref
+
+
+def _scan(fn: Callable, identity: int, inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    """CumSum / CumProd: running fn along axis; exclusive, reverse."""
     x = inputs[0]
     axis = normalize_axis(int(inputs[1].ravel()[0]), x.ndim)
     work = x.astype(np.float32) if x.dtype == np.float16 else x
     if attrs.get("reverse", 0):
         work = np.flip(work, axis)
     with np.errstate(all="ignore"):
-        y = np.cumsum(work, axis=axis, dtype=work.dtype)
+        y = fn(work, axis=axis, dtype=work.dtype)
     if attrs.get("exclusive", 0) and y.shape[axis]:
-        # [a, b, c] -> [0, a, a+b]
-        zeros = np.zeros_like(np.take(y, [0], axis=axis))
-        y = np.concatenate([zeros, np.take(y, np.arange(y.shape[axis] - 1), axis=axis)],
+        # [a, b, c] -> [identity, a, a+b]
+        first = np.full_like(np.take(y, [0], axis=axis), identity)
+        y = np.concatenate([first, np.take(y, np.arange(y.shape[axis] - 1), axis=axis)],
                            axis=axis)
     if attrs.get("reverse", 0):
         y = np.flip(y, axis)
-    return [np.ascontiguousarray(y).astype(x.dtype)]
+    return np.ascontiguousarray(y).astype(x.dtype)
 
 
-def _lower_cumsum(ctx: LowerCtx):
+def _lower_scan(ctx: LowerCtx):
     shape = ctx.in_shape(0)
     axis = ctx.ints(1)[0]
     axis = axis + len(shape) if axis < 0 else axis
     ct = compute_dtype(ctx.in_dtype(0))
-    return ctx.scan("sum", shape, axis, lambda ix: cast(ctx.value(0, ix), ct), ct,
+    kind = "sum" if ctx.node.op == "CumSum" else "prod"
+    return ctx.scan(kind, shape, axis, lambda ix: cast(ctx.value(0, ix), ct), ct,
                     exclusive=bool(ctx.attr("exclusive", 0)),
                     reverse=bool(ctx.attr("reverse", 0)))
 
 
-register("CumSum", REDUCTION, _infer_cumsum, _cumsum_ref, shape_inputs=(1,), lower=_lower_cumsum,
+register("CumProd", REDUCTION, _infer_cumsum, _scan_ref(np.cumprod, 1), shape_inputs=(1,),
+         lower=_lower_scan,
+         doc="CumProd(x, axis): running product along axis; exclusive, reverse (opset 26).")
+register("CumSum", REDUCTION, _infer_cumsum, _scan_ref(np.cumsum, 0), shape_inputs=(1,),
+         lower=_lower_scan,
          doc="CumSum(x, axis): running sum along axis; exclusive, reverse attrs.")
 
 

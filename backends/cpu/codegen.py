@@ -438,7 +438,14 @@ def build_module(kernels: list[kir.Kernel], fast_math: bool, parallel: set[str])
         if not k.reductions:
             wide.add(k.name)
     for fn in module.functions:
-        if not fn.is_declaration and fn.name.split(".")[0] in wide:
+        if fn.is_declaration:
+            continue
+        # `arcp` is for x / c -> x * (1/c) with 1/c hoisted out of the loop. Without this
+        # attribute x86 also turns 1/sqrt(v) into vrsqrt14 plus a Newton step, which is
+        # 1-2 ulp off and gives NaN for v = inf (LayerNorm over a row holding 1e20 must
+        # give zeros, as onnxruntime does).
+        set.add(fn.attributes, '"reciprocal-estimates"="none"')
+        if fn.name.split(".")[0] in wide:
             # LLVM's Intel server tuning caps vectors at 256 bits; elementwise kernels are
             # FMA-heavy streams where 512 bits measured 1.3-1.5x faster (GELU, the math
             # chain). Not on row kernels: there LLVM 22's loop vectorizer asserts ("VPlan

@@ -203,6 +203,8 @@ class Executable:
 
         def check() -> None:
             x = arrays[t.buf]
+            if t.column is not None:
+                x = x.reshape(-1)[t.column[0]::t.column[1]]
             if not x.size:
                 return
             if t.kind == "nonzero":
