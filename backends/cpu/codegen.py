@@ -176,7 +176,10 @@ class KernelEmitter:
             # the call is truthfully `nnan`. Not a plain llvm.maxnum reduction: LLVM 22
             # vectorizes that with a NaN-checking scheme that drops elements for some trip
             # counts (11, 14, 15 measured; tests/test_cpu_backend.py). The price: max/min
-            # rows are not vectorized (softmax's max phase).
+            # rows are not vectorized (softmax's max phase). Tried and rejected: sanitizing
+            # with maxnum(x, -inf) instead of this select lets LLVM vectorize the nnan
+            # reduction, but LLVM 22 then drops elements behind an Exp (the trip-count test
+            # fails) and aborts ("VPlan cost model ... disagreed") on softmax rows of 75.
             neutral = ir.Constant(x.type, float("-inf") if kind == "max" else float("inf"))
             x = b.select(b.fcmp_unordered("uno", x, x), neutral, x)
             name = "llvm.maxnum" if kind == "max" else "llvm.minnum"
