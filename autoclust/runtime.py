@@ -54,7 +54,7 @@ class ClusterRunner:
         self._dumped_inputs = False
 
     def signature(self, inputs: list[np.ndarray]) -> tuple:
-        key = tuple((x.dtype, x.shape) for x in inputs)
+        key = tuple([(x.dtype, x.shape) for x in inputs])  # a list: faster than a genexpr
         if self.shape_value_index:
             key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
         return key

@@ -4,9 +4,11 @@
     outs = exe.run([x, y])
 
 Rendering only: every distinct kernel code (Program.sharing) becomes one LLVM function
-(codegen.build_module), compiled to object code through the in-process and --cache_dir
-caches (jit); the Executable binds buffers, runs Check thunks, library calls
-(library.py: MLAS or NumPy BLAS) and kernels, and splits large kernels over threads.
+(codegen.build_module), small MatMul/Gemm calls become generated GEMM functions
+(gemm.py), all compiled to object code through the in-process and --cache_dir caches
+(jit); the Executable binds buffers, runs Check thunks, the remaining library calls
+(library.py: MLAS or NumPy BLAS) and kernels, runs consecutive native steps through one
+driver call, and splits large kernels over threads.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from autoclust.backends.cpu import cache, codegen, jit, library
+from autoclust.backends.cpu import cache, codegen, gemm, jit, library
 from autoclust.backends.cpu.executable import Executable
+from llvmlite import ir
 
 from autoclust import kernel_ir as kir
 from autoclust import ops
@@ -44,10 +47,6 @@ POLICY = Policy(
 # break-even is low: GELU on 256K floats takes ~0.35 ms on one thread.
 PARALLEL_MIN_WORK = 1 << 18
 MIN_CHUNK_WORK = 1 << 16
-# libgomp regions (the kernels' `.par` entry points) instead of the Splitter. Off: on the
-# shared 2-core build machine a region cost 4-8 ms (its end barrier waits until the OS
-# schedules the second thread), e.g. BERT's 8 large kernels took 60 ms instead of 15.
-USE_GOMP = False
 COMPILE_COUNT = 0  # LLVM compiles in this process (a warm --cache_dir keeps it 0)
 
 __all__ = ["COMPILE_COUNT", "NAME", "POLICY", "Executable", "compile", "why_not"]
@@ -75,44 +74,68 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
     if threads > 1:
         split = {k.name for k in live if k.work >= PARALLEL_MIN_WORK and k.shape[0] > 1}
     used = {program.sharing[k.name][0] for k in live}
-    unique = [k for k in distinct_kernels(program) if k.name in used]
-    gomp = {program.sharing[n][0] for n in split} if USE_GOMP and jit.has_openmp() else set()
+    units = [_kernel_unit(k, flags) for k in distinct_kernels(program) if k.name in used]
+    buffers = {b.id: b for b in program.buffers}
+    gemms = {}  # LibraryCall -> (function name, GemmSpec): small GEMMs run generated code
+    for t in program.thunks:
+        spec = gemm.spec_for(t, buffers) if isinstance(t, kir.LibraryCall) else None
+        if spec is not None:
+            unit = _gemm_unit(spec)
+            gemms[t] = (unit[0], spec)
+            units.append(unit)
     dumps = {}
     engine, addrs = None, {}
-    if unique:
+    if units:
         before = jit.COUNTS["compiles"]
-        engine, addrs, dumps[".ll"], dumps[".s"] = _build(unique, flags, gomp)
+        engine, addrs, dumps[".ll"], dumps[".s"] = _build(units, flags)
         COMPILE_COUNT += jit.COUNTS["compiles"] - before
+    if gemms:
+        dumps[".kernels.txt"] = kir.format_program(program) + "generated GEMMs:\n" + "".join(
+            f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
     return Executable(program, addrs, split, threads, engine, dumps, library,
-                      MIN_CHUNK_WORK, bool(gomp))
+                      MIN_CHUNK_WORK, gemms)
 
 
-def _build(unique: list[kir.Kernel], flags: Flags, gomp: set[str]
-           ) -> tuple[object, dict[str, int], str, str]:
-    """(engine, {function name: address}, .ll, .s): one object per distinct kernel code.
+Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol)
 
-    Each kernel compiles as its own module under a symbol named after its code key, so its
+
+def _kernel_unit(k: kir.Kernel, flags: Flags) -> Unit:
+    key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}", jit.version_key())
+    sym = f"k_{key[:20]}"
+
+    def build() -> str:
+        renamed = dataclasses.replace(k, name=sym)
+        return str(codegen.build_module([renamed], flags.fast_math))
+    return k.name, key, build, sym
+
+
+def _gemm_unit(spec: gemm.GemmSpec) -> Unit:
+    key = cache.make_key(f"gemm|{gemm.code_key(spec)}", jit.version_key())
+    sym = f"g_{key[:20]}"
+
+    def build() -> str:
+        module = ir.Module(name="autoclust_gemm")
+        gemm.emit(module, sym, spec)
+        return str(module)
+    return sym, key, build, sym
+
+
+def _build(units: list[Unit], flags: Flags) -> tuple[object, dict[str, int], str, str]:
+    """(engine, {name: address}, .ll, .s): one object per distinct code.
+
+    Each unit compiles as its own module under a symbol named after its code key, so its
     object code is reusable by any cluster and any batch size (jit.kernel_object caches it
     in memory and in --cache_dir); a cluster's objects are loaded into one engine.
     """
     objs, lls, asms, symbols = [], [], [], {}
-    for k in unique:
-        par = k.name in gomp
-        key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}|par={par}",
-                             jit.version_key())
-        sym = f"k_{key[:20]}"
-        symbols[k.name] = sym
-        if par:
-            symbols[f"{k.name}.par"] = f"{sym}.par"
-
-        def build(k: kir.Kernel = k, sym: str = sym, par: bool = par) -> str:
-            renamed = dataclasses.replace(k, name=sym)
-            return str(codegen.build_module([renamed], flags.fast_math, {sym} if par else set()))
-
+    for name, key, build, sym in units:
+        if name in symbols:
+            continue
+        symbols[name] = sym
         obj, ll, asm = jit.kernel_object(key, build, flags.cache_dir, bool(flags.dump_to))
         objs.append(obj)
-        lls.append(f"; kernel {k.name}\n{ll}")
-        asms.append(f"# kernel {k.name}\n{asm}")
-    engine, found = jit.load_object(objs, list(symbols.values()))
+        lls.append(f"; {name}\n{ll}")
+        asms.append(f"# {name}\n{asm}")
+    engine, found = jit.load_object(objs, sorted(set(symbols.values())))
     addrs = {name: found[sym] for name, sym in symbols.items()}
     return engine, addrs, "\n".join(lls), "\n".join(asms)

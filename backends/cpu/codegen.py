@@ -5,7 +5,6 @@ indices start <= i0 < stop (so threads can split i0), which loads its buffer poi
 from `bufs` and calls `k.body` whose pointer arguments are noalias (vectorization needs
 it). Addresses are GEPs. Reductions accumulate in entry-block allocas (SROA turns them
 into registers) with the `reassoc` fast-math flag so the loop vectorizer can split them.
-`k.par(bufs, n, threads)` runs `k` on libgomp's threads (GOMP_parallel), splitting n.
 
 Speed: float ops carry `contract` (FMA), divisions by loop-invariant values `arcp` (one
 reciprocal per row instead of a vdivps per element), every function prefers 512-bit
@@ -18,7 +17,7 @@ from __future__ import annotations
 import math
 
 from autoclust.backends.cpu import mathops
-from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, if_then
+from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
 from llvmlite import ir
 
 from autoclust import kernel_ir as kir
@@ -393,51 +392,12 @@ def _buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
     return out
 
 
-def emit_parallel(module: ir.Module, name: str) -> None:
-    """`name.par(bufs, n, threads)`: run kernel `name` over [0, n) on libgomp threads."""
-    fnty = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
-    kernel = module.get_global(name)
-    gomp = _declare(module, "GOMP_parallel",
-                    ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
-    tid_fn = _declare(module, "omp_get_thread_num", ir.FunctionType(I32, []))
-    nt_fn = _declare(module, "omp_get_num_threads", ir.FunctionType(I32, []))
-    ctx_ty = ir.LiteralStructType([PTR, I64])
-    worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), f"{name}.omp")
-    b = ir.IRBuilder(worker.append_basic_block("entry"))
-    bufs = b.load(b.gep(worker.args[0], [I32(0), I32(0)], source_etype=ctx_ty), typ=PTR)
-    n = b.load(b.gep(worker.args[0], [I32(0), I32(1)], source_etype=ctx_ty), typ=I64)
-    tid = b.sext(b.call(tid_fn, []), I64)
-    nt = b.sext(b.call(nt_fn, []), I64)
-    chunk = b.sdiv(b.add(n, b.sub(nt, _i64(1))), nt)
-    start = b.mul(tid, chunk)
-    stop = b.select(b.icmp_signed("<", b.add(start, chunk), n), b.add(start, chunk), n)
-    with if_then(b, b.icmp_signed("<", start, stop)):
-        b.call(kernel, [bufs, start, stop])
-    b.ret_void()
-    par = ir.Function(module, fnty, f"{name}.par")
-    b = ir.IRBuilder(par.append_basic_block("entry"))
-    ctx = b.alloca(ctx_ty)
-    b.store(par.args[0], b.gep(ctx, [I32(0), I32(0)]))
-    b.store(par.args[1], b.gep(ctx, [I32(0), I32(1)]))
-    b.call(gomp, [worker, ctx, b.trunc(par.args[2], I32), I32(0)])
-    b.ret_void()
-
-
-def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, fnty, name)
-
-
-def build_module(kernels: list[kir.Kernel], fast_math: bool, parallel: set[str]) -> ir.Module:
-    """One LLVM module holding every kernel of a cluster (and parallel launchers)."""
+def build_module(kernels: list[kir.Kernel], fast_math: bool) -> ir.Module:
+    """One LLVM module holding the given kernels."""
     module = ir.Module(name="autoclust")
     wide = set()
     for k in kernels:
         KernelEmitter(module, k, fast_math).emit()
-        if k.name in parallel:
-            emit_parallel(module, k.name)
         if not k.reductions:
             wide.add(k.name)
     for fn in module.functions:

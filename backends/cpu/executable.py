@@ -9,9 +9,11 @@ and raise InvalidInputError naming the node.
 Large kernels are split over threads by `Splitter`: the outer loop is cut into chunks that
 the calling thread and `threads - 1` helper threads claim from a shared counter. The
 caller never waits for a helper to start, only for chunks a helper has already claimed.
-Measured on the loaded 2-core build machine, a libgomp region (`k.par`) cost 4-8 ms per
-kernel because its end barrier waits until the OS schedules the second thread; the
-claim-based split costs the caller ~10 us and degrades to one thread when no core is free.
+Measured on the loaded 2-core build machine, a libgomp region cost 4-8 ms per kernel
+because its end barrier waits until the OS schedules the second thread; the claim-based
+split costs the caller ~10 us and degrades to one thread when no core is free.
+Consecutive native steps (unsplit kernels and generated GEMMs) run through one call of
+a small native driver, so a small cluster costs one ctypes call, not one per kernel.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import itertools
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +33,49 @@ from autoclust import kernel_ir as kir
 from autoclust.errors import InvalidInputError
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+# The native driver: driver(fns, bufs, bounds, count) calls fns[i](bufs[i], bounds[2i],
+# bounds[2i + 1]) for i < count, so a run of native steps costs one ctypes call.
+DRIVER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_int64)
+PARALLEL_FLOPS = 1 << 20  # generated GEMMs split over threads from 4x this many flops
+
+
+class Native(NamedTuple):
+    """A native step: fn(bufs, start, stop), run by the driver with its neighbours."""
+
+    fn: int
+    bufs: int
+    start: int
+    stop: int
+
+
+def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
+    """Runs of consecutive Native steps become one driver call; other steps stay."""
+    from autoclust.backends.cpu import jit
+    out: list[Callable[[], None]] = []
+    run: list[Native] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        n = len(run)
+        fns = (ctypes.c_void_p * n)(*[r.fn for r in run])
+        bufs = (ctypes.c_void_p * n)(*[r.bufs for r in run])
+        bounds = (ctypes.c_int64 * (2 * n))(*[v for r in run for v in (r.start, r.stop)])
+        keep.extend((fns, bufs, bounds))
+        driver = DRIVER_FN(jit.driver_address())
+        args = (ctypes.addressof(fns), ctypes.addressof(bufs), ctypes.addressof(bounds), n)
+        out.append(lambda: driver(*args))
+        run.clear()
+
+    for step in steps:
+        if isinstance(step, Native):
+            run.append(step)
+        else:
+            flush()
+            out.append(step)
+    flush()
+    return out
 
 
 def _address(a: np.ndarray) -> int:
@@ -116,7 +163,7 @@ class Executable:
 
     def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: set[str],
                  threads: int, engine: object, dumps: dict[str, str], library: object = None,
-                 min_chunk_work: int = 1 << 16, use_gomp: bool = False):
+                 min_chunk_work: int = 1 << 16, gemms: dict | None = None):
         self.program = program
         constants = program.constants
         self.engine = engine  # keeps the code alive
@@ -136,11 +183,19 @@ class Executable:
         self._fixed(constants)
         self._constants = constants
         self._min_chunk_work = min_chunk_work
-        self._use_gomp = use_gomp
         self.split: set[str] = set()  # kernels split over threads (names)
-        self._steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
-        self._steps = [s for s in self._steps if s is not None]
+        self._gemms = {id(t): g for t, g in (gemms or {}).items()}
+        steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
+        self._steps = group_native([s for s in steps if s is not None], self._sites)
         self._outputs = [b for b in program.buffers if b.role == "output"]
+        self._last_inputs: dict[int, weakref.ref] = {}
+        # per graph output: (buffer, copy?) -- a copy when it is not an output buffer of its
+        # own (an input or constant passed through) or an earlier output is the same buffer
+        seen: set[int] = set()
+        self._handout = []
+        for bid in program.outputs:
+            self._handout.append((bid, self.buffers[bid].role != "output" or bid in seen))
+            seen.add(bid)
 
     def _fixed(self, constants: dict[int, np.ndarray]) -> None:
         slot_bytes: dict[int, int] = {}
@@ -164,39 +219,51 @@ class Executable:
         for site, j in self._site_slots.get(bid, ()):
             site[j] = addr
 
-    def _entry(self, name: str) -> tuple[str, int]:
-        """(function name, address of its pointer array) for kernel `name`."""
-        if name not in self._bindings:
-            return name, self._ptrs_addr
-        fn_name, ids = self._bindings[name]
+    def _site(self, ids: tuple[int, ...]) -> int:
+        """Address of a pointer array holding buffers `ids` in order (kept current by _set)."""
         site = (ctypes.c_void_p * max(1, len(ids)))()
         for j, bid in enumerate(ids):
             site[j] = self._ptrs[bid]
             self._site_slots.setdefault(bid, []).append((site, j))
         self._sites.append(site)
-        return fn_name, ctypes.addressof(site)
+        return ctypes.addressof(site)
+
+    def _entry(self, name: str) -> tuple[str, int]:
+        """(function name, address of its pointer array) for kernel `name`."""
+        if name not in self._bindings:
+            return name, self._ptrs_addr
+        fn_name, ids = self._bindings[name]
+        return fn_name, self._site(ids)
 
     def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
-              threads: int) -> Callable[[], None] | None:
+              threads: int) -> Native | Callable[[], None] | None:
         if isinstance(t, kir.Kernel):
             if t.empty:
                 return None
-            n0 = t.shape[0]
             fn_name, bufs = self._entry(t.name)
-            if t.name in parallel and self._use_gomp:
-                self.split.add(t.name)
-                fn = KERNEL_FN(addrs[f"{fn_name}.par"])
-                return lambda: fn(bufs, n0, threads)
-            fn = KERNEL_FN(addrs[fn_name])
-            bounds = chunk_bounds(n0, t.work, threads, self._min_chunk_work)
-            if t.name in parallel and len(bounds) > 1:
-                self.split.add(t.name)
-                run = splitter(threads).run
-                return lambda: run(fn, bufs, bounds)
-            return lambda: fn(bufs, 0, n0)
+            return self._native(t.name, addrs[fn_name], bufs, t.shape[0], t.work,
+                                t.name in parallel, threads)
         if isinstance(t, kir.Check):
             return self._check_step(t)
+        gemm = self._gemms.get(id(t))
+        if gemm is not None:  # a generated GEMM: a native kernel over output rows
+            name, spec = gemm
+            ids = tuple(b for b in t.inputs if b is not None) + t.outputs
+            big = threads > 1 and spec.flops >= 4 * PARALLEL_FLOPS and spec.rows > 1
+            return self._native(name, addrs[name], self._site(ids), spec.rows,
+                                int(spec.flops // 2), big, threads)
         return self._library_step(t, threads, self._constants)
+
+    def _native(self, name: str, addr: int, bufs: int, n0: int, work: int, split: bool,
+                threads: int) -> Native | Callable[[], None]:
+        """A native step over outer rows [0, n0), or its split over threads."""
+        bounds = chunk_bounds(n0, work, threads, self._min_chunk_work)
+        if split and len(bounds) > 1:
+            self.split.add(name)
+            fn = KERNEL_FN(addr)
+            run = splitter(threads).run
+            return lambda: run(fn, bufs, bounds)
+        return Native(addr, bufs, 0, n0)
 
     def _check_step(self, t: kir.Check) -> Callable[[], None]:
         arrays = self._arrays
@@ -224,35 +291,46 @@ class Executable:
         return lambda: fn([None if b is None else arrays[b] for b in ins],
                           [arrays[b] for b in outs])
 
-    def _output_array(self, b: kir.Buffer) -> np.ndarray:
-        """The last run's output array when nobody else holds it any more, else a new one.
+    def _bind_outputs(self) -> None:
+        """Point the output buffers at the last run's arrays where the caller has dropped
+        them, else at new ones.
 
         A new 64 MB array page-faults on first touch (~15 ms of a 40 ms GELU run); an array
         the caller has dropped is safe to refill. References when dropped: our slot, `old`
         and getrefcount's argument. A view the caller kept counts too (its .base).
         """
-        old = self._arrays[b.id]
-        if old is not None and sys.getrefcount(old) == 3 and old.shape == tuple(b.shape):
-            return old
-        return np.empty(b.shape, b.dtype)
+        for b in self._outputs:
+            old = self._arrays[b.id]
+            if old is None or sys.getrefcount(old) != 3:
+                self._set(b.id, np.empty(b.shape, b.dtype))
+
+    def _bind_input(self, bid: int, x: np.ndarray) -> None:
+        """Bind a caller's array; the address of the array bound last time is reused.
+
+        Reading an array's address costs ~0.9 us (it builds __array_interface__); callers
+        feeding the same arrays again (benchmarks, servers with preallocated inputs) skip
+        it. A weak reference tells whether it is still the same, live object.
+        """
+        if type(x) is not np.ndarray or not x.flags.c_contiguous:
+            x = np.array(x, order="C")  # not np.ascontiguousarray: it turns 0-d into (1,)
+        ref = self._last_inputs.get(bid)
+        if ref is not None and ref() is x:
+            self._arrays[bid] = x
+            return
+        self._set(bid, x)
+        self._last_inputs[bid] = weakref.ref(x)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run the cluster; outputs are arrays the caller owns (reused once it drops them)."""
         with self._lock:
+            arrays = self._arrays
             for bid, x in zip(self.program.inputs, inputs):
-                # not np.ascontiguousarray: it turns 0-d arrays into shape (1,)
-                self._set(bid, x if x.flags.c_contiguous else np.ascontiguousarray(x))
-            for b in self._outputs:
-                self._set(b.id, self._output_array(b))
+                self._bind_input(bid, x)
+            self._bind_outputs()
             for step in self._steps:
                 step()
-            outs, handed = [], set()
-            for bid in self.program.outputs:
-                arr = self._arrays[bid]
-                if self.buffers[bid].role != "output" or bid in handed:
-                    arr = np.array(arr, copy=True)
-                handed.add(bid)
-                outs.append(arr)
+            outs = [np.array(arrays[bid], copy=True) if copy else arrays[bid]
+                    for bid, copy in self._handout]
             for bid in self.program.inputs:
-                self._arrays[bid] = None  # do not keep the caller's arrays alive
+                arrays[bid] = None  # do not keep the caller's arrays alive
             return outs
