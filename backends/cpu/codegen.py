@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from autoclust.backends.cpu import mathops
+from autoclust.backends.cpu import mathops, vectorize
 from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
 from llvmlite import ir
 
@@ -131,6 +131,52 @@ class KernelEmitter:
                 self._store(s)
 
     def _reduction(self, red: kir.Reduction, inner_ranges: list, phase: int) -> ir.Value:
+        if self._vector_phase(red, inner_ranges, phase):
+            return self._vector_reduction(red, inner_ranges)
+        return self._scalar_reduction(red, inner_ranges, phase)
+
+    def _vector_phase(self, red: kir.Reduction, inner_ranges: list, phase: int) -> bool:
+        """Float max/min phases over rows of at least one vector, with a simple expression
+        and nothing stashed in them, are emitted as vector code (vectorize.py)."""
+        if red.kind not in ("max", "min") or red.dtype not in ("float32", "float64"):
+            return False
+        if not inner_ranges or inner_ranges[-1][1].constant < vectorize.lanes(red.dtype):
+            return False
+        if any(key[0] == phase for key in self.stash):
+            return False
+        return vectorize.supported(red.expr, len(self.kernel.shape) - 1)
+
+    def _vector_reduction(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
+        b = self.b
+        v = vectorize.lanes(red.dtype)
+        ty = COMPUTE[red.dtype]
+        vx = vectorize.VectorExprs(self, v)
+        init = _reduce_init(red.kind, red.dtype, ty)
+        acc = entry_alloca(b, ir.VectorType(ty, v), "vacc")
+        b.store(ir.Constant(ir.VectorType(ty, v), [init.constant] * v), acc)
+        tail = entry_alloca(b, ty, "acc")
+        b.store(init, tail)
+        n = inner_ranges[-1][1].constant
+        chunks = n // v
+        name = "llvm.maxnum" if red.kind == "max" else "llvm.minnum"
+        with for_nest(b, inner_ranges[:-1], "r") as prefix:
+            with for_nest(b, [(_i64(0), _i64(chunks))], "vr") as (t,):
+                self.iv = self.outer + prefix + [b.mul(t, _i64(v), flags=["nsw"])]
+                self.memo, vx.memo = {}, {}
+                x = vx.value(red.expr)
+                x = vx.intrinsic(name, [x, ir.Constant(x.type, [init.constant] * v)])
+                b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
+            with for_nest(b, [(_i64(chunks * v), _i64(n))], "vt") as (i,):
+                self.iv = self.outer + prefix + [i]
+                self.memo = {}
+                b.store(self._combine(red.kind, b.load(tail), self.value(red.expr),
+                                      red.dtype), tail)
+        result = self.math.intrinsic(b, name, [vx.horizontal(b.load(acc), red.kind),
+                                               b.load(tail)], fastmath=("nnan",))
+        return self._nan_first(red, inner_ranges, result)
+
+    def _scalar_reduction(self, red: kir.Reduction, inner_ranges: list,
+                          phase: int) -> ir.Value:
         b = self.b
         arg = red.kind.startswith("arg")
         ty = COMPUTE[red.expr.dtype] if arg else COMPUTE[red.dtype]
@@ -153,15 +199,19 @@ class KernelEmitter:
                 take = self._arg_better(red.kind, x, old, red.expr.dtype)
                 b.store(b.select(take, x, old), acc)
                 b.store(b.select(take, inner[-1] if inner else _i64(0), b.load(pos)), pos)
-        result = b.load(pos if arg else acc)
+        return self._nan_first(red, inner_ranges, b.load(pos if arg else acc))
+
+    def _nan_first(self, red: kir.Reduction, inner_ranges: list, result: ir.Value) -> ir.Value:
+        """onnxruntime: a max/min/arg* row's NaN is skipped unless it is the first element."""
         nonempty = all(stop.constant > 0 for _, stop in inner_ranges)
         if red.kind in NAN_FIRST_KINDS and is_float(red.expr.dtype) and nonempty:
-            # onnxruntime: NaN is skipped unless it is the row's first element.
+            b = self.b
             self.iv = self.outer + [_i64(0)] * len(inner_ranges)
             self.memo = {}
             first = self.value(red.expr)
             first_nan = b.fcmp_unordered("uno", first, first)
-            result = b.select(first_nan, _i64(0) if arg else first, result)
+            result = b.select(first_nan, _i64(0) if red.kind.startswith("arg") else first,
+                              result)
         return result
 
     def _combine(self, kind: str, acc: ir.Value, x: ir.Value, dtype: str) -> ir.Value:
