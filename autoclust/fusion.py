@@ -333,9 +333,10 @@ class Fusion:
     """One fusion attempt over a graph with a given set of materialized values."""
 
     def __init__(self, graph: Graph, materialized: set[str], library: set[str],
-                 folds: dict[str, Node]):
+                 folds: dict[str, Node], notes: list[str]):
         self.graph = graph
         self.materialized = materialized
+        self.notes = notes
         self.library = library
         self.folds = folds  # MatMul name -> the bias Add folded into its Gemm call
         self.folded = {a.name for a in folds.values()}
@@ -364,9 +365,29 @@ class Fusion:
                 self._add_library_call(node)
                 continue
             for v in node.outputs:
-                if (v.name in self.materialized and v.name in self.live
-                        and not self._alias(v)):
-                    self._add_root(v)
+                if v.name in self.materialized and v.name in self.live:
+                    self._place(v)
+
+    def _place(self, v: Value) -> None:
+        """Add root v; a value it cannot inline is materialized on the spot (its own root
+        first, so it is computed before v's kernel reads it), then v is tried again.
+
+        Kernels formed earlier may still recompute that value inline: correct, and for a
+        model's repeated layers far cheaper than restarting fusion once per layer (BERT-base
+        materialized the same merge-heads Transpose in each of its 12 layers)."""
+        while True:
+            if self._alias(v):  # a view of a buffer: shares it, no kernel
+                return
+            try:
+                self._add_root(v)
+                return
+            except Materialize as m:
+                if m.value.name in self.materialized:
+                    raise CompileError(f"fusion of {self.graph.name}: cannot place "
+                                       f"{m.value.name}: {m.reason}") from None
+                self.materialized.add(m.value.name)
+                self.notes.append(f"{m.value.name} materialized: {m.reason}")
+                self._place(m.value)
 
     def _alias(self, v: Value) -> bool:
         """Whether `v`, a view (Reshape, ...) of a temp buffer, shares that buffer."""
@@ -581,16 +602,8 @@ def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
     folds = bias_folds(graph, library, fold_bias)
     materialized = _initial_materialized(graph, library, notes, folds)
     for _ in range(MAX_RESTARTS):
-        f = Fusion(graph, materialized, library, folds)
-        try:
-            f.run()
-        except Materialize as m:
-            if m.value.name in materialized:
-                raise CompileError(f"fusion of {graph.name}: cannot place {m.value.name}: "
-                                   f"{m.reason}") from None
-            materialized.add(m.value.name)
-            notes.append(f"{m.value.name} materialized: {m.reason}")
-            continue
+        f = Fusion(graph, materialized, library, folds, notes)
+        f.run()
         v = _shared_expensive(f)
         if v is None:
             return _program(f, notes)
@@ -617,9 +630,15 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
         n_kernels += 1
     inputs = {v.name for v in graph.inputs}
     outputs = {v.name for v in graph.outputs}
+    used = set().union(*(set().union(*kir.thunk_buffers(t)) for t in thunks)) if thunks \
+        else set()
+    used |= {f.buffers[v.name] for v in graph.inputs + graph.outputs}
+    used |= {f.buffers[v] for v in f.aliases if v in f.buffers}
     buffers = []
     constants = {}
     for name, bid in sorted(f.buffers.items(), key=lambda kv: kv[1]):
+        if bid not in used:  # taken by a trial that failed: no thunk reads or writes it
+            continue
         v = graph.values[name]
         role = ("input" if name in inputs else "const" if graph.is_constant(v)
                 else "output" if name in outputs else "temp")
