@@ -66,6 +66,9 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
              "always reassociate)", changes_code=True),
     FlagSpec("log", bool, False, "print one line per compile and fallback to stderr"),
+    FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
+             "background and run it with onnxruntime meanwhile, so run() never waits for a "
+             "compile (as TF's tf_xla_async_compilation)"),
 )
 
 _BY_NAME = {s.name: s for s in SPECS}

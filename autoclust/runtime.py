@@ -10,6 +10,7 @@ stores outputs and drops values past their last use.
 
 from __future__ import annotations
 
+import concurrent.futures
 import sys
 import threading
 import warnings
@@ -25,6 +26,10 @@ from autoclust.ir import Graph
 # A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
 # fewer than this many times per compile.
 RUNS_PER_COMPILE = 50
+# --async_compile: one background compiler thread per process (LLVM serializes compiles
+# behind its lock anyway, and fusion holds the GIL).
+_COMPILER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="autoclust-compile")
 
 
 class ClusterRunner:
@@ -52,6 +57,10 @@ class ClusterRunner:
         self.signatures: list[tuple] = []
         self._lock = threading.Lock()
         self._dumped_inputs = False
+        self.pending: dict[tuple, concurrent.futures.Future] = {}  # --async_compile
+        self.stand_in_runs = 0
+        self._stand_in: Any = None
+        self._async_lock = threading.Lock()  # not _lock: a compile holds that throughout
 
     def signature(self, inputs: list[np.ndarray]) -> tuple:
         key = tuple([(x.dtype, x.shape) for x in inputs])  # a list: faster than a genexpr
@@ -65,6 +74,8 @@ class ClusterRunner:
         key = self.signature(inputs)
         exe = self.cache.get(key)
         if exe is None:
+            if self.flags.async_compile and not self.flags.must_compile:
+                return self._run_while_compiling(key, inputs)
             exe = self._compile(key, inputs)
             if exe is None:
                 return self.fallback.run(inputs)
@@ -99,6 +110,24 @@ class ClusterRunner:
             self.compiles += 1
             self.cache[key] = exe
             return exe
+
+    def _run_while_compiling(self, key: tuple, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """--async_compile: start compiling this signature in the background (once) and
+        run the cluster with onnxruntime now."""
+        with self._async_lock:
+            if key not in self.pending:
+                copies = [np.array(x, copy=True) for x in inputs]  # the caller may reuse them
+                self.pending[key] = _COMPILER.submit(self._compile, key, copies)
+            if self._stand_in is None:
+                self._stand_in = registry.fallback().Segment(
+                    _onnx(self.graph), self.ort_options, name=self.name,
+                    input_names=self.input_names, output_names=self.output_names)
+        self.stand_in_runs += 1
+        return self._stand_in.run(inputs)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every background compile started so far has finished."""
+        concurrent.futures.wait(list(self.pending.values()), timeout=timeout)
 
     def _compile_now(self, inputs: list[np.ndarray]) -> Any:
         from autoclust.compile import compile_cluster
@@ -216,6 +245,11 @@ class Runtime:
 
     def compiled_clusters(self) -> list[ClusterRunner]:
         return [r for r in self.runners if isinstance(r, ClusterRunner)]
+
+    def wait_compiles(self, timeout: float | None = None) -> None:
+        """Block until every cluster's background compiles (--async_compile) are done."""
+        for r in self.compiled_clusters():
+            r.wait(timeout)
 
 
 def _onnx(graph: Graph) -> Any:
