@@ -58,9 +58,9 @@ def test_a_failed_background_compile_falls_back_with_one_warning(monkeypatch):
     monkeypatch.setattr(compile_mod, "compile_cluster", broken)
     sess = autoclust.InferenceSession(model, async_compile=True, min_cluster_size=1)
     feeds = zoo.feeds(model)
+    sess.run(None, feeds)
     with pytest.warns(RuntimeWarning, match="injected compile failure"):
-        sess.run(None, feeds)
-        sess._runtime.wait_compiles(60)
+        sess._runtime.compiled_clusters()[0].pending.popitem()[1].result(60)
     runner = sess._runtime.compiled_clusters()[0]
     assert "injected compile failure" in runner.fallback_reason
     np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0],
