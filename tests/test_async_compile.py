@@ -51,17 +51,21 @@ def test_first_run_and_new_shapes_run_in_onnxruntime_while_compiling(monkeypatch
 
 def test_a_failed_background_compile_falls_back_with_one_warning(monkeypatch):
     model = zoo.build("layernorm")
+    gate = threading.Event()
 
     def broken(*args, **kw):
+        gate.wait(30)
         raise RuntimeError("injected compile failure")
 
     monkeypatch.setattr(compile_mod, "compile_cluster", broken)
     sess = autoclust.InferenceSession(model, async_compile=True, min_cluster_size=1)
     feeds = zoo.feeds(model)
     sess.run(None, feeds)
-    with pytest.warns(RuntimeWarning, match="injected compile failure"):
-        sess._runtime.compiled_clusters()[0].pending.popitem()[1].result(60)
     runner = sess._runtime.compiled_clusters()[0]
+    job = next(iter(runner.pending.values()))
+    gate.set()  # the compile fails on the worker thread and warns there
+    with pytest.warns(RuntimeWarning, match="injected compile failure"):  # noqa: PT031
+        job.result(60)
     assert "injected compile failure" in runner.fallback_reason
     np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0],
                                rtol=1e-5, atol=1e-5)
