@@ -49,6 +49,11 @@ def test_first_run_and_new_shapes_run_in_onnxruntime_while_compiling(monkeypatch
     assert runner.compiles == 2 and runner.stand_in_runs == 4
 
 
+def _release(gate: threading.Event, job) -> None:
+    gate.set()
+    job.result(60)
+
+
 def test_a_failed_background_compile_falls_back_with_one_warning(monkeypatch):
     model = zoo.build("layernorm")
     gate = threading.Event()
@@ -63,9 +68,8 @@ def test_a_failed_background_compile_falls_back_with_one_warning(monkeypatch):
     sess.run(None, feeds)
     runner = sess._runtime.compiled_clusters()[0]
     job = next(iter(runner.pending.values()))
-    gate.set()  # the compile fails on the worker thread and warns there
-    with pytest.warns(RuntimeWarning, match="injected compile failure"):  # noqa: PT031
-        job.result(60)
+    with pytest.warns(RuntimeWarning, match="injected compile failure"):
+        _release(gate, job)  # the compile fails on the worker thread and warns there
     assert "injected compile failure" in runner.fallback_reason
     np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0],
                                rtol=1e-5, atol=1e-5)
