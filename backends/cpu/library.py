@@ -41,6 +41,7 @@ Measured on the 2-core znver4 build machine (noisy: other jobs share it), 2 thre
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -132,13 +133,15 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
         if impl not in builders:
             raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation {impl!r} "
                                      f"is not available (have {sorted(builders)})")
+        if impl == "mlas":  # forced: onnxruntime's refusal is the caller's error
+            builders["mlas"] = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
         return LibraryFn(op, impl, builders[impl](), "forced")
     key = (op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
            tuple(sorted(constants)))
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
     choice, note = _DECISIONS[key]
-    return LibraryFn(op, choice, builders[choice](), note)
+    return _build(op, choice, builders, note)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
@@ -206,14 +209,40 @@ def _candidates(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
                                          in_types, out_types)
     else:
         found["ref"] = lambda: _ref_run(op, attrs)
-    if dtype in MLAS_TYPES.get(op, ()):
-        try:
-            sess = _session(op, attrs, in_types, out_types, threads, constants)
-        except Exception:  # noqa: BLE001 - onnxruntime refusing a case means "no mlas"
-            sess = None
-        if sess is not None:
-            found["mlas"] = lambda: _bound_runner(sess, in_types, out_types, constants)
+    if dtype in MLAS_TYPES.get(op, ()):  # built only when chosen (see _build)
+        found["mlas"] = lambda: _bound_runner(
+            _session(op, attrs, in_types, out_types, threads, constants), in_types,
+            out_types, constants)
     return found
+
+
+def _forced_mlas(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
+                 threads: int, constants: dict[int, np.ndarray]) -> Callable:
+    try:
+        sess = _session(op, attrs, in_types, out_types, threads, constants)
+    except Exception as exc:  # noqa: BLE001 - turned into our error below
+        raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation 'mlas' is "
+                                 f"not available: onnxruntime refused it ({exc})") from None
+    return lambda: _bound_runner(sess, in_types, out_types, constants)
+
+
+def _build(op: str, choice: str, builders: dict[str, Callable], note: str) -> LibraryFn:
+    """The chosen implementation; onnxruntime refusing a case means the other one."""
+    try:
+        return LibraryFn(op, choice, builders[choice](), note)
+    except Exception as exc:
+        if choice != "mlas":
+            raise
+        other = "numpy" if "numpy" in builders else "ref"
+        return LibraryFn(op, other, builders[other](), f"mlas refused: {exc}"[:120])
+
+
+# Single-node sessions, reused by every call of the same op, attributes, dtypes and ranks
+# on the same constant arrays: their dims are symbolic, so a new sequence length or batch
+# size reuses them (and their prepacked weights) instead of building 96 sessions again for
+# BERT-base. Bounded: the least recently used session goes (and frees its weights).
+_SESSIONS: collections.OrderedDict = collections.OrderedDict()
+MAX_SESSIONS = 256
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
@@ -252,7 +281,26 @@ def _flops(op: str, attrs: dict[str, Any], in_types: list, out_types: list) -> f
 
 def _session(op: str, attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
              constants: dict[int, np.ndarray]) -> ort.InferenceSession:
-    """A single-node onnxruntime session for op; constant inputs become initializers.
+    """The single-node onnxruntime session for op (cached in _SESSIONS)."""
+    key = (op, _freeze(attrs), tuple(None if t is None else (t[0], len(t[1]), i in constants
+                                                             and t[1]) for i, t in
+                                     enumerate(in_types)),
+           tuple((t[0], len(t[1])) for t in out_types), threads,
+           tuple((i, id(c)) for i, c in sorted(constants.items())))
+    hit = _SESSIONS.get(key)
+    if hit is not None and all(hit[1][i] is c for i, c in constants.items()):
+        _SESSIONS.move_to_end(key)
+        return hit[0]
+    sess = _new_session(op, attrs, in_types, out_types, threads, constants)
+    _SESSIONS[key] = (sess, dict(constants))  # holding the arrays keeps their ids unique
+    if len(_SESSIONS) > MAX_SESSIONS:
+        _SESSIONS.popitem(last=False)
+    return sess
+
+
+def _new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
+                 threads: int, constants: dict[int, np.ndarray]) -> ort.InferenceSession:
+    """A single-node onnxruntime session for op, its non-constant dims symbolic.
 
     Constants travel as external initializers (OrtValues over our arrays), not inside the
     serialized model: building, checking and serializing a 768x3072 weight into a model
@@ -272,10 +320,12 @@ def _session(op: str, attrs: dict[str, Any], in_types: list, out_types: list, th
             value = np.ascontiguousarray(constants[i], t[0]).reshape(t[1])
             external[f"in{i}"] = ort.OrtValue.ortvalue_from_numpy(value)
         else:
-            graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, list(t[1])))
+            dims = [f"in{i}_{k}" for k in range(len(t[1]))]
+            graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, dims))
     outs = [f"out{j}" for j in range(len(out_types))]
     node = helper.make_node(op, names, outs, **attrs)
-    out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(d), list(s))
+    out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(d),
+                                              [f"{o}_{k}" for k in range(len(s))])
                 for o, (d, s) in zip(outs, out_types)]
     graph = helper.make_graph([node], f"library_{op}", graph_inputs, out_info, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
