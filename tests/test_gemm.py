@@ -130,3 +130,37 @@ def test_small_cluster_runs_in_one_driver_call():
     np.testing.assert_allclose(sess.run(None, {"x": x2})[0],
                                ort.InferenceSession(model.SerializeToString()).run(
                                    None, {"x": x2})[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("perm_b,perm_a,scale", [([1, 0], None, None), ([0, 2, 1], None, 0.125),
+                                                 (None, [0, 2, 1], 0.5), ([1, 0], [1, 0], None)])
+def test_matmul_of_transposed_operand_reads_it_in_place(perm_b, perm_a, scale):
+    """MatMul(A, Transpose(B)) (and a scale after it) becomes one FusedMatMul call with
+    transB (alpha): no transposed copy of B; numbers equal onnxruntime's."""
+    rank = len(perm_b or perm_a)
+    a_shape = (4, 6, 8)[3 - rank:] if perm_a is None else (4, 8, 6)[3 - rank:]
+    b_shape = (4, 5, 8)[3 - rank:] if perm_b is not None else (4, 8, 5)[3 - rank:]
+    nodes, a, b = [], "a", "b"
+    if perm_a is not None:
+        nodes.append(helper.make_node("Transpose", ["a"], ["at"], perm=perm_a))
+        a = "at"
+    if perm_b is not None:
+        nodes.append(helper.make_node("Transpose", ["b"], ["bt"], perm=perm_b))
+        b = "bt"
+    nodes.append(helper.make_node("MatMul", [a, b], ["y" if scale is None else "p"]))
+    inits = []
+    if scale is not None:
+        nodes.append(helper.make_node("Mul", ["p", "s"], ["y"]))
+        inits.append(onnx.numpy_helper.from_array(np.float32(scale), "s"))
+    m = _model(nodes, [("a", TensorProto.FLOAT, a_shape), ("b", TensorProto.FLOAT, b_shape)],
+               [("y", TensorProto.FLOAT, None)], inits)
+    feeds = {"a": RNG.standard_normal(a_shape).astype(np.float32),
+             "b": RNG.standard_normal(b_shape).astype(np.float32)}
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
+    got = sess.run(None, feeds)[0]
+    want = ort.InferenceSession(m.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, want) if scale else \
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    assert [t.op for t in exe.program.thunks] == ["FusedMatMul"], \
+        kir.format_program(exe.program)

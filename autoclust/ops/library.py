@@ -85,6 +85,45 @@ register("MatMul", LIBRARY, _infer_matmul, _matmul_ref, dtypes=GEMM_COMPILED,
          doc="MatMul(A, B): numpy matmul semantics (1-D operands, batch broadcasting).")
 
 
+def _swap_last(shape: Shape, flag: Any) -> Shape:
+    if shape is None or not flag or len(shape) < 2:
+        return shape
+    return tuple(shape[:-2]) + (shape[-1], shape[-2])
+
+
+def _infer_fused_matmul(ctx: InferContext) -> list[TypeShape]:
+    if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
+        raise ctx.fail("transBatchA/transBatchB are not supported")
+    for i in (0, 1):
+        s = ctx.shapes[i]
+        if s is not None and len(s) < 2:
+            raise ctx.fail(f"input {i} must have rank >= 2, got {s}")
+    shapes = [_swap_last(ctx.shapes[0], ctx.attr("transA", 0)),
+              _swap_last(ctx.shapes[1], ctx.attr("transB", 0))]
+    sub = InferContext("FusedMatMul", ctx.dtypes[:2], shapes, [None, None], {}, [True, True],
+                       ctx.node_name)
+    _check_dtypes(ctx, (0, 1), FLOAT_TYPES)
+    return _infer_matmul(sub)
+
+
+def _fused_matmul_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+    a, b = _work(inputs[0]), _work(inputs[1])
+    if attrs.get("transA", 0):
+        a = np.swapaxes(a, -1, -2)
+    if attrs.get("transB", 0):
+        b = np.swapaxes(b, -1, -2)
+    with np.errstate(all="ignore"):
+        y = np.matmul(a, b) * np.asarray(attrs.get("alpha", 1.0), a.dtype)
+    return [y.astype(inputs[0].dtype)]
+
+
+# onnxruntime's contrib op: what its optimizer makes of MatMul(A, Transpose(B)) and a scale,
+# and what our cluster optimizer does too (passes/simplify.py): no transposed copy.
+register("FusedMatMul", LIBRARY, _infer_fused_matmul, _fused_matmul_ref,
+         domain="com.microsoft", dtypes=frozenset(FLOAT_TYPES),
+         doc="FusedMatMul(A, B) = alpha * op(A) @ op(B); transA, transB swap the last dims.")
+
+
 def _infer_gemm(ctx: InferContext) -> list[TypeShape]:
     _check_dtypes(ctx, (0, 1, 2), MATMUL_TYPES)
     a, b = ctx.shapes[0], ctx.shapes[1]

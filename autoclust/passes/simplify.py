@@ -14,7 +14,6 @@ the op table (autoclust/ops/elementwise.py, Pow's lowering).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from autoclust.errors import AutoclustError
 from autoclust.ir import Graph, Node, Value
 from autoclust.passes.edits import new_constant, replace_node
 
-Rewrite = tuple[str, list[Value | None], dict[str, Any]]
+Rewrite = tuple  # (op, inputs, attrs) or (op, inputs, attrs, domain)
 Result = Value | Rewrite | None
 Rule = Callable[[Graph, Node], Result]
 
@@ -95,6 +94,48 @@ def _dropout(graph: Graph, n: Node) -> Result:
     return n.inputs[0]
 
 
+def _last_two_swapped(node: Node | None) -> Value | None:
+    """The input of a Transpose that swaps only the last two dims, else None."""
+    if node is None:
+        return None
+    perm = _perm(node)
+    if perm is None or len(perm) < 2:
+        return None
+    r = len(perm)
+    return node.inputs[0] if perm == list(range(r - 2)) + [r - 1, r - 2] else None
+
+
+def _matmul_of_transpose(graph: Graph, n: Node) -> Result:
+    """MatMul reading a transposed operand reads it in place: the library call does."""
+    a, b = n.inputs[0], n.inputs[1]
+    if n.outputs[0].dtype is None or n.outputs[0].dtype.kind != "f":
+        return None
+    ta = _last_two_swapped(_made_by(a, "Transpose"))
+    tb = _last_two_swapped(_made_by(b, "Transpose"))
+    if ta is None and tb is None:
+        return None
+    attrs = {"transA": int(ta is not None), "transB": int(tb is not None)}
+    return ("FusedMatMul", [ta or a, tb or b], attrs, "com.microsoft")
+
+
+def _scaled_matmul(graph: Graph, n: Node) -> Result:
+    """Mul(MatMul(a, b), c) with a scalar c -> FusedMatMul(a, b, alpha=c): the product is
+    scaled once either way, so the result is the same to the bit (float32 only: alpha is
+    a float32 attribute, and an existing alpha is never combined with c)."""
+    for mm, c in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+        p = None if mm is None else mm.producer
+        value = graph.constant_value(c)
+        if (p is None or (p.op, p.domain) not in (("MatMul", ""), ("FusedMatMul",
+                                                                  "com.microsoft"))
+                or len(mm.uses) != 1 or mm in graph.outputs or value is None
+                or value.size != 1 or mm.dtype != np.float32 or value.dtype != np.float32
+                or p.attrs.get("alpha", 1.0) != 1.0):
+            continue
+        attrs = {**p.attrs, "alpha": float(value.reshape(()))}
+        return ("FusedMatMul", list(p.inputs), attrs, "com.microsoft")
+    return None
+
+
 def _neg_neg(graph: Graph, n: Node) -> Result:
     inner = _made_by(n.inputs[0], "Neg")
     return None if inner is None else inner.inputs[0]
@@ -121,6 +162,8 @@ RULES: list[tuple[str, Rule]] = [
     ("CastLike", _forward(0)),  # CastLike(x: T, y: T) -> x
     ("Dropout", _dropout),  # Dropout(x) -> x (inference)
     ("Neg", _neg_neg),  # -(-x) -> x
+    ("MatMul", _matmul_of_transpose),  # MatMul(a, Transpose(b)) -> FusedMatMul(a, b, transB)
+    ("Mul", _scaled_matmul),  # MatMul(a, b) * c -> FusedMatMul(a, b, alpha=c)
     ("Expand", _forward(0)),  # Expand(x, shape) -> x when nothing broadcasts
 ]
 
@@ -142,16 +185,16 @@ def _apply(graph: Graph, node: Node, result: Value | Rewrite) -> bool:
         graph.replace_all_uses(out, result)
         graph.remove_node(node)
         return True
-    op, inputs, attrs = result
+    op, inputs, attrs, domain = (*result, "")[:4]
     if len(node.outputs) != 1:
         return False
     try:
-        types = ops.infer_node(Node(op, inputs, [Value("_")], attrs, node.name), graph)
+        types = ops.infer_node(Node(op, inputs, [Value("_")], attrs, node.name, domain), graph)
     except (AutoclustError, ValueError, TypeError, IndexError):
         return False
     if len(types) != 1 or not _same_type(types[0], out):
         return False
-    replace_node(graph, node, op, inputs, attrs)
+    replace_node(graph, node, op, inputs, attrs, domain)
     return True
 
 

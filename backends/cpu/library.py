@@ -63,15 +63,17 @@ RunFn = Callable[[Arrays, Sequence[np.ndarray]], None]
 
 F16, F32, F64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
 INTS = tuple(np.dtype(t) for t in ("int32", "int64"))
-OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
+OPS = ("MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
        "GlobalAveragePool", "GlobalMaxPool", "Einsum")
 # dtypes onnxruntime's CPU kernels take (float16 excluded: we compute it in float32).
 MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
+              "FusedMatMul": (F32,),
               "MaxPool": (F32, F64), "Conv": (F32,), "ConvTranspose": (F32,),
               "AveragePool": (F32,), "GlobalAveragePool": (F32,), "GlobalMaxPool": (F32,)}
 SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
 POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
 OPSET = 18
+CONTRIB = ("FusedMatMul",)  # ops of onnxruntime's com.microsoft domain
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
 
@@ -264,6 +266,8 @@ def _flops(op: str, attrs: dict[str, Any], in_types: list, out_types: list) -> f
     w_shape = in_types[1][1] if len(in_types) > 1 and in_types[1] is not None else ()
     if op == "MatMul":
         return 2.0 * out_size * x_shape[-1]
+    if op == "FusedMatMul":
+        return 2.0 * out_size * x_shape[-2 if attrs.get("transA", 0) else -1]
     if op == "Gemm":
         return 2.0 * out_size * x_shape[0 if attrs.get("transA", 0) else 1]
     if op == "Conv":
@@ -323,12 +327,16 @@ def _new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list
             dims = [f"in{i}_{k}" for k in range(len(t[1]))]
             graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, dims))
     outs = [f"out{j}" for j in range(len(out_types))]
-    node = helper.make_node(op, names, outs, **attrs)
+    node = helper.make_node(op, names, outs, domain="com.microsoft" if op in CONTRIB else "",
+                            **attrs)
     out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(d),
                                               [f"{o}_{k}" for k in range(len(s))])
                 for o, (d, s) in zip(outs, out_types)]
     graph = helper.make_graph([node], f"library_{op}", graph_inputs, out_info, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    imports = [helper.make_opsetid("", OPSET)]
+    if op in CONTRIB:
+        imports.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -639,7 +647,22 @@ def _ref_run(op: str, attrs: dict[str, Any]) -> RunFn:
     return run
 
 
+def _numpy_fused_matmul(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
+    alpha = attrs.get("alpha", 1.0)
+    trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
+
+    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
+        a = np.swapaxes(ins[0], -1, -2) if trans_a else ins[0]
+        b = np.swapaxes(ins[1], -1, -2) if trans_b else ins[1]
+        np.matmul(a, b, out=outs[0])
+        if alpha != 1.0:
+            np.multiply(outs[0], np.asarray(alpha, outs[0].dtype), out=outs[0])
+
+    return run
+
+
 NUMPY_BUILDERS: dict[str, Callable[[dict, list, list], RunFn]] = {
+    "FusedMatMul": _numpy_fused_matmul,
     "MatMul": _numpy_matmul,
     "Gemm": _numpy_gemm,
     "Conv": _numpy_conv,
