@@ -19,10 +19,12 @@ a small native driver, so a small cluster costs one ctypes call, not one per ker
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import queue
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -186,6 +188,8 @@ class Executable:
         self.split: set[str] = set()  # kernels split over threads (names)
         self._gemms = {id(t): g for t, g in (gemms or {}).items()}
         steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
+        # (thunk, step) for `profile`: the same steps one by one, without the driver
+        self._ungrouped = [(t, s) for t, s in zip(program.thunks, steps) if s is not None]
         self._steps = group_native([s for s in steps if s is not None], self._sites)
         self._outputs = [b for b in program.buffers if b.role == "output"]
         self._last_inputs: dict[int, weakref.ref] = {}
@@ -319,6 +323,28 @@ class Executable:
             return
         self._set(bid, x)
         self._last_inputs[bid] = weakref.ref(x)
+
+    def profile(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
+        """(thunk text, median ms) per thunk over `repeat` runs, each thunk timed alone
+        (native steps called one by one, not through the driver): `autoclust bench
+        --profile` prints this beside onnxruntime's own profile."""
+        times: list[list[float]] = [[] for _ in self._ungrouped]
+        with self._lock:
+            for bid, x in zip(self.program.inputs, inputs):
+                self._bind_input(bid, x)
+            self._bind_outputs()
+            for _ in range(max(repeat, 1)):
+                for k, (_, step) in enumerate(self._ungrouped):
+                    fn = step if not isinstance(step, Native) else \
+                        functools.partial(KERNEL_FN(step.fn), step.bufs, step.start, step.stop)
+                    t0 = time.perf_counter()
+                    fn()
+                    times[k].append(time.perf_counter() - t0)
+            for bid in self.program.inputs:
+                self._arrays[bid] = None
+        names = {b.id: b.name for b in self.program.buffers}
+        return [(kir.format_thunk(t, names).splitlines()[0], float(np.median(ts)) * 1e3)
+                for (t, _), ts in zip(self._ungrouped, times)]
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run the cluster; outputs are arrays the caller owns (reused once it drops them)."""
