@@ -29,7 +29,8 @@ from onnx import (
     numpy_helper,
 )
 
-from autoclust.errors import ModelLoadError
+from autoclust import ops
+from autoclust.errors import AutoclustError, ModelLoadError
 from autoclust.ir import Graph, Node, Shape, Value
 
 __all__ = ["LEGACY", "export_model", "import_model", "load_model_proto"]
@@ -537,7 +538,29 @@ class _Importer:
             self.graph.topo_sort()
         except ValueError as e:
             raise self.fail(str(e)) from e
+        fill_types(self.graph)
         return self.graph
+
+
+def fill_types(graph: Graph) -> None:
+    """Types ONNX shape inference left unknown, from the op table's rules, in graph order.
+
+    ONNX inference knows no contrib or custom ops (com.microsoft Gelu, ops registered with
+    autoclust.register_op), so everything downstream of one had no dtype and could not
+    cluster. Only unknowns are filled; a rule that fails leaves them unknown.
+    """
+    for node in graph.nodes:
+        if all(v.dtype is not None and v.shape is not None for v in node.outputs):
+            continue
+        try:
+            types = ops.infer_node(node, graph)
+        except (AutoclustError, ValueError, TypeError, IndexError, KeyError):
+            continue
+        for v, (dtype, shape) in zip(node.outputs, types):
+            if v.dtype is None and v.type_proto is None and dtype is not None:
+                v.dtype = np.dtype(dtype)
+            if v.shape is None and shape is not None:
+                v.shape = tuple(shape)
 
 
 def import_model(model: ModelSource, *, load_external: bool = True) -> Graph:
