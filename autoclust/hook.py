@@ -40,7 +40,7 @@ def _check_flags() -> None:
         _noted_default = True
         warnings.warn(f"autoclust: {flags.ENV_VAR} does not set --auto_jit; running with its "
                       "default, --auto_jit=2 (--auto_jit=0 turns autoclust off)",
-                      RuntimeWarning, stacklevel=4)
+                      RuntimeWarning, stacklevel=3)
 
 
 def make_jit_class(original: type) -> type:
