@@ -246,3 +246,47 @@ def test_supports_device_and_compatibility():
     odd = _add_model()
     odd.graph.node[0].domain = "com.example"
     assert not AutoclustBackend.is_compatible(odd)
+
+
+# ---- fallback sub-models keep the original model's opset imports -------------------------
+
+_CONTROL_FLOW = ("test_loop", "test_if", "test_scan", "test_sequence_map", "test_optional_")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name.startswith(_CONTROL_FLOW)],
+                         ids=lambda c: c.name)
+def test_exported_models_keep_the_opset_imports(case):
+    from autoclust.importers.onnx import export_model, import_model
+    exported = export_model(import_model(case.model))
+    want = {o.domain: o.version for o in case.model.opset_import}
+    got = {o.domain: o.version for o in exported.opset_import}
+    assert {d: got.get(d) for d in want} == want
+
+
+def test_segments_beside_a_cluster_keep_the_opset_and_run():
+    """test_loop16_seq_none's Loop (opset 16) as an onnxruntime segment next to a cluster."""
+    import onnxruntime as ort
+
+    from autoclust.importers.onnx import export_model
+    from autoclust.session import InferenceSession
+    case = next(c for c in CASES if c.name == "test_loop16_seq_none")
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    graph = model.graph
+    graph.input.append(helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [3]))
+    graph.node.extend([helper.make_node("Relu", ["a"], ["a_relu"]),
+                       helper.make_node("Mul", ["a_relu", "a_relu"], ["b"])])
+    graph.output.append(helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [3]))
+    sess = InferenceSession(model, min_cluster_size=1)
+    assert len(sess.plan.clusters) == 1 and sess.plan.reasons
+    segments = [s for s in sess.plan.steps if s not in sess.plan.clusters]
+    for step in segments:
+        sub = export_model(sess.plan.graph.extract(step.nodes, name=step.name))
+        assert [(o.domain, o.version) for o in sub.opset_import] == [("", 16)]
+    inputs = [conformance._array(x) for x in case.data_sets[0][0]]
+    feeds = dict(zip([i.name for i in case.model.graph.input], inputs))
+    feeds["a"] = np.array([-1.0, 2.0, 3.0], np.float32)
+    got = sess.run(None, feeds)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    np.testing.assert_array_equal(got[1], want[1])
+    assert [a.tolist() for a in got[0]] == [a.tolist() for a in want[0]]
