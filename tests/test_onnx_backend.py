@@ -266,8 +266,8 @@ def test_exported_models_keep_the_opset_imports(case):
 def test_segments_beside_a_cluster_keep_the_opset_and_run():
     """test_loop16_seq_none's Loop (opset 16) as an onnxruntime segment next to a cluster."""
     import onnxruntime as ort
-
     from autoclust.importers.onnx import export_model
+
     from autoclust.session import InferenceSession
     case = next(c for c in CASES if c.name == "test_loop16_seq_none")
     model = onnx.ModelProto()
