@@ -156,7 +156,42 @@ def _convert(spec: FlagSpec, raw: Any) -> Any:
         raise FlagError(f"--{spec.name}={raw} is not one of: {allowed}")
     if spec.type is int and value < -1:
         raise FlagError(f"--{spec.name} must be >= -1, got {value}")
+    if spec.type is list and value and spec.name in _NAME_CHECKS:
+        _NAME_CHECKS[spec.name](spec.name, value)
     return value
+
+
+def _op_names(flag: str, names: tuple) -> None:
+    """--ops_to_cluster / --cluster_exclude_ops: op names of the op table or op groups."""
+    from autoclust import ops  # lazily: the op table is not needed to parse other flags
+    table = ops.all_ops()
+    known_ops = sorted({d.op for d in table})
+    groups = sorted(set().union(*(d.group_names() for d in table)))
+    unknown = [n for n in names if n not in known_ops and n.upper() not in groups]
+    if unknown:
+        raise FlagError(f"--{flag}: unknown op or group {', '.join(map(repr, unknown))}"
+                        f"{_close(unknown, known_ops + groups)}; groups: {', '.join(groups)}; "
+                        f"ops: {', '.join(known_ops)}")
+
+
+def _pass_names(flag: str, names: tuple) -> None:
+    """--disable_passes: names of the cluster optimizer's passes."""
+    from autoclust.compile import PASSES
+    known = [name for name, _ in PASSES]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise FlagError(f"--{flag}: unknown pass {', '.join(map(repr, unknown))}"
+                        f"{_close(unknown, known)}; passes: {', '.join(known)}")
+
+
+def _close(unknown: list[str], known: list[str]) -> str:
+    import difflib
+    near = [m for n in unknown for m in difflib.get_close_matches(n, known, n=1)]
+    return f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
+
+
+_NAME_CHECKS = {"ops_to_cluster": _op_names, "cluster_exclude_ops": _op_names,
+                "disable_passes": _pass_names}
 
 
 def parse_string(text: str) -> dict[str, Any]:
@@ -193,12 +228,13 @@ def parse(env: str | None = None, **overrides: Any) -> Flags:
 
 
 def env_requests_jit() -> bool:
-    """True when AUTOCLUST_FLAGS asks for --auto_jit=1 or 2 (used by the import hook)."""
+    """True when AUTOCLUST_FLAGS is set, not empty and does not say --auto_jit=0 (auto_jit
+    defaults to 2 there as everywhere); used by the import hook."""
     text = os.environ.get(ENV_VAR, "")
-    if "auto_jit" not in text:
+    if not text.strip():
         return False
     try:
-        return parse_string(text).get("auto_jit", 0) > 0
+        return parse_string(text).get("auto_jit", _BY_NAME["auto_jit"].default) > 0
     except FlagError:
         return True  # let the session raise the FlagError with the full message
 

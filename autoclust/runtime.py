@@ -68,9 +68,9 @@ class ClusterRunner:
             key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
         return key
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
         if self.fallback is not None:
-            return self.fallback.run(inputs)
+            return self.fallback.run(inputs, run_options)
         key = self.signature(inputs)
         exe = self.cache.get(key)
         if exe is None:
@@ -78,7 +78,7 @@ class ClusterRunner:
                 return self._run_while_compiling(key, inputs)
             exe = self._compile(key, inputs)
             if exe is None:
-                return self.fallback.run(inputs)
+                return self.fallback.run(inputs, run_options)
         self.runs += 1
         outs = exe.run(inputs)
         if self.check_numerics:
@@ -187,8 +187,8 @@ class SegmentRunner:
             _onnx(graph), ort_options, providers, provider_options, name=step.name,
             input_names=self.input_names, output_names=self.output_names)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        return self.segment.run(inputs)
+    def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
+        return self.segment.run(inputs, run_options)
 
 
 class Runtime:
@@ -231,13 +231,33 @@ class Runtime:
         self.steps = [(r.run, r.input_names, r.output_names, f)
                       for r, f in zip(self.runners, self.frees)]
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run the plan on validated feeds; returns every graph output by name."""
+    def run(self, feeds: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
+        """Run the plan on validated feeds; returns every graph output by name.
+
+        With onnxruntime RunOptions, its segments get them (log severity and tag, config
+        entries) and `terminate` is checked before every step, as onnxruntime does between
+        its nodes.
+        """
+        if run_options is not None:
+            return self._run_with_options(feeds, run_options)
         env = dict(self.defaults)
         env.update(feeds)
         for run, in_names, out_names, frees in self.steps:
             outs = run([env[n] for n in in_names])
             for name, value in zip(out_names, outs):
+                env[name] = value
+            for name in frees:
+                del env[name]
+        return env
+
+    def _run_with_options(self, feeds: dict[str, np.ndarray], options: Any) -> dict[str, Any]:
+        env = dict(self.defaults)
+        env.update(feeds)
+        for runner, frees in zip(self.runners, self.frees):
+            if options.terminate:
+                raise registry.fallback().terminated_error(runner.name)
+            outs = runner.run([env[n] for n in runner.input_names], options)
+            for name, value in zip(runner.output_names, outs):
                 env[name] = value
             for name in frees:
                 del env[name]
