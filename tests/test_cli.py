@@ -92,6 +92,8 @@ def bad_files(tmp_path_factory):
     dump.mkdir()
     (dump / "cluster_0000.onnx").write_bytes(onnx.load(MLP).SerializeToString())
     (dump / "cluster_0000.inputs.npz").write_bytes(b"PK\x03\x04 broken")
+    (dump / "cluster_0001.onnx").write_bytes(b"\x08\x07 truncated")
+    (dump / "cluster_0002.onnx").mkdir()  # not a dumped cluster: not listed
     return d
 
 
@@ -128,8 +130,9 @@ MISTAKES = [
                                                            "/no/such/dir/page.html")),
     (["replay", "/no/cluster_0001"], "no dumped cluster model"),
     (["replay", "{d}/dump"], ("is a directory; replay one cluster of it, DIR/cluster_NNNN; "
-                             "dumped clusters: cluster_0000")),
+                             "dumped clusters: cluster_0000, cluster_0001")),
     (["replay", "{d}/dump/cluster_0000"], "cannot read saved inputs"),
+    (["replay", "{d}/dump/cluster_0001"], "cluster_0001.onnx': cannot load: DecodeError"),
     (["replay", "{d}/dump/cluster_0000", "--device", "tpu"], "argument --device: invalid choice"),
     (["exec", "/no/script.py"], "no such script: /no/script.py"),
     (["zoo", "nope", "--out", "{d}/zoo"], "unknown zoo model 'nope'"),

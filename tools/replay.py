@@ -23,7 +23,8 @@ def resolve(path: str) -> tuple[str, str | None]:
     """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx or the .npz."""
     if os.path.isdir(path):
         found = sorted(f.removesuffix(".onnx") for f in os.listdir(path)
-                       if f.startswith("cluster_") and f.endswith(".onnx"))
+                       if f.startswith("cluster_") and f.endswith(".onnx")
+                       and os.path.isfile(os.path.join(path, f)))
         listing = ", ".join(found) if found else "none (is it a --dump_to directory?)"
         raise ModelLoadError(f"{path} is a directory; replay one cluster of it, "
                              f"DIR/cluster_NNNN; dumped clusters: {listing}")
