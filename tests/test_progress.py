@@ -167,3 +167,14 @@ def test_fuzz_progress(monkeypatch, capsys):
     assert fuzz.main(args) == 0 and sys.stderr.getvalue() == ""
     assert fuzz.main(args + ["--log"]) == 0
     assert sys.stderr.getvalue().startswith("autoclust fuzz: 3/3 graphs, ")
+
+
+def test_background_compiles_show_no_bar(monkeypatch):
+    terminal = on_terminal(monkeypatch)
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    model = zoo.build("mixed_dynamic")
+    sess = autoclust.InferenceSession(model, device="interpreter", async_compile=True)
+    sess.run(None, zoo.feeds(model))  # onnxruntime runs the clusters meanwhile
+    sess._runtime.wait_compiles()
+    assert terminal.getvalue() == ""
+    assert sum(r.compiles for r in sess._runtime.compiled_clusters()) == 4
