@@ -12,10 +12,16 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autoclust.clustering import Plan
-from autoclust.ir import Node
+if TYPE_CHECKING:  # plural() is imported by light modules (progress, runtime logs)
+    from autoclust.clustering import Plan
+    from autoclust.ir import Node
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """`1 cluster`, `2 clusters`, `0 clusters` (`words` for irregular plurals)."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"
 
 
 def _histogram(nodes: list[Node]) -> dict[str, int]:
@@ -37,11 +43,11 @@ def explain_text(plan: Plan) -> str:
     total = len(plan.graph.nodes)
     covered = sum(len(c.nodes) for c in plan.clusters)
     share = 100.0 * covered / total if total else 0.0
-    summary = f"Built {len(plan.clusters)} clusters covering {covered}/{total} nodes"
+    summary = f"Built {plural(len(plan.clusters), 'cluster')} covering {covered}/{total} nodes"
     lines = [f"{summary} ({share:.1f}%)"]
     for c in plan.clusters:
         ops = _format_histogram(_histogram(c.nodes))
-        lines.append(f"  {c.name}: {len(c.nodes)} nodes  {ops}")
+        lines.append(f"  {c.name}: {plural(len(c.nodes), 'node')}  {ops}")
     left = _unclustered(plan)
     lines.append(f"Unclustered ops: {_format_histogram(_histogram(left))}")
     if left:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import sys
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -61,6 +62,7 @@ class ClusterRunner:
         self.stand_in_runs = 0
         self._stand_in: Any = None
         self._async_lock = threading.Lock()  # not _lock: a compile holds that throughout
+        self.progress: Any = None  # () -> Progress of the run's compiles, set by Runtime
 
     def signature(self, inputs: list[np.ndarray]) -> tuple:
         key = tuple([(x.dtype, x.shape) for x in inputs])  # a list: faster than a genexpr
@@ -133,10 +135,20 @@ class ClusterRunner:
         from autoclust.compile import compile_cluster
         types = [(x.dtype, x.shape) for x in inputs]
         shape_values = {self.input_names[i]: np.array(inputs[i]) for i in self.shape_value_index}
+        bar = self.progress() if self.progress is not None else None
+        if bar is not None:
+            bar.start(self.name)
+        t0 = time.perf_counter()
         exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
         if self.flags.log:
-            print(f"autoclust: compiled {self.name} for {types} -> "
-                  f"{getattr(exe, 'num_kernels', '?')} kernels", file=sys.stderr)
+            message = compile_message(self.name, self.backend, exe, inputs,
+                                      time.perf_counter() - t0)
+            if bar is not None:
+                bar.write(message)
+            else:
+                print(message, file=sys.stderr)
+        if bar is not None:
+            bar.update()
         if self.dumper is not None:
             self.dumper.write_compile(self.name, getattr(exe, "dumps", {}))
         return exe
@@ -175,6 +187,19 @@ class ClusterRunner:
                               "(--check_numerics)", RuntimeWarning, stacklevel=4)
 
 
+def compile_message(name: str, backend: Any, exe: Any, inputs: list[np.ndarray],
+                    seconds: float) -> str:
+    """The --log line of one compile (the interpreter interprets nodes, it has no kernels)."""
+    from autoclust.explain import plural
+    sig = ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
+    count = getattr(exe, "num_kernels", 0)
+    if getattr(backend, "NAME", "") == "interpreter":
+        return (f"autoclust: {name} ({sig}) will be interpreted: {plural(count, 'node')}, "
+                f"optimized in {seconds * 1e3:.0f} ms")
+    return (f"autoclust: compiled {name} ({sig}): {plural(count, 'kernel')} in "
+            f"{seconds * 1e3:.0f} ms")
+
+
 class SegmentRunner:
     """A fallback segment: an onnxruntime session over the segment's sub-model."""
 
@@ -199,6 +224,7 @@ class Runtime:
         from autoclust.clustering import Cluster
         self.plan = plan
         self.graph = plan.graph
+        self.backend = backend
         options = registry.fallback().sub_session_options(sess_options, flags.threads)
         self.runners: list[Any] = []
         for step in plan.steps:
@@ -210,6 +236,12 @@ class Runtime:
             else:
                 runner = SegmentRunner(step, sub, options, providers, provider_options)
             self.runners.append(runner)
+        self.flags = flags
+        self._progress: Any = None  # the compiles of the run in progress (a Progress)
+        self._progress_lock = threading.Lock()
+        if not flags.async_compile or flags.must_compile:  # background compiles block nothing
+            for r in self.compiled_clusters():
+                r.progress = self._compile_progress
         self.output_names = [v.name for v in self.graph.outputs]
         # Overridable initializers (also graph inputs) and constant graph outputs start in
         # the environment.
@@ -242,26 +274,55 @@ class Runtime:
             return self._run_with_options(feeds, run_options)
         env = dict(self.defaults)
         env.update(feeds)
-        for run, in_names, out_names, frees in self.steps:
-            outs = run([env[n] for n in in_names])
-            for name, value in zip(out_names, outs):
-                env[name] = value
-            for name in frees:
-                del env[name]
+        try:
+            for run, in_names, out_names, frees in self.steps:
+                outs = run([env[n] for n in in_names])
+                for name, value in zip(out_names, outs):
+                    env[name] = value
+                for name in frees:
+                    del env[name]
+        finally:  # costs nothing without an exception (zero-cost try since Python 3.11)
+            if self._progress is not None:
+                self._end_progress()
         return env
 
     def _run_with_options(self, feeds: dict[str, np.ndarray], options: Any) -> dict[str, Any]:
         env = dict(self.defaults)
         env.update(feeds)
-        for runner, frees in zip(self.runners, self.frees):
-            if options.terminate:
-                raise registry.fallback().terminated_error(runner.name)
-            outs = runner.run([env[n] for n in runner.input_names], options)
-            for name, value in zip(runner.output_names, outs):
-                env[name] = value
-            for name in frees:
-                del env[name]
+        try:
+            for runner, frees in zip(self.runners, self.frees):
+                if options.terminate:
+                    raise registry.fallback().terminated_error(runner.name)
+                outs = runner.run([env[n] for n in runner.input_names], options)
+                for name, value in zip(runner.output_names, outs):
+                    env[name] = value
+                for name in frees:
+                    del env[name]
+        finally:
+            if self._progress is not None:
+                self._end_progress()
         return env
+
+    def _compile_progress(self) -> Any:
+        """The progress of this run's compiles, made at its first compile (cold path)."""
+        from autoclust.progress import Progress
+        with self._progress_lock:
+            if self._progress is None:
+                # A first run compiles every cluster; a later one those meeting a new signature.
+                todo = sum(1 for r in self.compiled_clusters()
+                           if not r.cache and r.fallback is None)
+                verb = ("autoclust: optimizing for the interpreter"
+                        if getattr(self.backend, "NAME", "") == "interpreter"
+                        else "autoclust: compiling")
+                self._progress = Progress(verb, total=todo or None, unit="cluster",
+                                          log=self.flags.log, leave=False)
+            return self._progress
+
+    def _end_progress(self) -> None:
+        with self._progress_lock:
+            progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.close()
 
     def compiled_clusters(self) -> list[ClusterRunner]:
         return [r for r in self.runners if isinstance(r, ClusterRunner)]

@@ -413,7 +413,7 @@ def test_explain_text_and_json():
     plan = cluster(graph, flags(min_cluster_size=2, cluster_exclude_ops="MatMul,Softmax"), ALL)
     text = explain_text(plan)
     lines = text.splitlines()
-    assert lines[0] == "Built 1 clusters covering 4/6 nodes (66.7%)"
+    assert lines[0] == "Built 1 cluster covering 4/6 nodes (66.7%)"
     assert lines[1] == "  cluster_0000: 4 nodes  Exp, ReduceMean, Relu, Sub"
     assert lines[2] == "Unclustered ops: MatMul, Softmax"
     assert lines[3:] == ["Unclustered nodes:",

@@ -32,6 +32,7 @@ from autoclust.tools import fuzz_check, fuzz_gen, fuzz_shrink
 from autoclust.tools.fuzz_check import CRASH, Outcome
 
 from autoclust import registry
+from autoclust.progress import Progress
 
 DEVICE_ENV = "AUTOCLUST_FUZZ_DEVICE"
 # Fault injection for testing the isolation itself: "crash:OP" or "hang:OP" makes the
@@ -226,8 +227,10 @@ def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker
 def run(seed: int, cases: int | None = None, seconds: float | None = None,
         device: str | None = None, out_dir: str | None = None,
         checker: Checker | None = None, max_reports: int = 10,
-        log: Callable[[str], None] = lambda s: None) -> Summary:
-    """Fuzz until `cases` graphs or `seconds` pass; in-process unless `checker` isolates."""
+        log: Callable[[str], None] = lambda s: None, progress: Any = None) -> Summary:
+    """Fuzz until `cases` graphs or `seconds` pass; in-process unless `checker` isolates.
+
+    `progress` (an autoclust.progress.Progress) is told about every finished graph."""
     device = device or default_device()
     check = checker or fuzz_check.check
     summary = Summary()
@@ -245,6 +248,8 @@ def run(seed: int, cases: int | None = None, seconds: float | None = None,
             summary.failures.append(_report(case, variants, outcome, check, out_dir, device,
                                             log))
         index += 1
+        if progress is not None:
+            progress.update(detail=f"{summary.failed} failed")
     return summary
 
 
@@ -252,13 +257,16 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="autoclust fuzz", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")
     p.add_argument("--cases", type=int, default=None, help="stop after this many graphs")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the graph generator "
+                   "(default 0); a case is reproduced from its seed and index")
     p.add_argument("--device", default=None, choices=registry.device_names(),
                    help=f"device under test (default: ${DEVICE_ENV}, else cpu if usable)")
     p.add_argument("--out", default=None, help="write shrunk repro bundles here")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
     p.add_argument("--max-reports", type=int, default=10, help="failures shrunk and reported")
     p.add_argument("--in-process", action="store_true", help="no worker (faster, not isolated)")
+    p.add_argument("--log", action="store_true",
+                   help="progress lines when stderr is not a terminal (a bar when it is)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -276,10 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     worker = None if args.in_process else Worker(args.timeout)
     device = args.device or default_device()
     print(f"autoclust fuzz: seed {args.seed}, device {device}", flush=True)
+    bar = Progress("autoclust fuzz", total=args.cases, unit="graph", log=args.log, delay=0)
     try:
         summary = run(args.seed, args.cases, args.seconds, device, args.out, worker,
-                      args.max_reports, log=lambda s: print(s, flush=True))
+                      args.max_reports, log=lambda s: bar.write(s, stream=sys.stdout),
+                      progress=bar)
     finally:
+        bar.close()
         if worker is not None:
             worker.close()
     print(summary.line())
