@@ -60,6 +60,10 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
              "always reassociate)", changes_code=True),
     FlagSpec("log", bool, False, "print one line per compile and fallback to stderr"),
+    FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
+             "makes the compiled code of the first OP node of each cluster wrong, fail to "
+             "compile, or abort (autoclust/inject.py); for testing bisect and minify",
+             changes_code=True),
 )
 
 _BY_NAME = {s.name: s for s in SPECS}
@@ -147,6 +151,9 @@ def _convert(spec: FlagSpec, raw: Any) -> Any:
         raise FlagError(f"--{spec.name}={raw} is not one of: {allowed}")
     if spec.type is int and value < -1:
         raise FlagError(f"--{spec.name} must be >= -1, got {value}")
+    if spec.name == "inject_bug":
+        from autoclust import inject
+        inject.parse(value)  # FlagError for a malformed KIND:OP
     return value
 
 

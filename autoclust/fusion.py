@@ -24,8 +24,8 @@ import dataclasses
 
 import numpy as np
 
+from autoclust import inject, ops
 from autoclust import kernel_ir as kir
-from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.fusion_lower import NeedRowDomain, Refuse, broadcast_index
 from autoclust.fusion_rows import LOWERINGS, reduced_index, refined_row_domain, why_not_lower
@@ -116,7 +116,7 @@ class KernelBuilder:
             self.inlined.add(v.name)
         self.nodes[node.name] = None
         lower = LOWERINGS[node.op]
-        return lower(self, node, node.outputs.index(v), idx)
+        return inject.apply(node, lower(self, node, node.outputs.index(v), idx), self.graph)
 
     def operand(self, node: Node, i: int, idx: tuple[Affine, ...],
                 out_shape: tuple[int, ...]) -> kir.Expr:

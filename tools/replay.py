@@ -1,33 +1,24 @@
 """`autoclust replay DIR/cluster_NNNN`: rerun one dumped cluster on its own.
 
 Loads cluster_NNNN.onnx and its saved inputs (cluster_NNNN.inputs.npz, else generated
-from the model's signature), then runs it three ways: compiled on the chosen device,
-onnxruntime, and the interpreter (the NumPy reference). Prints max abs/rel error per
-output and timings; exits 1 when compiled output differs beyond tolerance. This is our
-run_hlo_module.
+from the model's signature), or a repro bundle folder (model.onnx, inputs.npz), then runs
+it three ways: compiled on the chosen device, onnxruntime, and the interpreter (the NumPy
+reference). Prints max abs/rel error per output and timings; exits 1 when compiled output
+differs beyond tolerance. This is our run_hlo_module.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 import numpy as np
 
-from autoclust.errors import ModelLoadError
-
 
 def resolve(path: str) -> tuple[str, str | None]:
-    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx or the .npz."""
-    base = path
-    for suffix in (".onnx", ".inputs.npz"):
-        base = base.removesuffix(suffix)
-    model = base + ".onnx"
-    if not os.path.exists(model):
-        raise ModelLoadError(f"no dumped cluster model at {model}")
-    inputs = base + ".inputs.npz"
-    return model, inputs if os.path.exists(inputs) else None
+    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx, the .npz or a bundle."""
+    from autoclust.tools.repro import resolve as resolve_target
+    return resolve_target(path)
 
 
 def _timed(fn: Any, repeat: int) -> tuple[Any, float]:
@@ -58,14 +49,15 @@ def compare(name: str, got: np.ndarray, want: np.ndarray) -> tuple[float, float]
 def main(args: argparse.Namespace) -> int:
     from autoclust.backends import ort as ort_backend
     from autoclust.importers.onnx import import_model, load_model_proto
+    from autoclust.tools.repro import load_arrays
     from autoclust.tools.run import generate_inputs
 
-    from autoclust import dump, flags, interpreter, registry
+    from autoclust import flags, inject, interpreter, registry
     from autoclust.compile import compile_cluster
 
     model_path, inputs_path = resolve(args.cluster)
     proto = load_model_proto(model_path)
-    feeds = dump.load_inputs(inputs_path) if inputs_path else generate_inputs(proto)
+    feeds = load_arrays(inputs_path) if inputs_path else generate_inputs(proto)
     overrides = flags.parse_string(args.flags) if args.flags else {}
     if args.device:
         overrides["device"] = args.device
@@ -74,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
     inputs = [feeds[v.name] for v in graph.inputs]
     types = [(x.dtype, x.shape) for x in inputs]
     backend = registry.get_backend(f.device)
-    exe = compile_cluster(graph, types, {}, f, backend)
+    with inject.active(f):
+        exe = compile_cluster(graph, types, {}, f, backend)
     compiled, t_compiled = _timed(lambda: exe.run(inputs), args.repeat)
     sess = ort_backend.create_session(proto, None)
     ref, t_ort = _timed(lambda: sess.run(None, feeds), args.repeat)

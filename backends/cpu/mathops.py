@@ -80,6 +80,9 @@ class MathOps:
         x = args[0]
         if name == "select":
             return b.select(args[0], args[1], args[2])
+        if name == "trap":  # --inject_bug=crash
+            b.call(self._fn("llvm.trap", ir.VoidType(), []), [])
+            return x
         if _is_float(x.type):
             return self._float(b, name, args, flags)
         return self._int(b, name, args)
