@@ -1,4 +1,4 @@
-"""`autoclust bisect MODEL`: from "outputs differ" to the first node whose compiled code breaks them.
+"""`autoclust bisect MODEL`: find the first node whose compiled code makes the outputs wrong.
 
     autoclust bisect model.onnx [--input NAME=FILE.npy ...] [--dim seq=64] [--flags "..."]
     autoclust bisect /tmp/ac/cluster_0003          # a dumped cluster, on its saved inputs
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import time
 from collections.abc import Callable
@@ -56,8 +57,15 @@ def describe(outcome: Outcome, width: int = 0) -> str:
 
 
 def verdict(outcome: Outcome) -> str:
-    """One short word or line for a trial log."""
-    return describe(outcome, 90) if failed(outcome) else "ok"
+    """A short line for a trial log: 'ok', 'mismatch: output 0: 12 of 64 elements differ
+    (max abs diff 1.5)', or the failure cut to 90 characters."""
+    if not failed(outcome):
+        return "ok"
+    found = re.match(r"(output \d+: \d+ of \d+ elements differ).*(max abs diff \S+)$",
+                     outcome.message)
+    if outcome.kind == fuzz_check.MISMATCH and found:
+        return f"mismatch: {found.group(1)} ({found.group(2)})"
+    return describe(outcome, 90)
 
 
 class Trials:
@@ -102,7 +110,7 @@ def standalone(graph: Graph, nodes: list[Node], values: Feeds, name: str
     feeds = {}
     for v in list(sub.inputs):
         value = np.asarray(values[v.name])
-        if shrink._static(value):  # shapes and axes: static, as the runtime specializes them
+        if shrink.static_value(value):  # shapes and axes: static, as the runtime specializes them
             sub.inputs.remove(v)
             sub.initializers[v.name] = value
             v.dtype, v.shape = value.dtype, tuple(value.shape)
@@ -235,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
 def commands(result: dict[str, Any]) -> list[str]:
     """The replay and minify command lines for a bisect result."""
     flags = f" --flags={shlex.quote(result['flags'])}" if result["flags"] else ""
-    prefix = os.path.relpath(result["prefix"])
+    prefix = repro.shown(result["prefix"])
     return [f"autoclust replay {prefix}{flags}", f"autoclust minify {prefix}{flags}"]
 
 
@@ -260,13 +268,15 @@ def main(argv: list[str]) -> int:
     result.update(model=args.model, trials=trials.count,
                   seconds=round(time.perf_counter() - start, 2))
     if result["result"] != "found":
-        print(f"{result['result']} ({trials.count} trials)")
-        return 0 if result["result"].startswith("no failure") else 1
+        clean = result["result"].startswith("no failure")
+        print(f"{result['result']} ({trials.count} trials)"
+              + ("" if clean else f"; the model's failure: {result['failure']}"))
+        return 0 if clean else 1
     with open(os.path.join(args.out, "bisect.json"), "w") as f:
         json.dump(result, f, indent=2)
-    print(f"first bad node: {result['node']} ({result['op']}) in {result['cluster']}, "
-          f"{result['prefix_nodes']} of its {result['cluster_nodes']} nodes alone: "
-          f"{result['node_failure']}")
+    print(f"first bad node: {result['node']} ({result['op']}), node {result['prefix_nodes']} "
+          f"of {result['cluster']}'s {result['cluster_nodes']}")
+    print(f"  its first {result['prefix_nodes']} nodes alone: {result['node_failure']}")
     print(f"{trials.count} trials in {result['seconds']:.1f} s; dump in {args.out}")
     for line in commands(result):
         print(f"  {line}")

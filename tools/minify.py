@@ -16,7 +16,6 @@ meta.json under --out and prints the `autoclust replay` command.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 import onnx
 from autoclust.tools import fuzz, fuzz_check, repro, shrink
-from autoclust.tools.bisect import ALONE, Trials, describe, failed
+from autoclust.tools.bisect import ALONE, Trials, describe, failed, verdict
 from autoclust.tools.fuzz_check import Outcome
 
 
@@ -43,14 +42,18 @@ def signature(outcome: Outcome) -> tuple[str, ...]:
 
 def minify(model: onnx.ModelProto, feeds: repro.Feeds, trials: Trials,
            match: str | None = None) -> tuple[onnx.ModelProto, repro.Feeds, Outcome] | None:
-    """The smallest model found that fails like `model` does; None when it does not fail."""
+    """The smallest model found that fails like `model` does; None when it does not fail
+    (or its failure does not match `match`)."""
     first = trials.run(model, feeds, **ALONE)
+    pattern = re.compile(match) if match else None
     if not failed(first) and not first.failed:  # an interpreter mismatch is a failure too
         return None
+    if pattern is not None and not pattern.search(first.message):
+        trials.log(f"  the failure does not match --match: {describe(first)}")
+        return None
     want = signature(first)
-    pattern = re.compile(match) if match else None
     trials.log(f"  original ({len(shrink.normalize(model).graph.node)} nodes, Constant nodes "
-               f"not counted): {describe(first, 90)}")
+               f"not counted): {verdict(first)}")
 
     def still_fails(m: onnx.ModelProto, f: repro.Feeds) -> bool:
         outcome = trials.run(m, f, **ALONE)
@@ -84,7 +87,7 @@ def _print_repro(model: onnx.ModelProto, out: str, flags: str, meta: dict[str, A
     print(import_model(model))
     flag_arg = f" --flags={shlex.quote(flags)}" if flags else ""
     print(f"repro bundle: {out} (model.onnx, inputs.npz, expected.npz, meta.json)")
-    print(f"  autoclust replay {os.path.relpath(out)}{flag_arg}")
+    print(f"  autoclust replay {repro.shown(out)}{flag_arg}")
 
 
 def main(argv: list[str]) -> int:

@@ -118,6 +118,12 @@ def load_target(path: str, inputs: dict[str, str] | None = None,
     return model, feeds, source
 
 
+def shown(path: str) -> str:
+    """`path` relative to the working directory when inside it, else absolute."""
+    rel = os.path.relpath(path)
+    return os.path.abspath(path) if rel.startswith("..") else rel
+
+
 def flags_text(flags: dict[str, Any]) -> str:
     """Flag overrides as an AUTOCLUST_FLAGS / --flags string."""
     parts = []

@@ -126,7 +126,7 @@ def prune(model: onnx.ModelProto, feeds: Feeds) -> tuple[onnx.ModelProto, Feeds]
     return out, {k: v for k, v in feeds.items() if k in needed}
 
 
-def _static(value: np.ndarray) -> bool:
+def static_value(value: np.ndarray) -> bool:
     """Integer scalars and vectors (shapes, axes, indices) are kept as constants."""
     return value.dtype.kind in "iu" and value.ndim <= 1
 
@@ -155,7 +155,7 @@ def subset(model: onnx.ModelProto, keep: list[int], values: dict[str, np.ndarray
     for x in reads:
         if x in inits:
             continue
-        if x not in old_inputs and _static(values[x]):
+        if x not in old_inputs and static_value(values[x]):
             consts.append(numpy_helper.from_array(values[x], x))
             continue
         inputs.append(old_inputs.get(x) or _info(x, values[x]))
@@ -302,7 +302,7 @@ def _arrays(model: onnx.ModelProto, feeds: Feeds) -> dict[str, tuple[int, ...]]:
     out = {v.name: feeds[v.name].shape for v in model.graph.input if v.name in feeds}
     for t in model.graph.initializer:
         arr = numpy_helper.to_array(t)
-        if arr.size > 1 and not _static(arr):
+        if arr.size > 1 and not static_value(arr):
             out[t.name] = arr.shape
     return out
 
@@ -336,6 +336,6 @@ def shrink(model: onnx.ModelProto, feeds: Feeds, still_fails: Predicate,
     for phase in phases:
         before = len(model.graph.node)
         model, feeds = STEPS[phase](model, feeds, still_fails)
-        log(f"{phase}: {before} -> {len(model.graph.node)} nodes, inputs "
-            + ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in feeds.items()))
+        inputs = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in feeds.items())
+        log(f"  {phase}: {before} -> {len(model.graph.node)} nodes; inputs: {inputs or '-'}")
     return model, feeds
