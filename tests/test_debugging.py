@@ -124,6 +124,29 @@ def test_crash_bug_aborts_when_the_compiled_code_runs(tmp_path):
     assert other.returncode == 0 and float(other.stdout) == pytest.approx(6.0)
 
 
+TARGET_SCRIPT = """
+import sys, numpy as np, onnx, autoclust
+from autoclust.tools.run import generate_inputs
+model = onnx.load(sys.argv[1])
+sess = autoclust.InferenceSession(model, inject_bug="accuracy:Add")
+np.save(sys.argv[2], sess.run(None, generate_inputs(model))[0])
+"""
+
+
+def test_inject_target_is_the_same_in_every_process(tmp_path):
+    path = os.path.join(MODELS, "bert_encoder.onnx")
+    outs = []
+    for seed in ("1", "2"):  # a target chosen by hashing would move between processes
+        out = str(tmp_path / f"y{seed}.npy")
+        subprocess.run([sys.executable, "-c", TARGET_SCRIPT, path, out], check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300)
+        outs.append(np.load(out))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    from autoclust.tools.run import generate_inputs
+    want = fuzz_check.run_ort(onnx.load(path), generate_inputs(onnx.load(path)))[0]
+    assert np.abs(outs[0] - want).max() > 0.01  # the fault is there
+
+
 # ---- the shrinker -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("needed, most", [({13}, 8), ({3, 17}, 30), ({0, 1, 19}, 30)])
