@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from autoclust import inject
 from autoclust import kernel_ir as kir
 from autoclust.errors import CompileError, FlagError
 from autoclust.flags import Flags
@@ -47,6 +48,12 @@ MAX_ROUNDS = 4
 def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, ...]]],
                     shape_values: dict[str, np.ndarray], flags: Flags, backend: Any) -> Any:
     """specialize -> optimize -> fuse -> collapse -> share -> plan memory -> backend."""
+    with inject.active(flags):  # --inject_bug reaches the lowerings (testing only)
+        return _compile_cluster(graph, input_types, shape_values, flags, backend)
+
+
+def _compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, ...]]],
+                     shape_values: dict[str, np.ndarray], flags: Flags, backend: Any) -> Any:
     specialized = specialize(graph, input_types, shape_values)
     optimized = optimize(specialized, flags)
     if policy(backend).lowers:

@@ -69,6 +69,10 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
              "background and run it with onnxruntime meanwhile, so run() never waits for a "
              "compile (as TF's tf_xla_async_compilation)"),
+    FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
+             "makes the compiled code of the first OP node of each cluster wrong, fail to "
+             "compile, or abort (autoclust/inject.py); for testing bisect and minify",
+             changes_code=True),
 )
 
 _BY_NAME = {s.name: s for s in SPECS}
@@ -158,6 +162,9 @@ def _convert(spec: FlagSpec, raw: Any) -> Any:
         raise FlagError(f"--{spec.name} must be >= -1, got {value}")
     if spec.type is list and value and spec.name in _NAME_CHECKS:
         _NAME_CHECKS[spec.name](spec.name, value)
+    if spec.name == "inject_bug":
+        from autoclust import inject
+        inject.parse(value)  # FlagError for a malformed KIND:OP
     return value
 
 

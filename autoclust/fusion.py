@@ -31,8 +31,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from autoclust import inject, ops
 from autoclust import kernel_ir as kir
-from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.indexing import (
     contiguous_strides,
@@ -288,7 +288,7 @@ def lower_node(b: KernelBuilder, node: Node, k: int, idx: Idx) -> kir.Expr:
     opdef = ops.get(node.op, node.domain)
     if opdef is None or opdef.lower is None:
         raise CompileError(f"node {node.name!r}: {node.qualified_op} has no lowering")
-    e = opdef.lower(NodeLowering(b, node, k, idx))
+    e = inject.apply(node, opdef.lower(NodeLowering(b, node, k, idx)), b.graph)
     want = node.outputs[k].dtype.name
     if e.dtype != want:
         if want in NARROW_FLOATS and e.dtype == "float32":

@@ -45,6 +45,7 @@ PRIMITIVES: dict[str, int] = {
         "add", "sub", "mul", "div", "mod", "fmod", "pow", "max", "min", "lt", "le", "gt",
         "ge", "eq", "ne", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr")},
     "select": 3,
+    "trap": 1,  # yields its argument, but aborts when run (--inject_bug=crash only)
 }
 COMPARE_OPS = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "isnan"})
 # Primitives that cost far more than a load: fusion recomputes few of them, and a backend

@@ -84,7 +84,7 @@ class ClusterRunner:
         self.runs += 1
         outs = exe.run(inputs)
         if self.check_numerics:
-            self._check_numerics(outs)
+            self._check_numerics(inputs, outs)
         return outs
 
     # ---- compiling ------------------------------------------------------------------
@@ -180,11 +180,54 @@ class ClusterRunner:
             _onnx(self.graph), self.ort_options, name=self.name, input_names=self.input_names,
             output_names=self.output_names)
 
-    def _check_numerics(self, outs: list[np.ndarray]) -> None:
-        for name, x in zip(self.output_names, outs):
-            if x.dtype.kind == "f" and x.size and not np.isfinite(x).all():
-                warnings.warn(f"autoclust: {self.name} output {name!r} has NaN or inf "
-                              "(--check_numerics)", RuntimeWarning, stacklevel=4)
+    def _check_numerics(self, inputs: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        bad = [name for name, x in zip(self.output_names, outs) if _nonfinite(x)]
+        if bad:  # only now pay for locating the node and summarizing the inputs
+            what = f"output {bad[0]!r} has" if len(bad) == 1 else \
+                f"outputs {', '.join(repr(b) for b in bad)} have"
+            warnings.warn(f"autoclust: {self.name} {what} NaN or inf (--check_numerics); "
+                          f"{first_nonfinite(self.graph, inputs)}; inputs: "
+                          f"{value_ranges(self.input_names, inputs)}", RuntimeWarning,
+                          stacklevel=4)
+
+
+def _nonfinite(x: np.ndarray) -> bool:
+    return x.dtype.kind == "f" and x.size > 0 and not np.isfinite(x).all()
+
+
+def first_nonfinite(graph: Graph, inputs: list[np.ndarray]) -> str:
+    """Which node makes the first NaN/inf: the graph re-run node by node with the references."""
+    from autoclust import ops
+    env = {**graph.initializers, **{v.name: x for v, x in zip(graph.inputs, inputs)}}
+    first = "an input has it"
+    with np.errstate(all="ignore"):
+        for node in graph.nodes:
+            args = [None if v is None else env[v.name] for v in node.inputs]
+            for v, r in zip(node.outputs, ops.run_ref(node, args)):
+                env[v.name] = r = np.asarray(r)
+                if first.startswith("an input") and _nonfinite(r):
+                    fed = any(_nonfinite(a) for a in args if a is not None)
+                    first = (f"first made by node {node.name!r} ({node.op}) output {v.name!r} "
+                             f"from {'NaN/inf' if fed else 'finite'} inputs")
+    if not any(_nonfinite(env[v.name]) for v in graph.outputs):
+        return "the op references give finite outputs from these inputs: the compiled code " \
+            "made the NaN/inf"
+    return first
+
+
+def value_ranges(names: list[str], arrays: list[np.ndarray]) -> str:
+    """min/max (of the finite values) and NaN and inf counts of each array."""
+    parts = []
+    for name, x in zip(names, arrays):
+        text = f"{name} {x.dtype}{list(x.shape)}"
+        if x.size and x.dtype.kind in "fiub":
+            finite = x[np.isfinite(x)] if x.dtype.kind == "f" else x
+            if finite.size:
+                text += f" min {finite.min():.4g} max {finite.max():.4g}"
+            if x.dtype.kind == "f":
+                text += f" NaN {int(np.isnan(x).sum())} inf {int(np.isinf(x).sum())}"
+        parts.append(text)
+    return ", ".join(parts)
 
 
 def compile_message(name: str, backend: Any, exe: Any, inputs: list[np.ndarray],

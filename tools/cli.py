@@ -1,4 +1,4 @@
-"""The `autoclust` command: run, explain, replay, flags, exec, zoo, bench, fuzz.
+"""The `autoclust` command: run, explain, replay, flags, exec, zoo, bench, fuzz, bisect, minify.
 
 User mistakes (missing or unreadable files, bad flags, bad inputs, bad options) print one
 line, `autoclust CMD: error: ...`, and exit 2; a replay mismatch exits 1. Output cut short
@@ -75,6 +75,21 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     return fuzz.main(args.rest)
 
 
+def _cmd_bisect(args: argparse.Namespace) -> int:
+    from autoclust.tools import bisect
+    return bisect.main(args.rest)
+
+
+def _cmd_minify(args: argparse.Namespace) -> int:
+    from autoclust.tools import minify
+    return minify.main(args.rest)
+
+
+# Commands that parse their own options (argparse's REMAINDER cannot start with an option).
+OWN_OPTIONS = {"bench": _cmd_bench, "fuzz": _cmd_fuzz, "bisect": _cmd_bisect,
+               "minify": _cmd_minify}
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a model on given or generated inputs, with timings",
                        description="Run MODEL with autoclust on inputs from .npy files or "
@@ -148,7 +163,9 @@ def _add_small(sub: argparse._SubParsersAction) -> None:
     z.set_defaults(fn=_cmd_zoo)
 
     for name, fn, help_ in (("bench", _cmd_bench, "benchmark against onnxruntime"),
-                            ("fuzz", _cmd_fuzz, "differential graph fuzzer")):
+                            ("fuzz", _cmd_fuzz, "differential graph fuzzer"),
+                            ("bisect", _cmd_bisect, "find the node that breaks the outputs"),
+                            ("minify", _cmd_minify, "shrink a failure to a repro bundle")):
         b = sub.add_parser(name, help=help_, add_help=False)
         b.add_argument("rest", nargs=argparse.REMAINDER, help="its own options")
         b.set_defaults(fn=fn)
@@ -186,10 +203,8 @@ def _quiet_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `autoclust` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    # bench and fuzz own their options (argparse's REMAINDER cannot start with an option).
-    if argv and argv[0] in ("bench", "fuzz"):
-        args = argparse.Namespace(command=argv[0], rest=argv[1:],
-                                  fn=_cmd_bench if argv[0] == "bench" else _cmd_fuzz)
+    if argv and argv[0] in OWN_OPTIONS:
+        args = argparse.Namespace(command=argv[0], rest=argv[1:], fn=OWN_OPTIONS[argv[0]])
     else:
         args = parser().parse_args(argv)
     fn: Callable[[argparse.Namespace], int] = args.fn

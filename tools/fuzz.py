@@ -7,7 +7,7 @@ Each case is a random valid graph (tools/fuzz_gen.py) checked by the oracle in
 tools/fuzz_check.py: onnxruntime (optimizations off) and our interpreter, then autoclust
 on the chosen device plus metamorphic variants that force clusters to fall back. Cases run
 in a worker subprocess, so a segfault or hang in compiled code is caught and reported as
-a crash; the worker is restarted. A failing case is shrunk (tools/fuzz_shrink.py, through
+a crash; the worker is restarted. A failing case is shrunk (tools/shrink.py, through
 the same worker) and written as a repro bundle under --out. Exit status 1 when any case
 mismatched, crashed or raised.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from autoclust.tools import fuzz_check, fuzz_gen, fuzz_shrink
+from autoclust.tools import fuzz_check, fuzz_gen, repro, shrink
 from autoclust.tools.fuzz_check import CRASH, Outcome
 
 from autoclust import registry
@@ -95,8 +95,10 @@ class Summary:
 class Worker:
     """A subprocess that checks models sent to it; restarted after a crash or a hang."""
 
-    def __init__(self, timeout: float = 60.0):
+    def __init__(self, timeout: float = 60.0, rtol: float = fuzz_check.RTOL,
+                 atol: float = fuzz_check.ATOL):
         self.timeout = timeout
+        self.tolerance = {"rtol": rtol, "atol": atol}
         self.proc: subprocess.Popen | None = None
         self.tmp = tempfile.TemporaryDirectory(prefix="autoclust-fuzz-")
 
@@ -116,7 +118,8 @@ class Worker:
         onnx.save_model(model, model_path)
         np.savez(feeds_path, **feeds)
         proc = self._start()
-        request = {"model": model_path, "feeds": feeds_path, "variants": variants}
+        request = {"model": model_path, "feeds": feeds_path, "variants": variants,
+                   **self.tolerance}
         try:
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
@@ -179,7 +182,9 @@ def worker_loop() -> int:
         model = onnx.load(req["model"])
         with np.load(req["feeds"]) as z:
             feeds = {k: z[k] for k in z.files}
-        outcome = fuzz_check.check(model, feeds, req["variants"])
+        outcome = fuzz_check.check(model, feeds, req["variants"],
+                                   req.get("rtol", fuzz_check.RTOL),
+                                   req.get("atol", fuzz_check.ATOL))
         out.write(json.dumps(dataclasses.asdict(outcome), default=str) + "\n")
     return 0
 
@@ -203,7 +208,7 @@ def shrink_failure(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome,
     def still_fails(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> bool:
         return outcome.same_failure(checker(model, feeds, variants))
 
-    return fuzz_shrink.shrink(case.model, case.feeds, still_fails)
+    return shrink.shrink(case.model, case.feeds, still_fails)
 
 
 def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker: Checker,
@@ -219,7 +224,7 @@ def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker
         return info
     model, feeds = shrink_failure(case, variants, outcome, checker)
     folder = os.path.join(out_dir, f"case_{seed}_{index}_{outcome.kind}")
-    info["bundle"] = fuzz_shrink.write_bundle(folder, model, feeds, info)
+    info["bundle"] = repro.write_bundle(folder, model, feeds, info)
     log(f"  shrunk {info['original_nodes']} -> {len(model.graph.node)} nodes: {folder}")
     return info
 

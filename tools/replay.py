@@ -1,41 +1,27 @@
 """`autoclust replay DIR/cluster_NNNN`: rerun one dumped cluster on its own.
 
 Loads cluster_NNNN.onnx and its saved inputs (cluster_NNNN.inputs.npz, else generated
-from the model's signature), then runs it three ways: compiled on the chosen device,
-onnxruntime, and the interpreter (the NumPy reference). Prints max abs/rel error per
-output and timings; exits 1 when compiled output differs beyond tolerance. This is our
-run_hlo_module.
+from the model's signature), or a repro bundle folder (model.onnx, inputs.npz), then runs
+it three ways: compiled on the chosen device, onnxruntime, and the interpreter (the NumPy
+reference). Prints max abs/rel error per output and timings; exits 1 when compiled output
+differs beyond tolerance. This is our run_hlo_module.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import zipfile
 from typing import Any
 
 import numpy as np
 
-from autoclust.errors import InvalidInputError, ModelLoadError
+from autoclust.errors import InvalidInputError
 
 
 def resolve(path: str) -> tuple[str, str | None]:
-    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx or the .npz."""
-    if os.path.isdir(path):
-        found = sorted(f.removesuffix(".onnx") for f in os.listdir(path)
-                       if f.startswith("cluster_") and f.endswith(".onnx")
-                       and os.path.isfile(os.path.join(path, f)))
-        listing = ", ".join(found) if found else "none (is it a --dump_to directory?)"
-        raise ModelLoadError(f"{path} is a directory; replay one cluster of it, "
-                             f"DIR/cluster_NNNN; dumped clusters: {listing}")
-    base = path
-    for suffix in (".onnx", ".inputs.npz"):
-        base = base.removesuffix(suffix)
-    model = base + ".onnx"
-    if not os.path.exists(model):
-        raise ModelLoadError(f"no dumped cluster model at {model}")
-    inputs = base + ".inputs.npz"
-    return model, inputs if os.path.exists(inputs) else None
+    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx, the .npz or a bundle."""
+    from autoclust.tools.repro import resolve as resolve_target
+    return resolve_target(path)
 
 
 def read_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
