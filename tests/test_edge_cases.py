@@ -298,3 +298,29 @@ def test_gather_out_of_range_raises(indices):
     assert sess.run(None, {"x": x, "i": np.array([-3], np.int64)})[0].shape == (1, 2)
     with pytest.raises(AutoclustError, match=r"Gather.*out of range \[-3, 2\]"):
         sess.run(None, {"x": x, "i": np.array(indices, np.int64)})
+
+
+def test_split_sizes_from_runtime_data_stay_unknown_at_import():
+    """Split's sizes computed in the graph (the expanded RotaryEmbedding function) are not
+    equal chunks: the importer must leave them unknown, not guess, or specializing the
+    cluster later contradicts the guess."""
+    from autoclust.importers.onnx import import_model
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    k = helper.make_tensor_value_info("k", TensorProto.INT64, [1])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "b")]
+    nodes = [helper.make_node("Sub", ["eight", "k"], ["rest"]),
+             helper.make_node("Concat", ["k", "rest"], ["sizes"], axis=0),
+             helper.make_node("Split", ["x", "sizes"], ["a0", "b0"], axis=1),
+             helper.make_node("Neg", ["a0"], ["a"]), helper.make_node("Neg", ["b0"], ["b"])]
+    init = [helper.make_tensor("eight", TensorProto.INT64, [1], [8])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, k], outs, init),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    split = next(n for n in import_model(model).nodes if n.op == "Split")
+    assert [o.shape for o in split.outputs] == [(2, None), (2, None)]
+    feeds = {"x": np.arange(16, dtype=np.float32).reshape(2, 8), "k": np.array([3])}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = autoclust.InferenceSession(model, min_cluster_size=1).run(None, feeds)
+    assert [g.shape for g in got] == [(2, 3), (2, 5)]
+    assert_same(got, want)

@@ -84,9 +84,9 @@ def resolve(path: str) -> tuple[str, str | None]:
             found = sorted(f.removesuffix(".onnx") for f in os.listdir(path)
                            if f.startswith("cluster_") and f.endswith(".onnx"))
             listing = ", ".join(found) if found else "none (is it a --dump_to directory?)"
-            raise ModelLoadError(f"{path} is a directory without model.onnx (not a repro "
-                                 f"bundle); replay one cluster of a dump, DIR/cluster_NNNN; "
-                                 f"dumped clusters: {listing}")
+            raise ModelLoadError(f"{path} is a directory; replay one cluster of it, "
+                                 f"DIR/cluster_NNNN; dumped clusters: {listing} (a repro "
+                                 f"bundle folder would hold model.onnx)")
         inputs = os.path.join(path, "inputs.npz")
         return model, inputs if os.path.exists(inputs) else None
     base = path.removesuffix(".inputs.npz").removesuffix(".onnx")

@@ -200,6 +200,8 @@ def _split_infer(ctx: InferContext) -> list[TypeShape]:
     if x is None:
         return [(ctx.dtypes[0], None)] * (n if split is None else len(_ints(split)))
     axis = normalize_axis(int(ctx.attr("axis", 0)), len(x), ctx)
+    if split is None and ctx.has(1):  # sizes come from runtime data: only the count is known
+        return [(ctx.dtypes[0], x[:axis] + (None,) + x[axis + 1:])] * n
     try:
         sizes = _split_sizes(x[axis], None if split is None else _ints(split), n)
     except ShapeInferenceError as exc:
