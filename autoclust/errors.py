@@ -31,3 +31,13 @@ class CompileError(AutoclustError):
 
 class NotCompilableError(AutoclustError):
     """Under --must_compile, some nodes could not be compiled; the message lists each and why."""
+
+
+class BuildError(AutoclustError, ValueError):
+    """A Builder program is malformed: an unknown attribute, a wrong operand, a loop body
+    whose outputs do not match its inputs, ... The message names the op and the operands."""
+
+
+class TraceError(AutoclustError, TypeError):
+    """A Python function cannot be traced: an unsupported NumPy function or argument type,
+    or Python control flow that depends on a traced value."""
