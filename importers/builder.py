@@ -28,6 +28,7 @@ import onnx
 from autoclust.importers import builder_control, builder_ops
 from autoclust.importers.builder_ops import OPSET
 from autoclust.importers.onnx_export import export_model
+from onnx import helper
 
 from autoclust import ops
 from autoclust.errors import (
@@ -157,6 +158,7 @@ class Builder:
         self._proxies: dict[str, Value] = {}  # their stand-ins in this graph
         self._output_nodes: list[Node] = []
         self._single_output = False
+        self._bodies: dict[str, dict[str, Builder]] = {}  # node name -> {attr: body}
 
     def __repr__(self) -> str:
         return f"Builder({self.name!r}, {len(self.graph.nodes)} nodes)"
@@ -296,16 +298,24 @@ class Builder:
         self.graph.add_node(node)
         return tuple(Operand(self, v) for v in outs)
 
-    def _emit_control(self, op: str, inputs: list[Operand | None], attrs: dict[str, Any],
-                      types: list[tuple[np.dtype, tuple | None]],
-                      reads: dict[str, Operand]) -> tuple[Operand, ...]:
-        """Emit a Loop or If node: types are given, `reads` become implicit inputs."""
+    def _emit_control(self, op: str, inputs: list[Operand | None],
+                      bodies: dict[str, Builder], types: list[tuple[np.dtype, tuple | None]]
+                      ) -> tuple[Operand, ...]:
+        """Emit a Loop or If node: `bodies` are its finished sub-builders (attribute ->
+        builder), `types` its outputs'; what the bodies read outside becomes implicit
+        inputs."""
+        attrs = {k: helper.make_attribute(k, builder_control.finish(sb))
+                 for k, sb in bodies.items()}
+        reads: dict[str, Operand] = {}
+        for sb in bodies.values():
+            reads.update(sb.outer_reads)
         values = [None if x is None else self._local(x) for x in inputs]
         outs = [Value(self.graph.unique_name(f"{op.lower()}_"), dt, shape)
                 for dt, shape in types]
         node = Node(op, values, outs, attrs, self.graph.unique_name(f"{op}_"))
         node.implicit_inputs = [self._local(x) for x in reads.values()]
         self.graph.add_node(node)
+        self._bodies[node.name] = dict(bodies)
         return tuple(Operand(self, v) for v in outs)
 
     # ---- control flow (importers/builder_control.py) ---------------------------------
@@ -353,6 +363,15 @@ class Builder:
             result.append(v)
         self.graph.outputs = result
         return result
+
+    def as_text(self) -> str:
+        """The graph, one node per line, followed by the bodies of its Loop/If nodes."""
+        parts = [str(self.graph)]
+        for node_name, bodies in self._bodies.items():
+            for attr, body in bodies.items():
+                text = body.as_text().replace("\n", "\n  ")
+                parts.append(f"{node_name}.{attr}:\n  {text}")
+        return "\n".join(parts)
 
     def build(self, outputs: Any) -> Graph:
         """Set the graph's outputs (an Operand, a list, or a dict name -> Operand) and

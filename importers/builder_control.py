@@ -14,13 +14,12 @@ results (in the body), as ONNX Loop wants the next condition from the body.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from autoclust.importers.builder_ops import OPSET
 from autoclust.importers.onnx_export import export_model
-from onnx import helper
 
 from autoclust.errors import BuildError
 
@@ -57,11 +56,17 @@ def _merge_shape(a: tuple | None, b: tuple | None) -> tuple | None:
     return tuple(x if x == y else None for x, y in zip(a, b))
 
 
-def _check_same_type(what: str, first: Operand, second: Operand, how: str) -> None:
-    if first.dtype != second.dtype or (first.shape is not None and second.shape is not None
-                                       and len(first.shape) != len(second.shape)):
+def _check_same_type(what: str, first: Operand, second: Operand, how: str,
+                     same_dims: bool = False) -> None:
+    """dtype and rank must match (and known dims too, with same_dims)."""
+    a, b = first.shape, second.shape
+    ok = first.dtype == second.dtype and (a is None or b is None or len(a) == len(b))
+    if ok and same_dims and a is not None and b is not None:
+        ok = all(x == y or x is None or y is None for x, y in zip(a, b))
+    if not ok:
+        need = "dtype and shape" if same_dims else "dtype and rank"
         raise BuildError(f"{what}: {how}: {first.value.type_str()} vs "
-                         f"{second.value.type_str()} (dtype and rank must match)")
+                         f"{second.value.type_str()} ({need} must match)")
 
 
 def _condition(b: Builder, c: Any, what: str) -> Operand:
@@ -73,9 +78,8 @@ def _condition(b: Builder, c: Any, what: str) -> Operand:
     return c
 
 
-def finish_body(sb: Builder, outputs: Sequence[Operand]) -> Any:
-    """The sub-builder's graph as an ONNX GraphProto attribute value, with `outputs`."""
-    sb._set_outputs([("", x) for x in outputs])
+def finish(sb: Builder) -> Any:
+    """The sub-builder's graph (outputs set) as an ONNX GraphProto."""
     model = export_model(sb.graph, ir_version=10)
     versions = {imp.domain: imp.version for imp in model.opset_import}
     if versions.get("", OPSET) != OPSET:
@@ -86,10 +90,9 @@ def finish_body(sb: Builder, outputs: Sequence[Operand]) -> Any:
 
 def _loop(b: Builder, trip: Operand | None, cond: Operand | None, init: list[Operand],
           sb: Builder, body_out: list[Operand]) -> tuple[Operand, ...]:
-    body = finish_body(sb, body_out)
+    sb._set_outputs([("", x) for x in body_out])
     types = [(x.dtype, _merge_shape(x.shape, y.shape)) for x, y in zip(init, body_out[1:])]
-    attrs = {"body": helper.make_attribute("body", body)}
-    return b._emit_control("Loop", [trip, cond, *init], attrs, types, sb.outer_reads)
+    return b._emit_control("Loop", [trip, cond, *init], {"body": sb}, types)
 
 
 def _carried_inputs(sb: Builder, init: list[Operand]) -> list[Operand]:
@@ -108,7 +111,7 @@ def _loop_header(sb: Builder) -> tuple[Operand, Operand]:
 def _carried_results(what: str, init: list[Operand], new: list[Operand]) -> None:
     for k, (x, y) in enumerate(zip(init, new)):
         _check_same_type(what, x, y, f"carried value {k} enters as {x.value.type_str()} but "
-                                     "the body returns another type")
+                                     "the body returns another type", same_dims=True)
 
 
 def while_loop(b: Builder, cond_fn: Callable[..., Any], body_fn: Callable[..., Any],
@@ -165,10 +168,8 @@ def if_(b: Builder, cond: Any, then_fn: Callable[..., Any], else_fn: Callable[..
     else_out = _results(eb, else_fn(eb), len(then_out), "if_ else_fn")
     for k, (x, y) in enumerate(zip(then_out, else_out)):
         _check_same_type("if_", x, y, f"output {k} differs between the branches")
-    attrs = {"then_branch": helper.make_attribute("then_branch", finish_body(tb, then_out)),
-             "else_branch": helper.make_attribute("else_branch", finish_body(eb, else_out))}
-    reads = dict(tb.outer_reads)
-    reads.update(eb.outer_reads)
+    tb._set_outputs([("", x) for x in then_out])
+    eb._set_outputs([("", x) for x in else_out])
     types = [(x.dtype, _merge_shape(x.shape, y.shape)) for x, y in zip(then_out, else_out)]
-    outs = b._emit_control("If", [c], attrs, types, reads)
+    outs = b._emit_control("If", [c], {"then_branch": tb, "else_branch": eb}, types)
     return outs[0] if single else outs
