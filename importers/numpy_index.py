@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from autoclust.importers.numpy_functions import numpy_says, refuse, stand_in
-from autoclust.importers.numpy_trace import Tracer, context_of, unsupported
+from autoclust.importers.numpy_trace import Tracer, context_of, unsupported, view_of
 
 INT64_MIN = np.iinfo(np.int64).min  # ONNX's "before the first element" for negative steps
 
@@ -93,7 +93,7 @@ def _basic(x: Tracer, key: tuple, expected: tuple) -> Tracer:
         op = b.Reshape(op, np.asarray(expected, np.int64), allowzero=int(0 in expected))
     elif not axes:
         return x  # x[...], x[:] or x[()] of an immutable array: the array itself
-    return ctx.wrap(op, x.dtype, expected, "indexing")
+    return view_of(x, ctx.wrap(op, x.dtype, expected, "indexing"))
 
 
 def _advanced(x: Tracer, key: tuple, advanced: list[int], expected: tuple) -> Tracer:

@@ -20,7 +20,7 @@ from autoclust.importers.numpy_functions import (
     refuse,
     stand_in,
 )
-from autoclust.importers.numpy_trace import Tracer, context_of, unsupported
+from autoclust.importers.numpy_trace import Tracer, context_of, unsupported, view_of
 
 from autoclust.errors import InvalidInputError
 
@@ -63,7 +63,7 @@ def _reshape(a: Any, target: tuple[int, ...], what: str) -> Tracer:
     if tuple(x.shape) == target:
         return a if isinstance(a, Tracer) else ctx.wrap(x, x.dtype, target, what)
     r = ctx.builder.Reshape(x, np.asarray(target, np.int64), allowzero=int(0 in target))
-    return ctx.wrap(r, x.dtype, target, what)
+    return view_of(a, ctx.wrap(r, x.dtype, target, what))
 
 
 def ravel(a: Any, order: str = "C") -> Tracer:
@@ -77,7 +77,8 @@ def _transpose(a: Any, perm: Sequence[int], what: str) -> Tracer:
         return a
     ctx = context_of([a])
     shape = tuple(a.shape[p] for p in perm)
-    return ctx.wrap(ctx.builder.Transpose(ctx.operand(a), perm=perm), a.dtype, shape, what)
+    r = ctx.builder.Transpose(ctx.operand(a), perm=perm)
+    return view_of(a, ctx.wrap(r, a.dtype, shape, what))
 
 
 def transpose(a: Any, axes: Any = None) -> Tracer:
@@ -123,7 +124,7 @@ def broadcast_to(array: Any, shape: Any, subok: bool = False) -> Tracer:
     if tuple(array.shape) == target:
         return array
     r = ctx.builder.Expand(ctx.operand(array), np.asarray(target, np.int64))
-    return ctx.wrap(r, array.dtype, target, "np.broadcast_to")
+    return view_of(array, ctx.wrap(r, array.dtype, target, "np.broadcast_to"))
 
 
 def broadcast_arrays(*args: Any, subok: bool = False) -> tuple[Any, ...]:

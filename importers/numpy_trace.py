@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from autoclust.importers.builder import Builder, Operand
 
-from autoclust.errors import TraceError
+from autoclust.errors import InvalidInputError, TraceError
 
 # Dtypes onnxruntime lacks kernels for, and the type their arithmetic runs in.
 WIDE = {np.dtype(k): np.dtype(v) for k, v in (
@@ -73,7 +73,9 @@ class TraceContext:
         if array.dtype.kind not in TRACEABLE_KINDS or array.dtype.itemsize > 8:
             raise TraceError(f"{self.name}: argument {name!r} has dtype {array.dtype}; traced "
                              "arrays must be bool, int, uint or float (16-64 bits)")
-        return Tracer(self, self.builder.parameter(name, array.dtype, array.shape))
+        t = Tracer(self, self.builder.parameter(name, array.dtype, array.shape))
+        t.is_argument_view = True
+        return t
 
     def own(self, t: Tracer) -> Operand:
         """t's operand, after checking it belongs to this trace and the trace is running."""
@@ -135,15 +137,43 @@ def _ufunc_method(ufunc: np.ufunc, reverse: bool = False) -> Callable[..., Any]:
     return lambda self, other: ufunc(self, other)
 
 
+def view_of(source: Any, result: Tracer) -> Tracer:
+    """Mark `result` as a NumPy view of `source` (reshape, transpose, slicing, ...): an
+    in-place update of it would change the caller's array in NumPy."""
+    if isinstance(source, Tracer) and source.is_argument_view:
+        result.is_argument_view = True
+    return result
+
+
+def _inplace(ufunc: np.ufunc) -> Callable[..., Any]:
+    """x op= y: a new traced value under x's name, with NumPy's in-place casting rule."""
+    def method(self: Tracer, other: Any) -> Any:
+        if self.is_argument_view:
+            raise TraceError(
+                f"np.{ufunc.__name__} in place on {self!r}, an argument of {self.ctx.name} or "
+                "a view of one: NumPy would change the caller's array, a traced function "
+                "cannot. Write `x = x + y` (a new array) instead")
+        r = ufunc(self, other)
+        if r.shape != self.shape:
+            raise InvalidInputError(f"non-broadcastable output operand with shape "
+                                    f"{self.shape} doesn't match the broadcast shape {r.shape}")
+        if r.dtype != self.dtype and not np.can_cast(r.dtype, self.dtype, "same_kind"):
+            raise TraceError(f"Cannot cast ufunc {ufunc.__name__!r} output from {r.dtype} to "
+                             f"{self.dtype} with casting rule 'same_kind'")
+        return r if r.dtype == self.dtype else r.astype(self.dtype)
+    return method
+
+
 class Tracer:
     """A traced array: shape and dtype are known, its values are not."""
 
-    __slots__ = ("ctx", "operand")
+    __slots__ = ("ctx", "is_argument_view", "operand")
     __array_priority__ = 1000
 
     def __init__(self, ctx: TraceContext, operand: Operand):
         self.ctx = ctx
         self.operand = operand
+        self.is_argument_view = False  # an argument, or a view of one (see view_of)
 
     # ---- what is known while tracing ------------------------------------------------
     @property
@@ -227,6 +257,13 @@ class Tracer:
     __eq__ = _ufunc_method(np.equal)  # type: ignore[assignment]
     __ne__ = _ufunc_method(np.not_equal)  # type: ignore[assignment]
     __hash__ = object.__hash__
+
+    __iadd__, __isub__ = _inplace(np.add), _inplace(np.subtract)
+    __imul__, __itruediv__ = _inplace(np.multiply), _inplace(np.true_divide)
+    __ifloordiv__, __imod__ = _inplace(np.floor_divide), _inplace(np.remainder)
+    __ipow__, __imatmul__ = _inplace(np.power), _inplace(np.matmul)
+    __iand__, __ior__ = _inplace(np.bitwise_and), _inplace(np.bitwise_or)
+    __ixor__ = _inplace(np.bitwise_xor)
 
     def __divmod__(self, other: Any) -> Any:
         return np.divmod(self, other)

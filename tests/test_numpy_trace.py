@@ -49,6 +49,16 @@ SMALL = {"lo": -1e-3, "hi": 1e-3}
 MASK = np.array([True, False, True, True])
 
 # (id, function, arguments): arguments are passed as they are (arrays are traced).
+def _inplace_locals(x, k):
+    y = x * 2
+    y += 1        # a new array: in place on a local is a rebinding
+    y **= 2
+    i = y.astype(np.int32)
+    i += k        # int64 operand, int32 target: NumPy casts back (same_kind)
+    i //= 3
+    return y, i
+
+
 CASES = [
     # ---- elementwise, broadcasting, NEP 50 promotion of Python scalars
     ("add_broadcast", lambda x, y: x + y, [A("float32", 3, 1, 4), A("float32", 5, 1)]),
@@ -217,6 +227,7 @@ CASES = [
                          x.reshape(0, 6), np.concatenate([x, x])), [A("float32", 0, 3)]),
     ("empty_any_all_prod", lambda x: (x.any(), x.all(), x.prod(axis=0)),
      [A("float64", 0, 2)]),
+    ("inplace_on_locals", _inplace_locals, [A("float32", 4), A("int64", 4)]),
     # ---- result structure
     ("dict_result", lambda x: {"a": x + 1, "b": [x * 2, (x.sum(), 3)], "c": None},
      [A("float32", 2)]),
