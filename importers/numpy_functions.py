@@ -1,6 +1,6 @@
 """NumPy functions on traced arrays -> op-table ops (Tracer.__array_function__).
 
-FUNCTIONS maps each supported NumPy function to its lowering; each takes NumPy's own
+functions() maps each supported NumPy function to its lowering; each takes NumPy's own
 parameters and refuses the ones it cannot honour (out=, where=, ...) by name. Result
 dtypes come from NumPy itself, run on one-element or zero-strided stand-ins of the
 arguments (never on their data), so promotion, default accumulator types (np.sum of int32
@@ -12,6 +12,7 @@ and indexing in numpy_index.py.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -500,7 +501,9 @@ def _static(fn: Callable[[Any], Any]) -> Callable[..., Any]:
     return lambda a, *args, **kwargs: fn(a)
 
 
-def _functions() -> dict[Callable[..., Any], Callable[..., Any]]:
+@functools.cache
+def functions() -> dict[Callable[..., Any], Callable[..., Any]]:
+    """NumPy function -> its lowering (built on first use: the modules import each other)."""
     from autoclust.importers import numpy_index, numpy_shapes
     table = {
         np.sum: reduce_sum, np.prod: reduce_prod, np.max: reduce_max, np.amax: reduce_max,
@@ -522,5 +525,3 @@ def _functions() -> dict[Callable[..., Any], Callable[..., Any]]:
     table.update(numpy_index.FUNCTIONS)
     return table
 
-
-FUNCTIONS = _functions()

@@ -107,8 +107,8 @@ def _advanced(x: Tracer, key: tuple, advanced: list[int], expected: tuple) -> Tr
     return _gather(x, full[where[0]], where[0], expected, "indexing")
 
 
-def _gather(x: Tracer, index: Any, axis: int, expected: tuple, what: str) -> Tracer:
-    ctx = context_of([x])
+def _gather(x: Any, index: Any, axis: int, expected: tuple, what: str) -> Tracer:
+    ctx = context_of([x, index])
     b = ctx.builder
     if isinstance(index, Tracer):
         if index.dtype.kind not in "iu":
@@ -129,8 +129,6 @@ def take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "r
          ) -> Tracer:
     """np.take -> Gather (axis None: of the flattened array)."""
     refuse("np.take", [a, indices], {}, out=(out, None), mode=(mode, "raise"))
-    if not isinstance(a, Tracer):
-        raise unsupported("np.take", [a, indices], {}, "a constant array with traced indices")
     x = np.ravel(a) if axis is None else a
     ax = 0 if axis is None else int(axis) % max(x.ndim, 1)
     expected = numpy_says("np.take", [a, indices], lambda: np.take(

@@ -216,7 +216,9 @@ class Tracer:
         raise TraceError(f"cannot turn a traced array {self.operand.value.type_str()} into a "
                          f"NumPy array in {self.ctx.name} (np.asarray/np.array of a traced "
                          "value, or a NumPy function that does so internally); its values "
-                         "are not known while tracing. Use x.astype(dtype) to convert")
+                         "are not known while tracing. Use x.astype(dtype) to convert; to "
+                         "index a NumPy array with traced indices, pass that array as an "
+                         "argument (traced arrays take traced indices)")
 
     def __setitem__(self, key: Any, value: Any) -> None:
         raise TraceError(f"traced arrays are immutable ({self!r}[...] = ...); build a new "
@@ -232,7 +234,7 @@ class Tracer:
     def __array_function__(self, func: Callable[..., Any], types: Any, args: Any,
                            kwargs: Any) -> Any:
         from autoclust.importers import numpy_functions
-        impl = numpy_functions.FUNCTIONS.get(func)
+        impl = numpy_functions.functions().get(func)
         if impl is None:
             name = f"np.{getattr(func, '__name__', func)}"
             raise unsupported(name, args, kwargs, "this NumPy function is not supported")

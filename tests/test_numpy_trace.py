@@ -204,6 +204,8 @@ CASES = [
     ("advanced_index", lambda x, i: (x[[0, 2, -1]], x[:, np.array([1, 0, 1])], x[MASK],
                                      x[i], np.take(x, [3, 0], axis=1), np.take(x, i)),
      [A("float32", 4, 5), np.array([3, -1, 0], np.int64)]),
+    ("embedding_lookup", lambda table, ids: np.take(table, ids, axis=0) * 2 + table[ids],
+     [A("float32", 4, 3), np.array([[0, 3], [2, -1]], np.int32)]),
     ("iterate_rows", lambda x: [r * k for k, r in enumerate(x)], [A("float32", 3, 2)]),
     # ---- products
     ("matmul", lambda x, y: (x @ y, np.matmul(x, y)), [A("float32", 5, 3), A("float32", 3, 2)]),
@@ -432,6 +434,8 @@ ERRORS = [
      r"cannot trace np.sort\(traced float32\[3\]\): this NumPy function is not supported"),
     (lambda x: np.asarray(x) + 1, [A("int32", 3)], TraceError,
      r"cannot turn a traced array int32\[3\] into a NumPy array"),
+    (lambda i: np.arange(5.0)[i], [np.array([1, 2])], TraceError,
+     r"to index a NumPy array with traced indices, pass that array as an argument"),
     (lambda x: float(x[0]), [A("float32", 3)], TraceError, r"float\(\) of a traced array"),
     (lambda x: np.add(x, 1, out=x), [A("float32", 3)], TraceError, r"out= argument"),
     (lambda x: x.__setitem__(0, 1.0), [A("float32", 3)], TraceError, r"immutable"),
