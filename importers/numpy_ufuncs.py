@@ -405,6 +405,25 @@ def _shape(name: str, inputs: tuple) -> tuple[int, ...]:
 
 
 # keyword arguments a traced ufunc call accepts, with the only value it accepts
+_COMPARISONS = (np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal)
+
+
+def _compare_wide_ints(name: str, inputs: tuple, dts: list[np.dtype]) -> list[np.dtype]:
+    """NumPy compares integer arrays with Python ints they cannot hold (int8 < 1000 is
+    True) instead of raising: compare in int64 then."""
+    loop = dts[0]
+    if loop.kind not in "iu":
+        return dts
+    info = np.iinfo(loop)
+    if all(type(x) is not int or info.min <= x <= info.max for x in inputs):
+        return dts
+    wide = np.iinfo(np.int64)
+    if loop == np.uint64 or any(type(x) is int and not wide.min <= x <= wide.max
+                                for x in inputs):
+        raise unsupported(name, inputs, {}, "a Python int outside int64 in a comparison")
+    return [np.dtype(np.int64)] * 2 + dts[2:]
+
+
 _KWARG_DEFAULTS = {"casting": "same_kind", "order": "K", "subok": True, "where": True}
 
 
@@ -433,6 +452,8 @@ def call(ctx: TraceContext, uf: np.ufunc, inputs: tuple, kwargs: dict[str, Any])
     if rule is None:
         raise unsupported(name, inputs, kwargs, "this ufunc is not supported")
     dts = _loop(name, uf, inputs, kwargs.get("dtype"))
+    if uf in _COMPARISONS:
+        dts = _compare_wide_ints(name, inputs, dts)
     shape = _shape(name, inputs)
     loop_ops = [ctx.operand(x, dt) for x, dt in zip(inputs, dts)]
     args = [ctx.cast(op, WIDE.get(dt, dt)) for op, dt in zip(loop_ops, dts)]

@@ -88,6 +88,8 @@ CASES = [
     ("divmod_f32", lambda x, y: divmod(x, y), [A("float32", 20), A("float32", 20, **POS)]),
     ("compare", lambda x, y: (x < y, x <= 0.5, x == y, x != y, x >= 0, y > x),
      [A("float32", 3, 4, lo=-2, hi=2), A("float32", 4, lo=-2, hi=2)]),
+    ("compare_out_of_range_int", lambda x, u: (x < 1000, x == 300, u > -1, x >= -129),
+     [A("int8", 6, lo=-128, hi=127), A("uint8", 4, lo=0, hi=255)]),
     ("compare_int_float", lambda x, y: (x < y, x == 2), [A("int32", 5), A("float32", 5)]),
     ("logical", lambda a, b: (np.logical_and(a, b), np.logical_or(a, b),
                               np.logical_xor(a, b), np.logical_not(a)),
