@@ -20,7 +20,9 @@ the graph clusters and compiles as any model does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,12 +74,10 @@ class Operand:
                          "b.while_loop(...) for control flow that depends on it")
 
     def _binary(self, op: str, other: Any, reverse: bool = False) -> Operand:
-        builder = self.builder
+        builder = _target(self, other)
         if not isinstance(other, Operand):  # a Python/NumPy value: a constant of our dtype
             other = builder.constant(other, dtype=None if isinstance(
                 other, np.ndarray | np.generic) else self.dtype)
-        elif other.builder.encloses(builder) is False and builder.encloses(other.builder):
-            builder = other.builder  # an outer operand meets a body's: emit in the body
         a, b = (other, self) if reverse else (self, other)
         return builder.op(op, a, b)
 
@@ -115,7 +115,7 @@ class Operand:
         return self._binary("Pow", other)
 
     def __neg__(self) -> Operand:
-        return self.builder.op("Neg", self)
+        return _target(self, None).op("Neg", self)
 
     def __lt__(self, other: Any) -> Operand:
         return self._binary("Less", other)
@@ -128,6 +128,30 @@ class Operand:
 
     def __ge__(self, other: Any) -> Operand:
         return self._binary("GreaterOrEqual", other)
+
+
+_ACTIVE = threading.local()  # the body being built (Builder.while_loop & co. set it)
+
+
+@contextlib.contextmanager
+def active(b: Builder) -> Iterator[None]:
+    """Make `b` the builder operators emit into while a body function runs."""
+    stack = _ACTIVE.__dict__.setdefault("stack", [])
+    stack.append(b)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def _target(x: Operand, other: Any) -> Builder:
+    """Where `x op other` is built: the active body when it sees both operands, else the
+    innermost of their builders."""
+    owners = [x.builder] + ([other.builder] if isinstance(other, Operand) else [])
+    stack = getattr(_ACTIVE, "stack", [])
+    if stack and all(o.encloses(stack[-1]) for o in owners):
+        return stack[-1]
+    return max(owners, key=lambda o: sum(1 for p in owners if p.encloses(o)))
 
 
 def _describe(values: Sequence[Value | None]) -> str:

@@ -30,6 +30,14 @@ BOOL = np.dtype(bool)
 INT64 = np.dtype(np.int64)
 
 
+def _call(sb: Builder, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(sb, *args) with sb the active builder: operators on outer operands build there,
+    so a branch's `n / d` stays inside the branch."""
+    from autoclust.importers.builder import active
+    with active(sb):
+        return fn(sb, *args)
+
+
 def _as_list(values: Any) -> tuple[list[Any], bool]:
     """(values as a list, whether a single value was given)."""
     if isinstance(values, list | tuple):
@@ -119,13 +127,13 @@ def while_loop(b: Builder, cond_fn: Callable[..., Any], body_fn: Callable[..., A
     """See Builder.while_loop."""
     values, single = _as_list(init_values)
     init = [b._as_operand(v, f"while_loop init value {k}") for k, v in enumerate(values)]
-    first = _condition(b, cond_fn(b, *init), "while_loop cond_fn")
+    first = _condition(b, _call(b, cond_fn, *init), "while_loop cond_fn")
     sb = b._sub("while")
     _, _ = _loop_header(sb)
     carried = _carried_inputs(sb, init)
-    new = _results(sb, body_fn(sb, *carried), len(init), "while_loop body_fn")
+    new = _results(sb, _call(sb, body_fn, *carried), len(init), "while_loop body_fn")
     _carried_results("while_loop", init, new)
-    again = _condition(sb, cond_fn(sb, *new), "while_loop cond_fn (on the body's results)")
+    again = _condition(sb, _call(sb, cond_fn, *new), "while_loop cond_fn (on the body's results)")
     trip = None if max_trip_count is None else _trip_count(b, max_trip_count)
     outs = _loop(b, trip, first, init, sb, [again, *new])
     return outs[0] if single else outs
@@ -151,7 +159,7 @@ def fori_loop(b: Builder, n: Any, body_fn: Callable[..., Any], init_values: Any)
     sb = b._sub("fori")
     i, c = _loop_header(sb)
     carried = _carried_inputs(sb, init)
-    new = _results(sb, body_fn(sb, i, *carried), len(init), "fori_loop body_fn")
+    new = _results(sb, _call(sb, body_fn, i, *carried), len(init), "fori_loop body_fn")
     _carried_results("fori_loop", init, new)
     outs = _loop(b, trip, None, init, sb, [sb.op("Identity", c), *new])
     return outs[0] if single else outs
@@ -162,10 +170,10 @@ def if_(b: Builder, cond: Any, then_fn: Callable[..., Any], else_fn: Callable[..
     """See Builder.if_."""
     c = _condition(b, cond, "if_ condition")
     tb, eb = b._sub("then"), b._sub("else")
-    raw = then_fn(tb)
+    raw = _call(tb, then_fn)
     _, single = _as_list(raw)
     then_out = _results(tb, raw, None, "if_ then_fn")
-    else_out = _results(eb, else_fn(eb), len(then_out), "if_ else_fn")
+    else_out = _results(eb, _call(eb, else_fn), len(then_out), "if_ else_fn")
     for k, (x, y) in enumerate(zip(then_out, else_out)):
         _check_same_type("if_", x, y, f"output {k} differs between the branches")
     tb._set_outputs([("", x) for x in then_out])

@@ -174,6 +174,16 @@ def test_if_branches_and_outer_values():
         assert all(np.array_equal(g, o) for g, o in zip(got, run_ort(b.to_onnx(), xs)))
 
 
+def test_operators_in_a_branch_stay_in_the_branch():
+    b = autoclust.Builder("safe_div")
+    n, d = b.parameter("n", np.int64, []), b.parameter("d", np.int64, [])
+    q = b.if_(b.Not(b.Equal(d, 0)), lambda s: n / d, lambda s: s.constant(np.int64(-1)))
+    assert [node.op for node in b.graph.nodes] == ["Equal", "Not", "If"]  # no Div out here
+    run = b.compile(outputs=q)
+    assert int(run(np.int64(7), np.int64(2))) == 3
+    assert int(run(np.int64(7), np.int64(0))) == -1  # the division never runs
+
+
 def test_nested_loops_read_outer_values():
     b = autoclust.Builder("nested")
     x = b.parameter("x", np.float32, [2, 2])
