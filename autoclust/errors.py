@@ -77,3 +77,13 @@ def _reduce(self: BaseException) -> tuple:
 
 def _rebuild(base: type[AutoclustError], other: type[BaseException], args: tuple) -> BaseException:
     return also(base, other)(*args)
+
+
+class BuildError(AutoclustError, ValueError):
+    """A Builder program is malformed: an unknown attribute, a wrong operand, a loop body
+    whose outputs do not match its inputs, ... The message names the op and the operands."""
+
+
+class TraceError(AutoclustError, TypeError):
+    """A Python function cannot be traced: an unsupported NumPy function or argument type,
+    or Python control flow that depends on a traced value."""
