@@ -227,7 +227,9 @@ def make_method(op: str, domain: str) -> Callable[..., Any]:
 
 
 def install_methods(cls: type) -> None:
-    """Add a method per op of the op table to `cls` (never over an existing name)."""
+    """Add a method per op of the op table that ONNX defines at OPSET to `cls` (never over an
+    existing name); ops newer than OPSET (CumProd, Swish, RMSNormalization) need
+    `b.op("CumProd", ...)` in a graph of a newer opset, which the Builder does not write."""
     for d in ops.all_ops():
-        if d.domain == "" and not hasattr(cls, d.op) and onnx.defs.has(d.op, d.domain):
+        if d.domain == "" and not hasattr(cls, d.op) and onnx.defs.has(d.op, OPSET, d.domain):
             setattr(cls, d.op, make_method(d.op, d.domain))

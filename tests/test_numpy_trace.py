@@ -401,7 +401,7 @@ def test_trace_gelu_mlp_one_cluster():
                                              "Tanh", "Add", "Mul", "MatMul"]
     assert "= constant float32[][0.0447149" in text  # a Python float: a float32 constant
     explain = c.explain()
-    assert explain.splitlines()[0] == "Built 1 clusters covering 11/11 nodes (100.0%)"
+    assert explain.splitlines()[0] == "Built 1 cluster covering 11/11 nodes (100.0%)"
     model = c.to_onnx()
     assert model.ir_version == 10
     sess = autoclust.InferenceSession(model)
