@@ -31,3 +31,8 @@ class CompileError(AutoclustError):
 
 class NotCompilableError(AutoclustError):
     """Under --must_compile, some nodes could not be compiled; the message lists each and why."""
+
+
+class DeviceUnavailableError(AutoclustError):
+    """A device was asked for (--device=gpu) that this machine lacks: the message names what
+    is missing (CuPy, a CUDA GPU)."""

@@ -102,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     z.add_argument("--out", default=None)
     z.set_defaults(fn=_cmd_zoo)
 
+    from autoclust.tools import aot  # `autoclust compile`: ahead-of-time kernels
+    aot.add_parser(sub)
+
     for name, fn, help_ in (("bench", _cmd_bench, "benchmark against onnxruntime"),
                             ("fuzz", _cmd_fuzz, "differential graph fuzzer")):
         b = sub.add_parser(name, help=help_, add_help=False)
