@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import gpu_sim_backend
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from autoclust.backends.gpu import device
 from autoclust.models import zoo
 from gpu_sim_backend import SimArray
+from onnx import numpy_helper
 
 import autoclust
 from autoclust import flags as flags_mod
@@ -56,6 +58,51 @@ def test_zoo_model_on_the_simulated_device(name):
     if sess._runtime is not None:  # every predicted copy happened, once
         copied = sess._runtime.device.last_copies
         assert copied.copies == len(transfers.plan_copies(sess.plan))
+
+
+def to_float16(model):
+    """The model with float32 storage turned to float16: initializers, Constant values,
+    Casts to float, and input/output/value_info types."""
+    def convert(t):
+        if t.data_type == onnx.TensorProto.FLOAT:
+            with np.errstate(over="ignore"):  # -3.4e38 masks become -inf, in both engines
+                half = numpy_helper.to_array(t).astype(np.float16)
+            t.CopyFrom(numpy_helper.from_array(half, t.name))
+    for t in model.graph.initializer:
+        convert(t)
+    for n in model.graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                convert(a.t)
+            if n.op_type == "Cast" and a.name == "to" and a.i == onnx.TensorProto.FLOAT:
+                a.i = onnx.TensorProto.FLOAT16
+    values = list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info)
+    for v in values:
+        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = onnx.TensorProto.FLOAT16
+    return model
+
+
+def half_feeds(model):
+    return {k: (v.astype(np.float16) if v.dtype == np.float32 else v)
+            for k, v in zoo.feeds(model).items()}
+
+
+HALF_MODELS = ["bert_encoder", "llama_block", "layernorm", "softmax_mask", "mlp_gelu",
+               "rmsnorm_gate"]
+
+
+@pytest.mark.parametrize("name", HALF_MODELS)
+def test_float16_zoo_model_on_the_simulated_device(name):
+    """float16 storage with float32 math, rounded after every op (as the kernel IR says):
+    within float16 rounding of onnxruntime's float16 kernels."""
+    model = to_float16(zoo.build(name))
+    feeds = half_feeds(model)
+    got = autoclust.InferenceSession(model, device="gpu-sim").run(None, feeds)
+    for g, w in zip(got, _ort(model, feeds)):
+        assert g.dtype == w.dtype == np.float16
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=1e-2,
+                                   atol=1e-2)
 
 
 def test_copies_are_the_inputs_and_outputs_only_when_all_runs_on_the_device():

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoclust.backends.gpu import device, library, source
+from autoclust.backends.gpu.launch import choose
 
 from autoclust import kernel_ir as kir
 from autoclust import ops
@@ -42,7 +43,7 @@ to_device = device.to_device
 to_host = device.to_host
 is_device = device.is_device
 
-__all__ = ["NAME", "POLICY", "capture", "compile", "is_device", "render", "require_device",
+__all__ = ["NAME", "POLICY", "capture", "compile", "compile_many", "is_device", "render", "require_device",
            "to_device", "to_host", "why_not"]
 
 
@@ -72,18 +73,31 @@ def render(program: kir.Program, flags: Flags) -> dict[str, str]:
 
 def compile(program: kir.Program, flags: Flags) -> Any:
     """Render, compile with NVRTC for this device, and bind a Program's buffers."""
+    return compile_many([program], flags)[0]
+
+
+def compile_many(programs: list[kir.Program], flags: Flags,
+                 choose_launch: Any = choose) -> list[Any]:
+    """Executables of several Programs sharing one module (one NVRTC compile); tests pass
+    choose_launch to force launch strategies."""
     from autoclust.backends.gpu import nvrtc
     from autoclust.backends.gpu.executable import Executable
     device.cupy()
-    rendered = source.render_program(program, "cuda")
-    text = rendered.source
-    needs_code = bool(rendered.kernels or rendered.checks)
+    rendered = [source.render_program(p, "cuda", choose_launch) for p in programs]
+    text = source.module_source(rendered)
+    needs_code = any(r.kernels or r.checks for r in rendered)
     module = nvrtc.load(text, flags.cache_dir) if needs_code else None
-    exe = Executable(program, rendered, module, flags.allow_tf32)
-    exe.dumps = {".cu": text, ".kernels.txt": _launch_text(program, rendered)}
+    ptx = ""
     if flags.dump_to and needs_code:
-        exe.dumps[".ptx"] = nvrtc.compile_source(text, "ptx").decode(errors="replace")
-    return exe
+        ptx = nvrtc.compile_source(text, "ptx").decode(errors="replace")
+    out = []
+    for p, r in zip(programs, rendered):
+        exe = Executable(p, r, module, flags.allow_tf32)
+        exe.dumps = {".cu": text, ".kernels.txt": _launch_text(p, r)}
+        if ptx:
+            exe.dumps[".ptx"] = ptx
+        out.append(exe)
+    return out
 
 
 def capture(runtime: Any) -> Any:
