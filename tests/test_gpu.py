@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from autoclust.backends import cpu, gpu
 from autoclust.backends.gpu import device, nvrtc
+from autoclust.models import zoo
 from test_cpu_backend import one_node_graph, rand
 from test_gpu_render import CASE_LIST, VARIANTS, assert_matches
 from test_gpu_runtime import HALF_MODELS, KERNELS, half_feeds, to_float16
@@ -23,7 +24,6 @@ import autoclust
 from autoclust import flags as flags_mod
 from autoclust.compile import lower_graph
 from autoclust.errors import InvalidInputError
-from autoclust.models import zoo
 
 REASON = device.available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(REASON), reason=REASON or "-")]

@@ -154,6 +154,10 @@ def _chart(rows: list[dict[str, Any]], path: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from autoclust.tools import bench_gpu  # `autoclust bench --device gpu`: its own cases
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if bench_gpu.device_of(argv) == "gpu":
+        return bench_gpu.main(argv)
     p = argparse.ArgumentParser(prog="autoclust bench", description=__doc__.splitlines()[0])
     p.add_argument("--cases", default="", help="comma-separated; default all")
     p.add_argument("--quick", action="store_true", help="only the five kernel cases")
