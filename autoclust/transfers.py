@@ -66,8 +66,8 @@ class Copy:
     direction: str    # "host -> device" or "device -> host"
     reader: str       # the step (or "graph output") that needs it there
 
-    def nbytes(self) -> str:
-        """Bytes as a number, or a product with the symbolic dims ('256*batch')."""
+    def term(self) -> tuple[int, tuple[str, ...]]:
+        """(constant factor, symbolic dims) of the byte count: 256*batch -> (256, ('batch',))."""
         size = np.dtype(self.dtype).itemsize
         names = []
         for d in self.shape:
@@ -75,7 +75,25 @@ class Copy:
                 size *= d
             else:
                 names.append(str(d))
-        return "*".join([str(size)] + names) if names else str(size)
+        return size, tuple(names)
+
+    def nbytes(self) -> str:
+        """Bytes as a number, or a product with the symbolic dims ('256*batch')."""
+        return _format_term(*self.term())
+
+
+def _format_term(size: int, names: tuple[str, ...]) -> str:
+    return "*".join([str(size)] + list(names))
+
+
+def total_bytes(copies: list[Copy]) -> str:
+    """The sum of the copies' byte counts, like terms combined ('416*batch + 8*nnz')."""
+    sums: dict[tuple[str, ...], int] = {}
+    for c in copies:
+        size, names = c.term()
+        key = tuple(sorted(names))
+        sums[key] = sums.get(key, 0) + size
+    return " + ".join(_format_term(v, k) for k, v in sums.items() if v) or "0"
 
 
 def plan_copies(plan: Any, device_outputs: bool = False) -> list[Copy]:
@@ -127,5 +145,5 @@ def copies_text(copies: list[Copy]) -> str:
         lines.append(f"  {c.value}: {c.dtype}[{dims}] {c.direction}, {c.nbytes()} bytes "
                      f"(for {c.reader})")
     if copies:
-        lines.append("  total: " + " + ".join(c.nbytes() for c in copies) + " bytes")
+        lines.append(f"  total: {total_bytes(copies)} bytes")
     return "\n".join(lines)

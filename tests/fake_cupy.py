@@ -167,10 +167,10 @@ class _Stream:
     def __init__(self, non_blocking: bool = False):
         self.ptr = 7
 
-    def __enter__(self) -> _Stream:
+    def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         pass
 
     def begin_capture(self) -> None:
@@ -183,7 +183,10 @@ class _Stream:
 class _Device:
     id = 0
     compute_capability = "90"
-    attributes = {"MultiProcessorCount": 4}
+
+    @property
+    def attributes(self) -> dict:
+        return {"MultiProcessorCount": 4}
 
     def synchronize(self) -> None:
         pass

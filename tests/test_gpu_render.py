@@ -230,6 +230,19 @@ def test_odd_rows_run_scalar():
     assert launch.choose(k, 3).strategy == "elementwise"
 
 
+def test_grid_sizes():
+    """Enough blocks for the work, capped at BLOCKS_PER_SM per multiprocessor (then every
+    loop strides): elements / 256, vectors / 256, rows / 8 warps, a block per row."""
+    ew = launch.Launch("elementwise", 256, 1, 256)
+    assert ew.grid(1000, 132) == 4 and ew.grid(1 << 26, 132) == 32 * 132
+    vec = launch.Launch("vector", 256, 1, 256, vector=4)
+    assert vec.items(1003) == 251 and vec.grid(1003, 132) == 1
+    warp = launch.Launch("warp-row", 256, 12, 8, lanes=32)
+    assert warp.grid(10, 132) == 15  # 120 rows, 8 per block
+    block = launch.Launch("block-row", 512, 1, 1, lanes=512)
+    assert block.grid(7, 132) == 7 and block.grid(0, 132) == 1
+
+
 def test_index_width():
     k = _kernel("Tanh", [rand((4, 8))])
     assert not launch.needs_wide(k, 4)

@@ -119,6 +119,20 @@ def test_copies_are_the_inputs_and_outputs_only_when_all_runs_on_the_device():
     assert "Host <-> device" not in autoclust.InferenceSession(model).explain()
 
 
+@pytest.mark.parametrize("name", ["softmax_mask", "llama_block", "mlp_gelu"])
+def test_explained_bytes_are_the_measured_bytes(name):
+    model = zoo.build(name)
+    sess = autoclust.InferenceSession(model, device="gpu-sim")
+    sess.run(None, zoo.feeds(model))
+    dims = zoo.default_dims(model)
+    predicted = 0
+    for c in transfers.plan_copies(sess.plan):
+        size, names = c.term()
+        predicted += size * int(np.prod([dims[n] for n in names]))
+    copied = sess._runtime.device.last_copies
+    assert predicted == copied.h2d + copied.d2h
+
+
 def test_device_arrays_in_and_out():
     model = zoo.build("gelu")
     x = zoo.feeds(model)["x"]
