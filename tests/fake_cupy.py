@@ -246,7 +246,7 @@ def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, a, atype, l
     ya = _flat(a, extent_a, dtype).astype(np.float64)
     xb = _flat(b, extent_b, dtype).astype(np.float64)
     out = _flat(c, extent_c, dtype)
-    acc = out.astype(np.float64)
+    acc = out.astype(np.float64) if be else np.zeros(extent_c)  # beta 0: C is not read
     gemm.emulate(call, xb, ya, acc, float(al), float(be))
     out[...] = acc.astype(dtype)
 
