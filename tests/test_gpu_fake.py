@@ -15,7 +15,12 @@ from autoclust.backends import cpu, gpu
 from autoclust.backends.gpu import device, nvrtc
 from autoclust.models import zoo
 from test_cpu_backend import one_node_graph, rand
-from test_gpu_render import CASE_LIST, VARIANTS, assert_matches
+from test_gpu_render import (
+    CASE_LIST,
+    VARIANTS,
+    assert_matches,
+    pytestmark,  # noqa: F401 - needs a C compiler
+)
 from test_gpu_runtime import KERNELS
 
 import autoclust

@@ -33,6 +33,9 @@ from autoclust.errors import InvalidInputError
 
 FLAGS = flags_mod.parse("")
 F16, I64 = "float16", "int64"
+# the C rendering is compiled by the host C compiler (gcc)
+pytestmark = pytest.mark.skipif(shutil.which(hostsim.CC) is None,
+                                reason=f"no C compiler ({hostsim.CC}) on PATH")
 
 
 def _to(dtype: str) -> int:

@@ -19,6 +19,7 @@ from autoclust.backends.gpu import device
 from autoclust.models import zoo
 from gpu_sim_backend import SimArray
 from onnx import numpy_helper
+from test_gpu_render import pytestmark  # noqa: F401 - needs a C compiler
 
 import autoclust
 from autoclust import flags as flags_mod
@@ -190,3 +191,13 @@ def test_missing_gpu_is_one_clear_error():
     with pytest.raises(DeviceUnavailableError):
         from autoclust.backends import gpu
         gpu.compile(None, flags_mod.parse(""))
+
+
+def test_replay_on_a_device(tmp_path, capsys):
+    from autoclust.tools import cli
+    model = zoo.build("layernorm")
+    sess = autoclust.InferenceSession(model, dump_to=str(tmp_path), dump_inputs=True)
+    sess.run(None, zoo.feeds(model))
+    rc = cli.main(["replay", str(tmp_path / "cluster_0000"), "--device", "gpu-sim"])
+    assert rc == 0, capsys.readouterr().out
+    assert "ok" in capsys.readouterr().out
