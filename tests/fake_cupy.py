@@ -192,11 +192,21 @@ class _Device:
         pass
 
 
+class _Event:
+    def record(self) -> None:
+        import time
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _cuda() -> types.SimpleNamespace:
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1, runtimeGetVersion=lambda: 13000,
                                     getDeviceProperties=lambda i: {"name": b"FakeGPU"})
     return types.SimpleNamespace(
-        Device=_Device, Stream=_Stream, runtime=runtime,
+        Device=_Device, Stream=_Stream, Event=_Event, runtime=runtime,
+        get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
         function=types.SimpleNamespace(Module=_Module),
         device=types.SimpleNamespace(get_cublas_handle=lambda: 1))
 

@@ -155,3 +155,27 @@ def test_cache_dir_and_dumps(tmp_path):
     assert nvrtc.COUNTS["compiles"] == compiles + 1
     np.testing.assert_allclose(device.to_host(exe.run([x])[0]), np.log1p(np.exp(x)),
                                rtol=1e-5)
+
+
+def test_bench_kernel_rows(monkeypatch, tmp_path):
+    """`autoclust bench --device gpu` end to end on small sizes (timings are meaningless
+    here; the rows, the bandwidth arithmetic and the report are what is checked)."""
+    from autoclust.tools import bench_gpu
+    small = {k: (m, kw, {d: 64 for d in dims}, ew) for k, (m, kw, dims, ew)
+             in bench_gpu.KERNELS.items()}
+    small["rmsnorm_gate"] = ("rmsnorm_gate", {"d": 64}, {"n": 32}, False)
+    monkeypatch.setattr(bench_gpu, "KERNELS", small)
+    monkeypatch.setattr(bench_gpu, "COPY_BYTES", 1 << 16)
+    assert bench_gpu.device_of(["--device", "gpu"]) == "gpu"
+    assert bench_gpu.device_of(["--cases", "x"]) == "cpu"
+    rc = bench_gpu.main(["--device=gpu", "--cases", "kernels", "--repeat", "2", "--out",
+                         str(tmp_path)])
+    assert rc == 0
+    import json
+    rows = json.loads((tmp_path / "bench_gpu.json").read_text())["kernels"]
+    assert [r["case"] for r in rows] == list(small)
+    for r in rows:
+        assert "error" not in r, r
+        assert r["kernels"] == 1 and r["max_abs_err"] < 1e-4
+        assert r["fraction"] == pytest.approx(r["gbps"] / r["copy_gbps"])
+    assert "| chain16 | 1 |" in (tmp_path / "bench_gpu.md").read_text()
