@@ -87,3 +87,8 @@ class BuildError(AutoclustError, ValueError):
 class TraceError(AutoclustError, TypeError):
     """A Python function cannot be traced: an unsupported NumPy function or argument type,
     or Python control flow that depends on a traced value."""
+
+
+class DeviceUnavailableError(AutoclustError):
+    """A device was asked for (--device=gpu) that this machine lacks: the message names what
+    is missing (CuPy, a CUDA GPU)."""

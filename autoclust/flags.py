@@ -66,6 +66,11 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
              "always reassociate)", changes_code=True),
     FlagSpec("log", bool, False, "print one line per compile and fallback to stderr"),
+    FlagSpec("cuda_graphs", bool, True, "--device=gpu: replay a whole run as one CUDA graph "
+             "per input signature when every step runs on the GPU without cuBLAS calls"),
+    FlagSpec("allow_tf32", bool, False, "--device=gpu: float32 GEMMs may use TF32 tensor "
+             "cores (faster, ~1e-3 relative error); off, they match the CPU",
+             changes_code=True),
     FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
              "background and run it with onnxruntime meanwhile, so run() never waits for a "
              "compile (as TF's tf_xla_async_compilation)"),

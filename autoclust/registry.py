@@ -7,8 +7,9 @@ A backend is a module with
     compile(program, flags)       kernel IR Program -> Executable   (POLICY.lowers)
     compile(graph, flags)         optimized Graph -> Executable     (not POLICY.lowers)
 and may offer `render(program, flags) -> {file suffix: text}` (generated code without
-compiling it, for `autoclust compile`). An Executable has `run(inputs) -> outputs`,
-`num_kernels` and `dumps` ({file suffix: text}).
+compiling it, for `autoclust compile`) and `require_device()` (raise
+DeviceUnavailableError when this machine cannot run it; sessions call it). An Executable
+has `run(inputs) -> outputs`, `num_kernels` and `dumps` ({file suffix: text}).
 
 Built-in backends are listed in BACKENDS; third parties register under the
 `autoclust.backends` entry-point group (name = device, value = module path), and every
@@ -45,6 +46,10 @@ class Policy:
     # MatMul + constant bias Add as one Gemm call: "" never, "alone" when no loop kernel
     # reads the sum, "always" (see fusion.bias_folds).
     fold_bias: str = ""
+    # Values live in the device's own memory: the runtime copies them to the host for
+    # onnxruntime segments and back, and the backend module offers to_device(x),
+    # to_host(x), is_device(x) (and may offer capture(runtime), a whole-run replay).
+    device_memory: bool = False
 
 
 _loaded: dict[str, ModuleType] = {}

@@ -63,6 +63,8 @@ class ClusterRunner:
         self._stand_in: Any = None
         self._async_lock = threading.Lock()  # not _lock: a compile holds that throughout
         self.progress: Any = None  # () -> Progress of the run's compiles, set by Runtime
+        # a device backend's values are copied to the host for onnxruntime
+        self._to_host = backend.to_host if registry.policy(backend).device_memory else None
 
     def signature(self, inputs: list[np.ndarray]) -> tuple:
         key = tuple([(x.dtype, x.shape) for x in inputs])  # a list: faster than a genexpr
@@ -80,7 +82,7 @@ class ClusterRunner:
                 return self._run_while_compiling(key, inputs)
             exe = self._compile(key, inputs)
             if exe is None:
-                return self.fallback.run(inputs, run_options)
+                return self.fallback.run(self._host(inputs), run_options)
         self.runs += 1
         outs = exe.run(inputs)
         if self.check_numerics:
@@ -95,7 +97,7 @@ class ClusterRunner:
                 return exe
             if self.dumper is not None and self.flags.dump_inputs and not self._dumped_inputs:
                 self._dumped_inputs = True
-                self.dumper.write_inputs(self.name, self.input_names, inputs)
+                self.dumper.write_inputs(self.name, self.input_names, self._host(inputs))
             self.signatures.append(key)
             if self._is_megamorphic():
                 self._fall_back(f"megamorphic: compiled {self.compiles} times in "
@@ -112,6 +114,16 @@ class ClusterRunner:
             self.compiles += 1
             self.cache[key] = exe
             return exe
+
+    def _host(self, inputs: list[Any]) -> list[Any]:
+        """inputs as host arrays (device values copied back) for onnxruntime and dumps."""
+        return inputs if self._to_host is None else [self._to_host(x) for x in inputs]
+
+    def on_device(self) -> bool:
+        """Whether run() takes device values: a device backend's cluster not falling back
+        (--async_compile runs onnxruntime stand-ins, so it takes host values)."""
+        return (self._to_host is not None and self.fallback is None
+                and not self.flags.async_compile)
 
     def _run_while_compiling(self, key: tuple, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """--async_compile: start compiling this signature in the background (once) and
@@ -183,6 +195,7 @@ class ClusterRunner:
     def _check_numerics(self, inputs: list[np.ndarray], outs: list[np.ndarray]) -> None:
         bad = [name for name, x in zip(self.output_names, outs) if _nonfinite(x)]
         if bad:  # only now pay for locating the node and summarizing the inputs
+            inputs = self._host(inputs)
             what = f"output {bad[0]!r} has" if len(bad) == 1 else \
                 f"outputs {', '.join(repr(b) for b in bad)} have"
             warnings.warn(f"autoclust: {self.name} {what} NaN or inf (--check_numerics); "
@@ -292,6 +305,7 @@ class Runtime:
         self.defaults = {name: arr for name, arr in self.graph.initializers.items()
                          if name in seed}
         self._plan_frees()
+        self.device = DeviceRun(self) if registry.policy(backend).device_memory else None
 
     def _plan_frees(self) -> None:
         last: dict[str, int] = {}
@@ -307,12 +321,17 @@ class Runtime:
                       for r, f in zip(self.runners, self.frees)]
 
     def run(self, feeds: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
-        """Run the plan on validated feeds; returns every graph output by name.
+        """Run the plan on validated feeds; returns every graph output by name (a device
+        backend's outputs may be device arrays: see DeviceRun).
 
         With onnxruntime RunOptions, its segments get them (log severity and tag, config
         entries) and `terminate` is checked before every step, as onnxruntime does between
-        its nodes.
+        its nodes (on a device plan: before the run).
         """
+        if self.device is not None:
+            if run_options is not None and run_options.terminate:
+                raise registry.fallback().terminated_error(self.runners[0].name)
+            return self.device.run(feeds)
         if run_options is not None:
             return self._run_with_options(feeds, run_options)
         env = dict(self.defaults)
@@ -376,6 +395,65 @@ class Runtime:
             r.wait(timeout)
 
 
+class DeviceRun:
+    """Runs a plan whose clusters keep values in device memory (Policy.device_memory).
+
+    Each value is copied to the side that reads it at most once per run (a cluster on the
+    device, an onnxruntime segment or a shape-deciding input on the host) and the bytes are
+    counted (`last_copies`, `autoclust.transfers`). With --cuda_graphs the backend's
+    capture(runtime) may replay the whole run as one graph.
+    """
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        backend = runtime.backend
+        self.to_device, self.to_host = backend.to_device, backend.to_host
+        self.graphs = backend.capture(runtime) if hasattr(backend, "capture") else None
+        self.last_copies: Any = None
+
+    def run(self, feeds: dict[str, Any], names: list[str] | None = None,
+            on_device: bool = False) -> Any:
+        """The env of a run (names None), or the outputs `names`, moved to the device
+        (on_device) or the host; the copies of the run are counted in last_copies."""
+        from autoclust import transfers
+        with transfers.measure() as copied:
+            env = self.graphs.run(feeds) if self.graphs is not None else None
+            if env is None:
+                env = self._run_steps(feeds)
+            if names is not None:
+                move = self.to_device if on_device else self.to_host
+                env = [move(env[n]) for n in names]
+        self.last_copies = copied
+        return env
+
+    def _run_steps(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        rt = self.runtime
+        env = dict(rt.defaults)
+        env.update(feeds)
+        other: dict[str, Any] = {}  # name -> the value's copy on the other side
+        for runner, (run, in_names, out_names, frees) in zip(rt.runners, rt.steps):
+            device = isinstance(runner, ClusterRunner) and runner.on_device()
+            host_only = set(runner.shape_value_index) if device else set()
+            args = [self._place(env, other, n, device and i not in host_only)
+                    for i, n in enumerate(in_names)]
+            for name, value in zip(out_names, run(args)):
+                env[name] = value
+                other.pop(name, None)
+            for name in frees:
+                del env[name]
+                other.pop(name, None)
+        return env
+
+    def _place(self, env: dict[str, Any], other: dict[str, Any], name: str,
+               device: bool) -> Any:
+        value = env[name]
+        if self.runtime.backend.is_device(value) == device:
+            return value
+        if name not in other:
+            other[name] = self.to_device(value) if device else self.to_host(value)
+        return other[name]
+
+
 def _onnx(graph: Graph) -> Any:
     """A sub-graph as an ONNX model for onnxruntime (fallback segments run ONNX)."""
     return registry.importer("onnx").export_model(graph)
@@ -390,4 +468,5 @@ def check_must_compile(plan: Any) -> None:
                              "(--must_compile):\n" + "\n".join(lines))
 
 
-__all__ = ["AutoclustError", "ClusterRunner", "Runtime", "SegmentRunner", "check_must_compile"]
+__all__ = ["AutoclustError", "ClusterRunner", "DeviceRun", "Runtime", "SegmentRunner",
+           "check_must_compile"]

@@ -83,7 +83,7 @@ class _InputSpec:
         return NodeArg(self.name, None if self.dims is None else list(self.dims), self.type_str)
 
     def check(self, value: Any) -> np.ndarray:
-        if not isinstance(value, np.ndarray):
+        if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
             if self.dtype is None:
                 return value  # sequences, maps, optionals: onnxruntime checks them
             value = self._convert(value)
@@ -156,6 +156,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         self._runtime = None
         self.plan = None
         self._dumper = None
+        self._mover: Any = None  # a device backend (Policy.device_memory) moving values
         if self._flags.auto_jit > 0:
             self._build_plan()
         if self._runtime is None:
@@ -183,6 +184,11 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         from autoclust.clustering import cluster
         from autoclust.importers.onnx import import_model
         backend = registry.get_backend(self._flags.device)
+        if registry.policy(backend).device_memory:
+            require = getattr(backend, "require_device", None)
+            if require is not None:
+                require()  # DeviceUnavailableError naming what is missing
+            self._mover = backend
         try:
             graph = import_model(self._model)
         except ModelLoadError as exc:
@@ -243,7 +249,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                 known = ", ".join(s.name for s in self._input_specs)
                 raise ort_backend.input_error(f"unknown input {name!r}; the model's inputs "
                                               f"are: {known}")
-            feeds[name] = spec.check(value)
+            feeds[name] = spec.check(self._device_value(name, value))
         if len(feeds) < len(self._required):
             missing = [s.name for s in self._required if s.name not in feeds]
             if missing:  # onnxruntime raises a plain ValueError here; ours is one too
@@ -252,8 +258,13 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         return feeds
 
     def run(self, output_names: list[str] | None, input_feed: dict[str, Any],
-            run_options: Any = None) -> list[Any]:
-        """Run the model; outputs in the order of output_names (all outputs for None)."""
+            run_options: Any = None, output_device: str = "cpu") -> list[Any]:
+        """Run the model; outputs in the order of output_names (all outputs for None).
+
+        output_device="gpu" (a device with its own memory) returns device arrays (CuPy);
+        feeds may be device arrays (CuPy, torch CUDA tensors) on a device session.
+        """
+        to_device = self._output_mover(output_device)
         feeds = self._validate(input_feed)
         if output_names:
             for n in output_names:
@@ -261,11 +272,21 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                     raise ort_backend.input_error(f"unknown output {n!r}; the model's outputs"
                                                   f" are: {', '.join(self._output_names)}")
         if self._runtime is None:
+            if self._mover is not None:
+                feeds = {k: self._mover.to_host(v) for k, v in feeds.items()}
             if self._ort_values:
-                return values.run(self._ort, output_names, feeds, run_options)
-            return self._ort.run(output_names, feeds, run_options)
+                outs = values.run(self._ort, output_names, feeds, run_options)
+            else:
+                outs = self._ort.run(output_names, feeds, run_options)
+            return outs if to_device is None else [to_device(o) for o in outs]
+        names = list(output_names or self._output_names)
+        if self._runtime.device is not None:
+            if run_options is not None and run_options.terminate:
+                return self._runtime.run(feeds, run_options)  # raises onnxruntime's Fail
+            return self._runtime.device.run(feeds, names, to_device is not None)
         env = self._runtime.run(feeds, run_options)
-        return [env[n] for n in (output_names or self._output_names)]
+        outs = [env[n] for n in names]
+        return outs if to_device is None else [to_device(o) for o in outs]
 
     def run_with_ort_values(self, output_names: list[str] | None,
                             input_dict_ort_values: dict[str, Any],
@@ -298,6 +319,34 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             callback(outs, user_data, "")
         threading.Thread(target=work, name="autoclust-run-async", daemon=True).start()
 
+    def _output_mover(self, output_device: str) -> Any:
+        """None for host outputs, else the to_device of the backend called output_device."""
+        if output_device == "cpu":
+            return None
+        from autoclust import registry
+        backend = self._mover
+        if backend is None or getattr(backend, "NAME", None) != output_device:
+            backend = registry.get_backend(output_device)
+        if not registry.policy(backend).device_memory:
+            raise InvalidInputError(f"output_device={output_device!r} has no memory of its "
+                                    "own; use 'cpu' or a device such as 'gpu'")
+        require = getattr(backend, "require_device", None)
+        if require is not None:
+            require()
+        return backend.to_device
+
+    def _device_value(self, name: str, value: Any) -> Any:
+        """A device-array feed as the session's device array type (torch CUDA tensors
+        through DLPack, no copy); InvalidInputError on a host-only session."""
+        if type(value) is np.ndarray or not hasattr(value, "__cuda_array_interface__"):
+            return value
+        if self._mover is None:
+            raise InvalidInputError(
+                f"input {name!r} is a device array ({type(value).__name__}) but this session "
+                f"runs on the host (--device={self._flags.device}): pass a NumPy array, or "
+                "create the session with device='gpu'")
+        return self._mover.to_device(value)
+
     # ---- onnxruntime's informational API ----------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
         return [s.node_arg() for s in self._input_specs if not s.optional]
@@ -328,7 +377,22 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             reason = "auto_jit is 0" if self._flags.auto_jit == 0 else "model not imported"
             return {"nodes": len(self._model.graph.node), "clusters": [], "unclustered": [],
                     "note": reason} if as_json else f"No clustering: {reason}."
-        return explain.explain_json(self.plan) if as_json else explain.explain_text(self.plan)
+        if as_json:
+            out = explain.explain_json(self.plan)
+            copied = self._last_copies()
+            if copied is not None:
+                out["copied_last_run"] = {"h2d": copied.h2d, "d2h": copied.d2h}
+            return out
+        text = explain.explain_text(self.plan)
+        copied = self._last_copies()
+        if copied is not None:
+            text += (f"\nMeasured in the last run: {copied.h2d} bytes host -> device, "
+                     f"{copied.d2h} bytes device -> host ({copied.copies} copies)")
+        return text
+
+    def _last_copies(self) -> Any:
+        device = getattr(self._runtime, "device", None)
+        return None if device is None else device.last_copies
 
     def stats(self) -> dict[str, Any]:
         """Per-cluster compile/run counts and fallbacks (for tests and `autoclust run`)."""

@@ -15,11 +15,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from autoclust.importers.builder_ops import OPSET
 
 import autoclust
 from autoclust import ops
 from autoclust.errors import BuildError, ShapeInferenceError, UnsupportedOpError
-from autoclust.importers.builder_ops import OPSET
 
 RNG = np.random.default_rng(7)
 

@@ -169,6 +169,8 @@ def parser() -> argparse.ArgumentParser:
                    help="folder for bench.json, bench.md, bench.png (default bench_out)")
     p.add_argument("--log", action="store_true",
                    help="progress lines when stderr is not a terminal (a bar when it is)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"],
+                   help="gpu: the GPU benchmark and its own options (autoclust/tools/bench_gpu.py)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one case
     return p
 
@@ -186,7 +188,12 @@ def _run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `autoclust bench`."""
+    from autoclust.tools import bench_gpu  # `autoclust bench --device gpu`: its own cases
+
     from autoclust.progress import Progress
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if bench_gpu.device_of(argv) == "gpu":
+        return bench_gpu.main(argv)
     args = parser().parse_args(argv)
     if args.one:
         print(json.dumps(run_case(args.one, args.repeat, args.threads, args.flags)))

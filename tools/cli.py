@@ -162,6 +162,9 @@ def _add_small(sub: argparse._SubParsersAction) -> None:
                    help="size preset, e.g. bench (the benchmark sizes)")
     z.set_defaults(fn=_cmd_zoo)
 
+    from autoclust.tools import aot  # `autoclust compile`: ahead-of-time kernels
+    aot.add_parser(sub)
+
     for name, fn, help_ in (("bench", _cmd_bench, "benchmark against onnxruntime"),
                             ("fuzz", _cmd_fuzz, "differential graph fuzzer"),
                             ("bisect", _cmd_bisect, "find the node that breaks the outputs"),
