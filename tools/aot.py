@@ -223,11 +223,17 @@ def add_parser(sub: Any) -> None:
     """Register `autoclust compile` on the CLI's subparsers."""
     from autoclust import registry
     p = sub.add_parser("compile", help="render every cluster's kernels ahead of time "
-                       "(.cu/.ptx for gpu, .ll for cpu) without a device")
-    p.add_argument("model")
-    p.add_argument("--device", default="gpu", choices=registry.device_names())
-    p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--dump_to", "--dump-to", required=True, metavar="DIR")
+                       "(.cu/.ptx for gpu, .ll for cpu) without a device",
+                       description="Cluster MODEL at the given sizes and write each "
+                       "cluster's kernels (.cu and, where nvcc exists, .ptx for gpu; .ll for "
+                       "cpu) without running anything.")
+    p.add_argument("model", help="the .onnx model file")
+    p.add_argument("--device", default="gpu", choices=registry.device_names(),
+                   help="backend whose kernels to render (default gpu)")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                   help="size of the model's symbolic dim NAME (repeatable), e.g. --dim seq=128")
+    p.add_argument("--dump_to", "--dump-to", required=True, metavar="DIR",
+                   help="folder the kernel files are written to")
     p.add_argument("--arch", default="sm_90", help="nvcc -arch for the .ptx (default sm_90)")
     p.add_argument("--flags", default=None, help="AUTOCLUST_FLAGS for clustering and fusion")
     p.set_defaults(fn=main)
