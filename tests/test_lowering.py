@@ -137,6 +137,9 @@ CASES: dict[str, list[tuple]] = {
     "Swish": [([x(3, 5)], {"alpha": 0.7}, (), 1)],
     "RMSNormalization": [([x(2, 3, 8), x(8)], {"axis": -1}, (1,), 1),
                          ([x(2, 3, 8), x(3, 8)], {"axis": 1, "epsilon": 1e-3}, (1,), 1)],
+    "SimplifiedLayerNormalization": [([x(2, 3, 8), x(8)], {"axis": -1}, (1,), 2),
+                                     ([x(2, 3, 8), x(3, 8)], {"axis": 1, "epsilon": 1e-3},
+                                      (1,), 1)],
     "CumProd": [([x(3, 5, lo=0.5, hi=1.5), np.array(1, np.int64)], {"exclusive": 1}, (1,), 1),
                 ([x(4, 3, dtype="int64"), np.array(0, np.int64)], {"reverse": 1}, (1,), 1)],
 }

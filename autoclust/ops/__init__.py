@@ -302,6 +302,7 @@ def _load_all() -> None:
     # Imported for their registrations; order does not matter.
     from autoclust.ops import (  # noqa: F401
         activations,
+        contrib,
         elementwise,
         layout,
         layout_index,
