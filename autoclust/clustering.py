@@ -195,6 +195,10 @@ def why_not_lowered(node: Node, graph: Graph, opdef: ops.OpDef) -> str | None:
     needs as a constant is not one."""
     if opdef.lower is None and opdef.kind != ops.LIBRARY:
         return opdef.refuse or f"{node.op} has no lowering"
+    if opdef.refuses is not None:
+        reason = opdef.refuses(node)
+        if reason:
+            return reason
     for i in opdef.const_inputs:
         v = node.inputs[i] if i < len(node.inputs) else None
         if v is not None and i not in opdef.shape_inputs and not graph.is_constant(v):

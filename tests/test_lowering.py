@@ -140,6 +140,10 @@ CASES: dict[str, list[tuple]] = {
     "SimplifiedLayerNormalization": [([x(2, 3, 8), x(8)], {"axis": -1}, (1,), 2),
                                      ([x(2, 3, 8), x(3, 8)], {"axis": 1, "epsilon": 1e-3},
                                       (1,), 1)],
+    "QuantizeLinear": [([x(3, 5), np.float32(0.05), np.uint8(7)], {}, (1, 2), 1),
+                       ([x(3, 5), x(5, lo=0.01, hi=0.1), None], {"axis": 1}, (), 1)],
+    "DequantizeLinear": [([np.arange(15, dtype=np.int8).reshape(3, 5), np.float32(0.05),
+                           np.int8(-3)], {}, (1, 2), 1)],
     "CumProd": [([x(3, 5, lo=0.5, hi=1.5), np.array(1, np.int64)], {"exclusive": 1}, (1,), 1),
                 ([x(4, 3, dtype="int64"), np.array(0, np.int64)], {"reverse": 1}, (1,), 1)],
 }

@@ -41,7 +41,7 @@ RESULTS_FILE = os.path.join("tests", "data", "ort_node_results.json")
 # Clustering refusals that are by design: a case with such a node is not a compiled-mode
 # case (its other refusals, e.g. a device that cannot lower an op, are failures).
 DESIGN_REFUSALS = ("unsupported op", "has a subgraph", "data-dependent output shape",
-                   "dtype ", "Dropout ", "old opset form")
+                   "dtype ", "Dropout ", "old opset form", "blocked quantization")
 
 Outcome = str | None  # None: passed; else a one-line reason
 

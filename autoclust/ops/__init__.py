@@ -71,6 +71,9 @@ ALL_TYPES = NUMERIC_TYPES + (BOOL,)
 # dtypes the compiled backends support (float16 computes in float32).
 COMPILABLE_TYPES = frozenset(np.dtype(t) for t in
                              ("float16", "float32", "float64", "int32", "int64", "bool"))
+# Stored narrow, computed in int32 (the CPU backend): layout ops, casts and the quantize ops
+# take them; arithmetic on them does not compile (onnxruntime has few kernels for it).
+NARROW_INT_TYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
 
 TypeShape = tuple[np.dtype, Shape]
 Arrays = list[np.ndarray | None]  # a ref's inputs (None for an omitted optional input)
@@ -128,6 +131,7 @@ class OpDef:
     domain: str = ""
     lower: Callable[..., Any] | None = None   # kernel-IR lowering (autoclust.lowering)
     refuse: str = ""                    # why the op is never lowered (when lower is None)
+    refuses: Callable[[Node], str | None] | None = None  # why this node's form is not lowered
     dtypes: frozenset | None = None     # dtypes compiled code supports; None = COMPILABLE_TYPES
     shape_inputs: tuple[int, ...] = ()  # inputs whose values decide output shapes
     const_inputs: tuple[int, ...] = ()  # further inputs the lowering needs as constants
@@ -160,7 +164,10 @@ class OpDef:
 
     @property
     def compiled_dtypes(self) -> frozenset:
-        return COMPILABLE_TYPES if self.dtypes is None else self.dtypes
+        """dtypes compiled code supports; layout ops move any stored value unchanged."""
+        if self.dtypes is not None:
+            return self.dtypes
+        return COMPILABLE_TYPES | NARROW_INT_TYPES if self.kind == LAYOUT else COMPILABLE_TYPES
 
     @property
     def needs_constant(self) -> tuple[int, ...]:
@@ -308,6 +315,7 @@ def _load_all() -> None:
         layout_index,
         library,
         normalization,
+        quantize,
         reduction,
         shape,
         slicing,

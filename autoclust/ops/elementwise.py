@@ -31,6 +31,7 @@ from autoclust.ops import (
     ELEMENTWISE,
     FLOAT_TYPES,
     INT_TYPES,
+    NARROW_INT_TYPES,
     NUMERIC_TYPES,
     Attrs,
     InferContext,
@@ -482,6 +483,8 @@ register("BitShift", ELEMENTWISE, _infer_bit_shift,
          lower=_lower_bit_shift, dtypes=compilable(UINT))
 
 register("Where", ELEMENTWISE, _infer_where, _ref_where, lower=_lower_where, shape_like=True)
-register("Cast", ELEMENTWISE, _infer_cast, _ref_cast, lower=_lower_cast, shape_like=True)
-register("CastLike", ELEMENTWISE, _infer_cast_like, _ref_cast_like, lower=_lower_cast)
+register("Cast", ELEMENTWISE, _infer_cast, _ref_cast, lower=_lower_cast, shape_like=True,
+         dtypes=COMPILABLE_TYPES | NARROW_INT_TYPES)
+register("CastLike", ELEMENTWISE, _infer_cast_like, _ref_cast_like, lower=_lower_cast,
+         dtypes=COMPILABLE_TYPES | NARROW_INT_TYPES)
 register("Clip", ELEMENTWISE, _infer_clip, _ref_clip, lower=_lower_clip)

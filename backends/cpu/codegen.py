@@ -22,12 +22,16 @@ from llvmlite import ir
 
 from autoclust import kernel_ir as kir
 
-I8, I32 = ir.IntType(8), ir.IntType(32)
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 PTR = ir.PointerType()
+# Narrow integers are stored narrow and computed in int32 (as float16 is in float32): loads
+# widen (sign- or zero-extend), stores truncate, and casts to them wrap (mathops.cast).
+NARROW_INTS = {"int8": I8, "uint8": I8, "int16": I16, "uint16": I16}
 STORAGE = {"float16": ir.HalfType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": I8}
+           "int32": I32, "int64": I64, "bool": I8, **NARROW_INTS}
 COMPUTE = {"float16": ir.FloatType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": ir.IntType(1)}
+           "int32": I32, "int64": I64, "bool": ir.IntType(1),
+           **{name: I32 for name in NARROW_INTS}}
 REDUCE_FLAGS = ("reassoc", "contract")
 VECTOR_BITS = 512
 NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
@@ -270,6 +274,8 @@ class KernelEmitter:
             v = b.fptrunc(v, STORAGE[dtype])
         elif dtype == "bool":
             v = b.zext(v, I8)
+        elif dtype in NARROW_INTS:
+            v = b.trunc(v, STORAGE[dtype])
         b.store(v, self._address(s.buf, s.index))
 
     def value(self, e: kir.Expr) -> ir.Value:
@@ -298,6 +304,8 @@ class KernelEmitter:
                 return b.fpext(v, COMPUTE["float16"])
             if e.dtype == "bool":
                 return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+            if e.dtype in NARROW_INTS:
+                return (b.zext if e.dtype.startswith("u") else b.sext)(v, I32)
             return v
         args = [self.value(a) for a in e.args]
         if e.name == "cast":

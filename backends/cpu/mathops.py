@@ -93,7 +93,8 @@ class MathOps:
                flags: tuple) -> ir.Value:
         x = args[0]
         y = args[1] if len(args) > 1 else None
-        simple = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}
+        simple = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv,
+                  "div_exact": b.fdiv}
         if name in simple:
             return simple[name](x, y, flags=flags)
         if name == "neg":
@@ -178,11 +179,16 @@ class MathOps:
         return b.select(fix, b.add(r, y), r)
 
     def cast(self, b: ir.IRBuilder, x: ir.Value, src: str, dst: str) -> ir.Value:
-        """Convert between compute types; float16 rounds through half."""
-        from autoclust.backends.cpu.codegen import COMPUTE
+        """Convert between compute types; float16 rounds through half; narrow integers
+        (computed in int32) wrap as onnxruntime's Cast does (through int32, low bits)."""
+        from autoclust.backends.cpu.codegen import COMPUTE, NARROW_INTS
         ty = COMPUTE[dst]
         if src == dst:
             return x
+        if dst in NARROW_INTS:
+            wide = self.cast(b, x, src, "int32")
+            low = b.trunc(wide, NARROW_INTS[dst])
+            return (b.zext if dst.startswith("u") else b.sext)(low, ty)
         if dst == "bool":
             if _is_float(x.type):
                 return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0))

@@ -26,7 +26,7 @@ from autoclust import kernel_ir as kir
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 BITS = 512
-ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv", "div_exact": "fdiv"}
 FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 MATHLIB = ("exp", "log", "log1p", "tanh", "sigmoid", "erf")
 INTRINSICS = {"abs": "llvm.fabs", "sqrt": "llvm.sqrt", "floor": "llvm.floor",
