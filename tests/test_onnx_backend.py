@@ -35,12 +35,6 @@ RESULTS_PATH = os.path.join(os.path.dirname(__file__), "data", "ort_node_results
 RESULTS = conformance.read_results(RESULTS_PATH)
 ORT_FAILS: dict[str, str] = RESULTS["failures"]
 
-# onnxruntime's run() refuses ml_dtypes arrays (bfloat16, float8, int4/uint4, int2/uint2:
-# "Numpy_type 256 can't be converted to MLDataType"), so the results file records these
-# cases as its failures; fed as OrtValues (autoclust.backends.ort.values) onnxruntime passes
-# them (test_onnxruntime_passes_cases_fed_as_ort_values), so default mode runs them too.
-ORT_VALUE_CASES = sorted(k for k, v in ORT_FAILS.items() if "can't be converted to MLDataType"
-                         in v)
 
 # Cases we fail that must pass (onnxruntime passes them, or they are compiled-mode cases),
 # one reason each. Each reason is a bug reported to the lead; the xfails are strict, so a fix
@@ -116,7 +110,7 @@ def _default_tests() -> type[unittest.TestCase]:
         case = test[:-len("_cpu")]
         if case in CRASHES.get(DEVICE, {}):
             _mark(cls, test, unittest.skip(f"crashes: {CRASHES[DEVICE][case]}"))
-        elif case in ORT_FAILS and case not in ORT_VALUE_CASES:
+        elif case in ORT_FAILS:
             _mark(cls, test, unittest.skip(f"onnxruntime fails: {ORT_FAILS[case]}"))
         elif case in OURS_DEFAULT:
             _mark(cls, test, pytest.mark.xfail(reason=OURS_DEFAULT[case], strict=True))
@@ -161,22 +155,27 @@ def test_exclusions_name_real_cases():
     assert not set(OURS_DEFAULT) & set(ORT_FAILS), "default mode skips cases ort fails"
 
 
-class _OrtValueRep(conformance.OrtRep):
-    """onnxruntime fed and read through OrtValues where NumPy arrays cannot pass."""
+def _exotic(model: onnx.ModelProto) -> bool:
+    """Whether a graph input or output has a dtype NumPy lacks (bfloat16, float8, int4, int2)."""
+    names = set()
+    for v in [*model.graph.input, *model.graph.output]:
+        try:
+            names.add(helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return any(k in n for n in names for k in ("bfloat16", "float8", "float4", "int4", "int2"))
 
-    def run(self, inputs: list[Any]) -> list[Any]:
-        from autoclust.backends.ort import values
-        feeds = dict(zip(self.names, inputs))
-        if values.needs_ort_values(self.session):
-            return values.run(self.session, None, feeds)
-        return self.session.run(None, feeds)
 
-
-def test_onnxruntime_passes_cases_fed_as_ort_values():
-    by_name = {c.name: c for c in CASES}
-    outcomes = {n: conformance.run_case(by_name[n], _OrtValueRep) for n in ORT_VALUE_CASES}
-    assert {n: o for n, o in outcomes.items() if o is not None} == {}
-    assert len(outcomes) >= 90, "the bfloat16/float8/int4/int2 CastLike cases"
+def test_onnxruntime_passes_exotic_dtype_cases_fed_as_ort_values():
+    """conformance.OrtRep feeds bfloat16/float8/int4/int2 as OrtValues: onnxruntime passes
+    those cases (the results file counts them), and default mode runs them too."""
+    exotic = [c for c in CASES if _exotic(c.model)]
+    assert len(exotic) >= 90
+    not_fed = {c.name: ORT_FAILS[c.name] for c in exotic
+               if "can't be converted to MLDataType" in ORT_FAILS.get(c.name, "")}
+    assert not_fed == {}
+    sample = [c for c in exotic if c.name not in ORT_FAILS][::10]
+    assert sample and all(conformance.run_case(c, conformance.OrtRep) is None for c in sample)
 
 
 def test_design_refusal_parses_not_compilable_messages():

@@ -170,8 +170,11 @@ class OrtRep:
         self.names = [i.name for i in self.session.get_inputs()]
 
     def run(self, inputs: list[Any]) -> list[Any]:
+        from autoclust.backends.ort import values
         feeds = {n: (np.asarray(x) if isinstance(x, np.generic) else x)
                  for n, x in zip(self.names, inputs)}
+        if values.needs_ort_values(self.session):  # bfloat16, float8, int4, int2 as OrtValues
+            return values.run(self.session, None, feeds)
         return self.session.run(None, feeds)
 
 
