@@ -178,3 +178,21 @@ def test_background_compiles_show_no_bar(monkeypatch):
     sess._runtime.wait_compiles()
     assert terminal.getvalue() == ""
     assert sum(r.compiles for r in sess._runtime.compiled_clusters()) == 4
+
+
+def test_bisect_trials_show_a_bar_and_their_lines_above_it(monkeypatch, capsys):
+    from autoclust.tools import bisect
+    terminal = on_terminal(monkeypatch)
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)
+    trials = bisect.Trials({}, lambda model, feeds, flags: None, desc="autoclust bisect")
+    for k in range(3):
+        assert trials.run(None, {}) is None
+        trials.log(f"  trial {k}: ok")
+    trials.close()
+    assert "autoclust bisect" in terminal.getvalue() and "3 trials" in terminal.getvalue()
+    assert capsys.readouterr().out == "  trial 0: ok\n  trial 1: ok\n  trial 2: ok\n"
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # off a terminal: only the lines
+    trials = bisect.Trials({}, lambda model, feeds, flags: None)
+    trials.run(None, {})
+    trials.close()
+    assert sys.stderr.getvalue() == ""

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shlex
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,18 +70,29 @@ def verdict(outcome: Outcome) -> str:
 
 
 class Trials:
-    """Runs trials in an isolated worker and logs them."""
+    """Runs trials in an isolated worker and logs them (above a progress bar on a terminal)."""
 
-    def __init__(self, flags: dict[str, Any], worker: Any, log: Callable[[str], Any]):
+    def __init__(self, flags: dict[str, Any], worker: Any, log: Callable[[str], Any] | None = None,
+                 desc: str = "autoclust"):
+        from autoclust.progress import Progress
         self.flags = {k: v for k, v in flags.items() if k not in NOT_FOR_TRIALS}
         self.worker = worker
-        self.log = log
+        # every trial already prints a line: the bar (a terminal only) counts them
+        self.progress = Progress(desc, unit="trial", log=False)
+        self.log = log or (lambda s: self.progress.write(s, sys.stdout))
         self.count = 0
 
     def run(self, model: onnx.ModelProto, feeds: Feeds, **extra: Any) -> Outcome:
         """The worker's verdict on `model` with the user's flags plus `extra`."""
         self.count += 1
-        return self.worker(model, feeds, [{**self.flags, **extra}])
+        try:
+            return self.worker(model, feeds, [{**self.flags, **extra}])
+        finally:
+            self.progress.update()
+
+    def close(self) -> None:
+        """Remove the progress bar."""
+        self.progress.close()
 
 
 def fuel_bisect(trials: Trials, model: onnx.ModelProto, feeds: Feeds, n_nodes: int
@@ -260,11 +272,12 @@ def main(argv: list[str]) -> int:
     print(f"autoclust bisect {args.model}: {source}; flags {args.flags or '(none)'}", flush=True)
     start = time.perf_counter()
     worker = fuzz.Worker(args.timeout, args.rtol, args.atol)
-    trials = Trials(flags, worker, lambda s: print(s, flush=True))
+    trials = Trials(flags, worker, desc="autoclust bisect")
     try:
         result = bisect(model, feeds, args.out, trials)
     finally:
         worker.close()
+        trials.close()
     result.update(model=args.model, trials=trials.count,
                   seconds=round(time.perf_counter() - start, 2))
     if result["result"] != "found":

@@ -103,11 +103,12 @@ def main(argv: list[str]) -> int:
     print(f"autoclust minify {args.model}: {source}; flags {args.flags or '(none)'}", flush=True)
     start = time.perf_counter()
     worker = fuzz.Worker(args.timeout, args.rtol, args.atol)
-    trials = Trials(user_flags, worker, lambda s: print(s, flush=True))
+    trials = Trials(user_flags, worker, desc="autoclust minify")
     try:
         found = minify(model, feeds, trials, args.match)
     finally:
         worker.close()
+        trials.close()
     if found is None:
         print(f"no failure: autoclust matches onnxruntime ({trials.count} trial)")
         return 0
