@@ -65,7 +65,8 @@ SPECS: tuple[FlagSpec, ...] = (
              "with fewer than 50 runs per compile falls back to onnxruntime"),
     FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
              "always reassociate)", changes_code=True),
-    FlagSpec("log", bool, False, "print one line per compile and fallback to stderr"),
+    FlagSpec("log", bool, False, "print one line per compile and fallback to stderr, and "
+             "plain progress lines where no terminal shows a progress bar"),
     FlagSpec("cuda_graphs", bool, True, "--device=gpu: replay a whole run as one CUDA graph "
              "per input signature when every step runs on the GPU without cuBLAS calls"),
     FlagSpec("allow_tf32", bool, False, "--device=gpu: float32 GEMMs may use TF32 tensor "
