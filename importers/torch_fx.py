@@ -91,21 +91,21 @@ class Backend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **_: Any) -> Any:
         from torch._decomp import core_aten_decompositions
         from torch._dynamo.backends.common import aot_autograd
-        code = _dynamo_code()
-        compile_fw = functools.partial(self._compile, code=code, kind="forward")
-        compile_inf = functools.partial(self._compile, code=code, kind="inference")
+        codes = _dynamo_code()
+        compile_fw = functools.partial(self._compile, codes=codes, kind="forward")
+        compile_inf = functools.partial(self._compile, codes=codes, kind="inference")
         aot = aot_autograd(fw_compiler=compile_fw, inference_compiler=compile_inf,
                            bw_compiler=_eager_backward,
                            decompositions=core_aten_decompositions())
         return aot(gm, example_inputs)
 
-    def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], code: Any,
+    def _compile(self, gm: fx.GraphModule, example_inputs: list[Any], codes: tuple,
                  kind: str) -> Any:
         from functorch.compile import make_boxed_func
         flags = self.flags
         if flags.threads == 0:
             flags = flags.replace(threads=torch.get_num_threads())
-        report = _LOG.new(kind, code)
+        report = _LOG.new(kind, codes)
         return make_boxed_func(compile_aten(gm, flags, report))
 
 
@@ -114,13 +114,17 @@ def _eager_backward(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
     return make_boxed_func(gm.forward)
 
 
-def _dynamo_code() -> Any:
-    """The code object Dynamo is compiling (for explain(fn)); None outside Dynamo."""
+def _dynamo_code() -> tuple[Any, ...]:
+    """The code objects Dynamo traced into this graph, the frame's own first (explain(fn)
+    finds a module's forward even where Dynamo compiled a wrapper that inlines it)."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
-        return InstructionTranslator.current_tx().f_code
+        from torch._guards import TracingContext
+        frame = InstructionTranslator.current_tx().f_code
     except (AttributeError, ImportError):
-        return None
+        return ()
+    inlined = TracingContext.get_traced_code() or []
+    return (frame, *[c for c in inlined if c is not frame])
 
 
 def compile_aten(gm: fx.GraphModule, flags: flags_mod.Flags,
@@ -296,10 +300,12 @@ def _fold_factory(imp: Imported, node: fx.Node) -> bool:
 def _why_not_lowered(imp: Imported, node: fx.Node) -> str | None:
     if torch_aten.lowering_for(node.target) is None:
         return f"no lowering for {_target_name(node)}"
+    for a in [*node.all_input_nodes, node]:
+        vals = a.meta.get("val")
+        for val in vals if isinstance(vals, (list, tuple)) else [vals]:
+            if isinstance(val, torch.Tensor) and val.device.type != "cpu":
+                return f"tensor {a.name} is on {val.device} (autoclust compiles for the CPU)"
     for a in node.all_input_nodes:
-        val = a.meta.get("val")
-        if isinstance(val, torch.Tensor) and val.device.type != "cpu":
-            return f"tensor {a.name} is on {val.device} (autoclust compiles for the CPU here)"
         if a in imp.tensor_sizes:
             return f"size argument {a.name} is computed from a tensor at run time"
     return None
@@ -551,6 +557,8 @@ def _emit_cluster(new: fx.Graph, env: dict[fx.Node, fx.Node], unit: _Unit, imp: 
             external.append(imp.source[v.name])
     array_args = [external.index(imp.source[v.name]) for v in sub.inputs]
     outputs = [imp.source[v.name] for v in sub.outputs]
+    if not outputs:
+        return  # nothing outside reads it
     runner = torch_run.TorchClusterRunner(c, sub, flags, backend, None, dumper)
     creport.runner = runner
     eager = functools.partial(_eager_module, unit.nodes, external, outputs)

@@ -15,6 +15,7 @@ nodes as eager torch from then on, with one warning.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import warnings
 from collections import Counter
@@ -27,6 +28,7 @@ import torch
 from autoclust.runtime import ClusterRunner
 
 _EAGER = "eager torch"
+_DYNAMO_DIR = os.path.join("torch", "_dynamo", "")
 
 
 def to_array(t: torch.Tensor) -> np.ndarray:
@@ -123,7 +125,7 @@ class GraphReport:
 
     index: int
     kind: str                       # "inference", "forward" (training) or "backward"
-    code: Any                       # the Python code object Dynamo compiled, when known
+    codes: tuple = ()               # code objects Dynamo traced, its frame's first
     aten_nodes: int = 0
     clusters: list[ClusterReport] = dataclasses.field(default_factory=list)
     eager: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
@@ -134,9 +136,11 @@ class GraphReport:
 
     @property
     def where(self) -> str:
-        c = self.code
-        if c is None:
+        if not self.codes:
             return "?"
+        c = self.codes[0]
+        if _DYNAMO_DIR in c.co_filename:  # Dynamo's wrapper of a torch.nn module: the
+            c = self.codes[-1]            # outermost inlined function is traced last
         return f"{c.co_name} ({c.co_filename}:{c.co_firstlineno})"
 
     def covered(self) -> int:
@@ -155,7 +159,7 @@ class GraphReport:
             runs = f"compiled {s['compiles']}x, ran {s['runs']}x, kernels {s['kernels']}"
             if s["fallback"]:
                 runs += f", fell back to eager torch: {s['fallback']}"
-            lines.append(f"  {c.name}: {len(c.aten_nodes)} nodes  {_fmt(c.aten_ops)}")
+            lines.append(f"  {c.name}: {_count(len(c.aten_nodes), 'node')}  {_fmt(c.aten_ops)}")
             lines.append(f"      -> {_fmt(c.ops)}; {runs}")
         for node, target, reason in self.eager:
             lines.append(f"  eager {node} ({target}): {reason}")
@@ -191,9 +195,9 @@ class ReportLog:
         self._reports: list[GraphReport] = []
         self._lock = threading.Lock()
 
-    def new(self, kind: str, code: Any) -> GraphReport:
+    def new(self, kind: str, codes: tuple) -> GraphReport:
         with self._lock:
-            report = GraphReport(len(self._reports), kind, code)
+            report = GraphReport(len(self._reports), kind, codes)
             self._reports.append(report)
             return report
 
@@ -202,12 +206,13 @@ class ReportLog:
             self._reports = []
 
     def select(self, fn: Any = None) -> list[GraphReport]:
-        """All reports, or those compiled from `fn`'s code (and its graph-break resumes)."""
+        """All reports, or those whose graph traced `fn`'s code (or a graph-break resume
+        function of it)."""
         reports = list(self._reports)
         if fn is None:
             return reports
         code = code_of(fn)
-        return [r for r in reports if r.code is not None and _same_source(r.code, code)]
+        return [r for r in reports if any(_same_source(c, code) for c in r.codes)]
 
 
 def code_of(fn: Any) -> Any:

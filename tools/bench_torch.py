@@ -44,18 +44,20 @@ def _blocks() -> Any:
     return module
 
 
-def _time_case(case: str, repeat: int, runs: int, threads: int, variants: list[str]
-               ) -> dict[str, Any]:
+def _time_case(case: str, repeat: int, runs: int, threads: int, variants: list[str],
+               options: dict[str, Any]) -> dict[str, Any]:
     import torch
     from autoclust.importers import torch_fx
     torch.set_num_threads(threads)
     model, args = _blocks().block_inputs(case, **CASES[case])
-    out: dict[str, Any] = {"case": case, "sizes": CASES[case], "threads": threads}
+    out: dict[str, Any] = {"case": case, "sizes": CASES[case], "threads": threads,
+                           "options": options}
     fns, compile_s, err = {}, {}, {}
     with torch.no_grad():
         want = model(*args)
         for v in variants:
-            fn = model if v == "eager" else torch.compile(model, backend=v)
+            fn = model if v == "eager" else torch.compile(
+                model, backend=v, options=options if v == "autoclust" else None)
             start = time.perf_counter()
             got = fn(*args)
             compile_s[v] = time.perf_counter() - start
@@ -110,17 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="calls per timed block")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-inductor", action="store_true")
+    p.add_argument("--options", default="{}", help='autoclust flags as JSON, e.g. '
+                   '\'{"must_compile": true}\'')
     p.add_argument("--out", default="bench_out")
     p.add_argument("--one", help=argparse.SUPPRESS)  # child process: time one case
     a = p.parse_args(argv)
     variants = [v for v in VARIANTS if not (a.no_inductor and v == "inductor")]
     if a.one:
-        print(json.dumps(_time_case(a.one, a.repeat, a.runs, a.threads, variants)))
+        print(json.dumps(_time_case(a.one, a.repeat, a.runs, a.threads, variants,
+                                    json.loads(a.options))))
         return 0
     results = []
     for case in a.cases.split(","):
         cmd = [sys.executable, "-m", "autoclust.tools.bench_torch", "--one", case,
-               "--repeat", str(a.repeat), "--runs", str(a.runs), "--threads", str(a.threads)]
+               "--repeat", str(a.repeat), "--runs", str(a.runs), "--threads", str(a.threads),
+               "--options", a.options]
         cmd += ["--no-inductor"] if a.no_inductor else []
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if proc.returncode:
