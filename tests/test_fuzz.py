@@ -6,7 +6,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from autoclust.tools import fuzz, fuzz_check, fuzz_gen, fuzz_shrink
+from autoclust.tools import fuzz, fuzz_check, fuzz_gen, shrink
 
 from autoclust import ops
 
@@ -110,11 +110,11 @@ def test_shrinker_reduces_injected_bug_and_writes_bundle(monkeypatch, tmp_path):
 
 def test_prune_drops_dead_nodes_inputs_and_initializers():
     case = fuzz_gen.case_for(5, 3)
-    model = fuzz_shrink._copy(case.model)
+    model = shrink._copy(case.model)
     keep = model.graph.output[0]
     del model.graph.output[:]
     model.graph.output.append(keep)
-    small, feeds = fuzz_shrink.prune(model, case.feeds)
+    small, feeds = shrink.prune(model, case.feeds)
     assert len(small.graph.node) <= len(case.model.graph.node)
     used = {i for n in small.graph.node for i in n.input} | {keep.name}
     assert all(v.name in used for v in small.graph.input)

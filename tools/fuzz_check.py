@@ -79,7 +79,8 @@ def run_autoclust(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     return outs, failed
 
 
-def compare(got: list[np.ndarray], want: list[np.ndarray]) -> str:
+def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float = RTOL,
+            atol: float = ATOL) -> str:
     """'' when outputs match (dtype, shape, values within tolerance), else what differs."""
     if len(got) != len(want):
         return f"{len(got)} outputs, expected {len(want)}"
@@ -90,7 +91,7 @@ def compare(got: list[np.ndarray], want: list[np.ndarray]) -> str:
         if g.shape != w.shape:
             return f"output {i}: shape {g.shape}, expected {w.shape}"
         if w.dtype.kind in "fc":
-            close = np.isclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True)
+            close = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
         else:
             close = g == w
         if not close.all():
@@ -99,7 +100,7 @@ def compare(got: list[np.ndarray], want: list[np.ndarray]) -> str:
             diff = np.max(np.abs(g.astype(float) - w.astype(float))[~close]) \
                 if w.dtype.kind in "fiub" else float("nan")
             return (f"output {i}: {len(bad)} of {w.size} elements differ; first at {at}: "
-                    f"got {g[at]!r}, expected {w[at]!r}; max abs diff {diff:.3g}")
+                    f"got {g[at]!s}, expected {w[at]!s}; max abs diff {diff:.3g}")
     return ""
 
 
@@ -110,14 +111,14 @@ def _error(where: str, flags: dict, exc: BaseException) -> Outcome:
 
 
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-          variants: list[dict[str, Any]]) -> Outcome:
+          variants: list[dict[str, Any]], rtol: float = RTOL, atol: float = ATOL) -> Outcome:
     """Run every oracle and variant; the first failure found, or Outcome('ok')."""
     try:
         expected = run_ort(model, feeds)
     except Exception as exc:  # noqa: BLE001 - an invalid graph (generator or shrink step)
         return Outcome(INVALID, "onnxruntime", f"{type(exc).__name__}: {exc}")
     try:
-        diff = compare(run_interpreter(model, feeds), expected)
+        diff = compare(run_interpreter(model, feeds), expected, rtol, atol)
     except Exception as exc:  # noqa: BLE001 - any exception is a finding
         return _error("interpreter", {}, exc)
     if diff:
@@ -131,7 +132,7 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                 got, compile_failures = run_autoclust(model, feeds, flags)
         except Exception as exc:  # noqa: BLE001 - any exception is a finding
             return _error(where, flags, exc)
-        diff = compare(got, expected)
+        diff = compare(got, expected, rtol, atol)
         if diff:
             return Outcome(MISMATCH, where, diff, flags)
         if compile_failures and fallback is None:
