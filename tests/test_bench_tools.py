@@ -70,9 +70,12 @@ def test_profile_mlp_gelu_end_to_end():
     assert p["max_abs_err"] < 1e-4
     assert [s["kind"] for s in p["steps"]] == ["cluster"]
     step = p["steps"][0]
-    # every thunk of the executable is timed once per run: 5 thunks (3 GEMMs, 2 kernels)
-    assert step["thunks"] == len(p["thunks"]) == 5
-    assert sorted(t["category"] for t in p["thunks"]) == ["elementwise"] * 2 + ["gemm"] * 3
+    # every thunk of the executable is timed once per run: 5 thunks (3 generated GEMMs and
+    # 2 fused kernels), which the uninstrumented executable runs in one native driver call
+    assert step["thunks"] == len(p["thunks"]) == 5 and step["calls"] == 1
+    kinds = sorted((t["kind"], t["category"]) for t in p["thunks"])
+    assert kinds == [("generated Gemm", "gemm")] + [("generated MatMul", "gemm")] * 2 + [
+        ("kernel", "elementwise")] * 2
     assert all(t["us"] > 0 for t in p["thunks"])
     # the step contains its thunks, the run contains its steps
     assert sum(t["us"] for t in p["thunks"]) <= step["us"] <= p["runtime_us"]
@@ -81,9 +84,8 @@ def test_profile_mlp_gelu_end_to_end():
     cats = p["categories"]
     assert cats["gemm"][0] > 0 and cats["gemm"][1] > 0
     text = bench_profile.markdown(p, top=3)
-    assert "| 0 | cluster_0000 | cluster (5 thunks) | 12 |" in text
+    assert "| 0 | cluster_0000 | cluster (5 thunks in 1 call) | 12 |" in text
     assert "slowest 3 of 5" in text
-    assert text.count("library ") == 3  # the three GEMMs are the slowest thunks
 
 
 def test_profile_shows_onnxruntime_segments():
@@ -163,12 +165,18 @@ def test_cli_dispatches_zoo_table(tmp_path, capsys):
 
 def test_exports_markdown_and_install_hint(monkeypatch):
     row = {"model": "gpt2", "title": "GPT-2", "ort_ms": 30.0, "autoclust_ms": 20.0,
-           "ratio": 1.5, "ratio_p25": 1.4, "ratio_p75": 1.6, "first_run_ms": 2500.0,
-           "max_abs_err": 1e-6, "clusters": 1, "segments": 0, "kernels": 56,
-           "eager_ms": 50.0, "eager_err": 2e-6}
-    text = bench_exports.markdown([row, dict(row, model="x", ratio=6.0)])
-    assert "| GPT-2 | 30.00 | 20.00 | **1.50x** | 1.40-1.60 | 2.5 | 50.00 |" in text
+           "ratio": 1.5, "ratio_p25": 1.4, "ratio_p75": 1.6, "session_ms": 300.0,
+           "first_run_ms": 2500.0, "new_seq_ms": 120.0, "new_seq": 48,
+           "cached_first_run_ms": 90.0, "max_abs_err": 1e-6, "clusters": 1, "segments": 0,
+           "kernels": 56, "eager_ms": 50.0, "eager_err": 2e-6}
+    image = dict(row, model="vit", title="ViT", ratio=6.0)
+    del image["new_seq_ms"]
+    text = bench_exports.markdown([row, image])
+    assert "| GPT-2 | 30.00 | 20.00 | **1.50x** | 1.40-1.60 | 50.00 |  | 1.0e-06 / 2.0e-06 | " \
+           "1 / 0 / 56 |" in text
     assert "| geomean |  |  | **3.00x** |" in text
+    assert "| GPT-2 | 0.30 | 2.50 | 0.12 (seq 48) | 0.09 |  |" in text
+    assert "| ViT | 0.30 | 2.50 | n/a | 0.09 |  |" in text
     real_import = __import__
 
     def no_torch(name, *args, **kwargs):
@@ -181,10 +189,17 @@ def test_exports_markdown_and_install_hint(monkeypatch):
         bench_exports.require()
 
 
+def test_new_seq_feeds():
+    feeds = {"input_ids": np.arange(8).reshape(1, 8), "attention_mask": np.ones((1, 8))}
+    alt = bench_exports.new_seq_feeds(feeds)
+    assert {k: v.shape for k, v in alt.items()} == {"input_ids": (1, 6), "attention_mask": (1, 6)}
+    assert alt["input_ids"].tolist() == [[0, 1, 2, 3, 4, 5]]
+    assert bench_exports.new_seq_feeds({"pixel_values": np.zeros((1, 3, 4, 4))}) is None
+
+
 HAVE_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "onnxscript"))
 
 
-@pytest.mark.speed
 @pytest.mark.skipif(not HAVE_TORCH, reason="needs the bench extra (torch, transformers, "
                                            "onnxscript)")
 def test_export_tiny_gpt2_end_to_end(tmp_path, monkeypatch):
@@ -202,10 +217,17 @@ def test_export_tiny_gpt2_end_to_end(tmp_path, monkeypatch):
     assert len(logs) == 1 and os.path.exists(path)
     assert bench_exports.export("tiny", str(tmp_path), logs.append) == (path, feeds)
     assert len(logs) == 1  # the second call found the cached export
+    dims = onnx.load(path).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_value == 1 and dims[1].dim_param  # the sequence length is symbolic
+    cache = tmp_path / "compiled"
     row = bench_exports.run_one("tiny", path, feeds, threads=1, rounds=1, block=1,
-                                torch_sides=["eager"])
+                                torch_sides=["eager"], flags=f"--cache_dir={cache}")
     assert row["max_abs_err"] < 1e-4 and row["eager_err"] < 1e-4
     assert row["ratio"] > 0 and row["eager_ms"] > 0 and row["clusters"] >= 1
+    assert row["new_seq"] == 12 and row["new_seq_err"] < 1e-4 and row["new_seq_ms"] > 0
+    assert any(cache.iterdir())  # the first session filled --cache_dir
+    warm = bench_exports.cached_run(path, feeds, threads=1, flags=f"--cache_dir={cache}")
+    assert warm["cached_first_run_ms"] > 0
     with np.load(feeds) as z:
         assert z["input_ids"].shape == (1, 16)
 

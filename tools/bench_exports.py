@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from autoclust.tools import timing
 
-EXPORT_FORMAT = 1  # bump when the export recipe below changes (part of the cache key)
+EXPORT_FORMAT = 2  # bump when the export recipe below changes (part of the cache key)
 INSTALL_HINT = ('pip install "autoclust[bench]"   (torch==2.13.0, transformers, onnxscript; '
                 "for a CPU-only torch add --extra-index-url https://download.pytorch.org/whl/cpu)")
 
@@ -135,6 +135,24 @@ def require() -> None:
         raise SystemExit(f"autoclust bench --exports needs {', '.join(missing)}: {INSTALL_HINT}")
 
 
+def dynamic_shapes(inputs: dict[str, np.ndarray]) -> Any:
+    """torch.export's dynamic_shapes: token inputs get a symbolic `seq` dim (as a deployed
+    export has), images stay static. One tuple: Wrapped.forward takes *args."""
+    if "input_ids" not in inputs:
+        return None
+    import torch
+    seq = torch.export.Dim("seq", min=2, max=512)
+    return (tuple({1: seq} for _ in inputs),)
+
+
+def new_seq_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """The feeds at 3/4 of their sequence length (a new signature), or None for images."""
+    if "input_ids" not in feeds:
+        return None
+    seq = feeds["input_ids"].shape[1] * 3 // 4
+    return {k: np.ascontiguousarray(v[:, :seq]) for k, v in feeds.items()}
+
+
 def build_module(name: str) -> tuple[Any, Any, dict[str, np.ndarray]]:
     """(config, eval-mode wrapped module with seed-0 random weights, numpy inputs)."""
     import torch
@@ -179,7 +197,8 @@ def export(name: str, cache: str, log: Callable[[str], None] = print) -> tuple[s
     args = tuple(torch.from_numpy(x) for x in inputs.values())
     with torch.no_grad():
         program = torch.onnx.export(module, args, dynamo=True, input_names=list(inputs),
-                                    output_names=["last_hidden_state"], verbose=False)
+                                    output_names=["last_hidden_state"], verbose=False,
+                                    dynamic_shapes=dynamic_shapes(inputs))
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         program.save(os.path.join(tmp, "m.onnx"))
         model = onnx.load(os.path.join(tmp, "m.onnx"))
@@ -245,8 +264,29 @@ def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: i
         row[f"{side}_ms"] = timing.median_ms(samples)
     row["ratio"] = row["ort_ms"] / row["autoclust_ms"]
     row["ratio_p25"], row["ratio_p75"] = timing.ratio_spread(times, "ort", "autoclust", block)
+    _new_seq(row, sess, ref, feeds)
     row["load"] = timing.load_note()
     return row
+
+
+def _new_seq(row: dict[str, Any], sess: Any, ref: Any, feeds: dict[str, np.ndarray]) -> None:
+    """First run at a new sequence length (after the timing: it adds a signature)."""
+    alt = new_seq_feeds(feeds)
+    if alt is None:
+        return
+    got, row["new_seq_ms"] = timing.timed_ms(lambda: sess.run(None, alt))
+    row["new_seq"] = int(alt["input_ids"].shape[1])
+    row["new_seq_err"] = timing.max_abs_err(got, ref.run(None, alt))
+
+
+def cached_run(model_path: str, feeds_path: str, threads: int, flags: str) -> dict[str, Any]:
+    """Session + first run in a fresh process whose --cache_dir an earlier one filled."""
+    with np.load(feeds_path) as z:
+        feeds = {k: z[k] for k in z.files}
+    sess, session_ms = timing.timed_ms(lambda: timing.autoclust_session(model_path, threads,
+                                                                        flags))
+    _, first_ms = timing.timed_ms(lambda: sess.run(None, feeds))
+    return {"cached_session_ms": session_ms, "cached_first_run_ms": first_ms}
 
 
 # ---- the table -------------------------------------------------------------------------------
@@ -256,32 +296,37 @@ def _err(r: dict[str, Any], side: str) -> str:
     return "" if value is None else f"{value:.1e}"
 
 
+def _s(ms: float | None) -> str:
+    return "" if ms is None else f"{ms / 1e3:.2f}"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The export table, with a geomean row."""
-    header = ["model", "onnxruntime ms", "autoclust ms", "ratio", "ratio p25-p75",
-              "autoclust first run s",
-              "torch eager ms", "torch.compile ms", "inductor first run s",
-              "max abs err (ac / eager / inductor)", "clusters / segments / kernels"]
-    body = []
+    """The speed table (with a geomean row) and the latency table of the exports."""
+    speed, latency = [], []
     for r in rows:
         if "error" in r:
-            body.append([r["model"], "error: " + r["error"]] + [""] * (len(header) - 2))
+            speed.append([r["model"], "error: " + r["error"]] + [""] * 7)
             continue
-        first = r.get("inductor_first_ms")
-        body.append([
+        errs = (_err(r, "autoclust"), _err(r, "eager"), _err(r, "inductor"))
+        speed.append([
             r["title"], timing.fmt_ms(r["ort_ms"]), timing.fmt_ms(r["autoclust_ms"]),
             f"**{r['ratio']:.2f}x**", f"{r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}",
-            f"{r['first_run_ms'] / 1e3:.1f}",
             timing.fmt_ms(r.get("eager_ms")), timing.fmt_ms(r.get("inductor_ms")),
-            "" if first is None else f"{first / 1e3:.1f}",
-            " / ".join(e for e in (_err(r, "autoclust"), _err(r, "eager"), _err(r, "inductor"))
-                       if e),
+            " / ".join(e for e in errs if e),
             f"{r['clusters']} / {r.get('segments', 0)} / {r['kernels']}"])
+        new_seq = f"{_s(r['new_seq_ms'])} (seq {r['new_seq']})" if "new_seq_ms" in r else "n/a"
+        latency.append([r["title"], _s(r["session_ms"]), _s(r["first_run_ms"]), new_seq,
+                        _s(r.get("cached_first_run_ms")), _s(r.get("inductor_first_ms"))])
     ok = [r for r in rows if "ratio" in r]
     if len(ok) > 1:
-        body.append(["geomean", "", "", f"**{timing.geomean([r['ratio'] for r in ok]):.2f}x**"]
-                    + [""] * (len(header) - 4))
-    return timing.table(header, body)
+        speed.append(["geomean", "", "", f"**{timing.geomean([r['ratio'] for r in ok]):.2f}x**"]
+                     + [""] * 5)
+    return timing.table(["model", "onnxruntime ms", "autoclust ms", "ratio", "ratio p25-p75",
+                         "torch eager ms", "torch.compile ms",
+                         "max abs err vs onnxruntime (autoclust / eager / inductor)",
+                         "clusters / segments / kernels"], speed) + "\n" + timing.table(
+        ["model", "autoclust session s", "autoclust first run s", "new seq length, first run s",
+         "2nd process --cache_dir, first run s", "torch.compile first run s"], latency)
 
 
 def _versions() -> dict[str, str]:
@@ -299,16 +344,27 @@ def _versions() -> dict[str, str]:
 
 
 def _child(args: argparse.Namespace, name: str, path: str, feeds: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "autoclust.tools.bench_exports", "--one", name, "--model-path",
-           path, "--feeds-path", feeds, "--threads", str(args.threads), "--rounds",
-           str(args.rounds), "--block", str(args.block), "--torch", args.torch,
-           f"--flags={args.flags}"]
+    """Measure one model in a process of its own, then its cached start in a second one."""
+    with tempfile.TemporaryDirectory(prefix="autoclust-bench-cache-") as cache_dir:
+        flags = f"{args.flags} --cache_dir={cache_dir}".strip()
+        common = ["--model-path", path, "--feeds-path", feeds, "--threads", str(args.threads),
+                  f"--flags={flags}"]
+        row = _subprocess(name, ["--one", name, "--rounds", str(args.rounds), "--block",
+                                 str(args.block), "--torch", args.torch] + common)
+        if "error" not in row:
+            row.update(_subprocess(name, ["--cached", name] + common))
+    return row
+
+
+def _subprocess(name: str, argv: list[str]) -> dict[str, Any]:
+    """The JSON line a child `python -m autoclust.tools.bench_exports ARGV` prints last."""
     # torch's OpenMP threads spin at barriers by default: under load (or beside another
     # side's threads) a 2-thread GPT-2 eager run took 858 ms instead of 145 ms. PASSIVE is
     # torch's counterpart of onnxruntime's allow_spinning=0.
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, "-m", "autoclust.tools.bench_exports"] + argv,
+                          check=False, capture_output=True, text=True, env=env)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
@@ -330,7 +386,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default=default_cache(), help="export cache directory")
     p.add_argument("--export-only", action="store_true", help="export (or find) and stop")
     p.add_argument("--out", default="bench_out")
-    for hidden in ("--one", "--model-path", "--feeds-path"):  # internal: one model
+    for hidden in ("--one", "--cached", "--model-path", "--feeds-path"):  # internal
         p.add_argument(hidden, default="", help=argparse.SUPPRESS)
     return p
 
@@ -350,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{bad or unknown}; known: {'eager, inductor' if bad else ', '.join(SPECS)}",
               file=sys.stderr)
         return 2
+    if args.cached:
+        print(json.dumps(cached_run(args.model_path, args.feeds_path, args.threads,
+                                    args.flags)))
+        return 0
     if args.one:
         print(json.dumps(run_one(args.one, args.model_path, args.feeds_path, args.threads,
                                  args.rounds, args.block, torch_sides, args.flags)))

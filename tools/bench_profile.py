@@ -10,7 +10,9 @@ SessionOptions (ORT_ENABLE_ALL, `--threads`, spinning off) run in alternating bl
 
 - autoclust, instrumented from outside (no change to the runtime): every plan step
   (Runtime.steps) and, inside each compiled cluster, every thunk of its Executable
-  (`Executable._steps`: LLVM kernels, library calls, reference calls) is wrapped in a timer.
+  (`Executable._ungrouped`: LLVM kernels, generated GEMMs, library calls, checks) is
+  wrapped in a timer and called on its own (not through the native driver that
+  normally runs consecutive kernels in one ctypes call).
   A step's time minus its thunks' is the cluster's own overhead (signature, binding,
   outputs); the whole run minus the steps is the session and run-loop overhead.
 - onnxruntime with `enable_profiling`: its JSON trace is split into runs (model_run events)
@@ -23,6 +25,7 @@ per wrapped call; the un-instrumented medians are printed too.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -111,13 +114,6 @@ class Recorder:
         return float(np.median(s)) * 1e6 if s else 0.0
 
 
-def _live_thunks(exe: Any) -> list[Any]:
-    """The thunks behind exe._steps, in order (Executable drops zero-size kernels)."""
-    from autoclust import kernel_ir as kir
-    return [t for t in exe.program.thunks
-            if not (isinstance(t, kir.Kernel) and any(d == 0 for d in t.shape))]
-
-
 def _library_impl(step: Callable) -> str:
     """The implementation (mlas, numpy, ref) a library step's closure calls, if visible."""
     for cell in getattr(step, "__closure__", None) or ():
@@ -127,34 +123,55 @@ def _library_impl(step: Callable) -> str:
     return "?"
 
 
+def _callable(step: Any) -> Callable[[], Any]:
+    """A step of Executable._ungrouped as a plain call (a Native step calls its kernel)."""
+    from autoclust.backends.cpu import executable
+    if isinstance(step, executable.Native):
+        return functools.partial(executable.KERNEL_FN(step.fn), step.bufs, step.start,
+                                 step.stop)
+    return step
+
+
+def _describe(t: Any, step: Any, exe: Any, shapes: dict[int, list[int]]) -> tuple[str, str]:
+    """(kind, what) of one thunk for the tables."""
+    from autoclust.backends.cpu import executable
+
+    from autoclust import kernel_ir as kir
+    if isinstance(t, kir.Kernel):
+        outer = list(t.shape[:len(t.shape) - t.n_inner])
+        dom = f"{outer}|{list(t.shape[len(outer):])}" if t.n_inner else f"{list(t.shape)}"
+        split = " split" if t.name in exe.split else ""
+        return f"kernel{split}", f"{t.name} {dom}"
+    if isinstance(t, kir.Check):
+        return f"check {t.kind}", f"check {shapes[t.buf]}".replace(" ", "")
+    ins = "x".join(str(shapes[b]) for b in t.inputs if b is not None)
+    what = f"{t.op} {ins}".replace(" ", "")
+    if isinstance(step, executable.Native):
+        return f"generated {t.op}", what
+    # library calls that split over threads are closures too: one lambda either way
+    return f"library {t.op} [{_library_impl(step)}]", what
+
+
 def _thunk_rows(exe: Any, step_no: int, op_of: dict[str, str], rec: Recorder
                 ) -> list[dict[str, Any]]:
-    """Wrap every thunk of `exe`; return one description row per thunk."""
-    from autoclust import kernel_ir as kir
-    thunks = _live_thunks(exe)
-    if len(thunks) != len(exe._steps):
-        raise RuntimeError(f"cannot map {len(exe._steps)} executable steps to "
-                           f"{len(thunks)} thunks (Executable changed?)")
+    """Wrap every thunk of `exe` one by one; return one description row per thunk.
+
+    The executable normally runs consecutive native kernels through one driver call;
+    instrumented, each is its own ctypes call (Executable._ungrouped, the same steps
+    ungrouped), so every kernel is timed and the driver's saving shows as the difference
+    between the instrumented and plain medians.
+    """
     shapes = {b.id: list(b.shape) for b in exe.program.buffers}
-    rows = []
-    for j, (t, step) in enumerate(zip(thunks, exe._steps)):
+    rows, steps = [], []
+    for j, (t, step) in enumerate(exe._ungrouped):
         ops_ = [op_of.get(n, "?") for n in t.nodes]
-        if isinstance(t, kir.Kernel):
-            outer = list(t.shape[:len(t.shape) - t.n_inner])
-            dom = f"{outer}|{list(t.shape[len(outer):])}" if t.n_inner else f"{list(t.shape)}"
-            split = " split" if t.name in exe.split else ""
-            kind, what = f"kernel{split}", f"{t.name} {dom}"
-        else:
-            lib = isinstance(t, kir.LibraryCall)
-            impl = _library_impl(step) if lib else "numpy ref"
-            kind = f"library {t.op} [{impl}]" if lib else f"reference {t.op}"
-            ins = "x".join(str(shapes[b]) for b in t.inputs if b is not None)
-            what = f"{t.op} {ins}".replace(" ", "")
+        kind, what = _describe(t, step, exe, shapes)
         key = ("thunk", step_no, j)
-        exe._steps[j] = rec.wrap(key, step)
+        steps.append(rec.wrap(key, _callable(step)))
         rows.append({"key": key, "step": step_no, "kind": kind, "what": what,
                      "category": category(ops_ or [getattr(t, "op", "")]),
                      "ops": ops_, "nodes": list(t.nodes)})
+    exe._steps = steps
     return rows
 
 
@@ -175,7 +192,7 @@ def instrument(sess: Any, rec: Recorder) -> tuple[list[dict], list[dict]]:
             exe = next(iter(runner.cache.values()))
             row["kind"] = "cluster"
             row["nodes"] = [n.name for n in runner.graph.nodes]
-            row["thunks"] = len(exe._steps)
+            row["thunks"], row["calls"] = len(exe._ungrouped), len(exe._steps)
             thunks += _thunk_rows(exe, i, op_of, rec)
         else:
             row["kind"] = "onnxruntime segment" if not isinstance(runner, ClusterRunner) \
@@ -359,7 +376,9 @@ def markdown(p: dict[str, Any], top: int = 25) -> str:
     out.append("\n### autoclust plan steps\n")
     out.append(timing.table(
         ["#", "step", "kind", "nodes", "ops", "us/run", "% of run"],
-        [[i, s["name"], s["kind"] + (f" ({s['thunks']} thunks)" if "thunks" in s else ""),
+        [[i, s["name"], s["kind"] + (f" ({s['thunks']} thunks in {s['calls']} "
+                                          f"call{'s' * (s['calls'] != 1)})"
+                                      if "thunks" in s else ""),
           len(s["nodes"]), _ops_summary(s["ops"]), f"{s['us']:.1f}", _pct(s["us"], run_us)]
          for i, s in enumerate(p["steps"])]))
     thunks = sorted(p["thunks"], key=lambda t: -t["us"])
