@@ -155,11 +155,6 @@ def _chart(rows: list[dict[str, Any]], path: str) -> bool:
     return True
 
 
-# first argument -> the module that owns it (it parses the rest of the arguments)
-SUBCOMMANDS = {"--exports": "bench_exports", "--zoo": "bench_zoo", "--micro": "bench_zoo",
-               "--profile": "bench_profile"}
-
-
 def parser() -> argparse.ArgumentParser:
     """The options of `autoclust bench`."""
     p = argparse.ArgumentParser(prog="autoclust bench", description=__doc__.splitlines()[0])
@@ -176,6 +171,14 @@ def parser() -> argparse.ArgumentParser:
                    help="folder for bench.json, bench.md, bench.png (default bench_out)")
     p.add_argument("--log", action="store_true",
                    help="progress lines when stderr is not a terminal (a bar when it is)")
+    p.add_argument("--exports", action="store_true",
+                   help="the real-export table (tools/bench_exports.py; --help there)")
+    p.add_argument("--zoo", action="store_true",
+                   help="the zoo table at committed sizes (tools/bench_zoo.py)")
+    p.add_argument("--micro", action="store_true", help="the micro table (tools/bench_zoo.py)")
+    p.add_argument("--profile", metavar="MODEL", default=None,
+                   help="per-step and per-thunk times beside onnxruntime's own profile "
+                        "(tools/bench_profile.py)")
     p.add_argument("--device", default="cpu", choices=["cpu", "gpu"],
                    help="gpu: the GPU benchmark and its own options (autoclust/tools/bench_gpu.py)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one case
@@ -193,6 +196,11 @@ def _run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# first argument -> the module that owns it (it parses the rest of the arguments)
+SUBCOMMANDS = {"--exports": "bench_exports", "--zoo": "bench_zoo", "--micro": "bench_zoo",
+               "--profile": "bench_profile"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `autoclust bench`."""
     from autoclust.tools import bench_gpu  # `autoclust bench --device gpu`: its own cases
@@ -202,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if bench_gpu.device_of(argv) == "gpu":
         return bench_gpu.main(argv)
     for flag, module in SUBCOMMANDS.items():
-        if flag in argv:  # issue 11's tables: their own modules and options
+        if flag in argv:
             import importlib
             rest = argv if module == "bench_zoo" else [a for a in argv if a != flag]
             return importlib.import_module(f"autoclust.tools.{module}").main(rest)
