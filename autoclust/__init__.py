@@ -36,4 +36,10 @@ def __getattr__(name):
     if name == "InferenceSession":
         from autoclust.session import InferenceSession
         return InferenceSession
+    if name == "Builder":
+        from autoclust.importers.builder import Builder
+        return Builder
+    if name in ("jit", "trace"):
+        from autoclust import tracing
+        return getattr(tracing, name)
     raise AttributeError(f"module 'autoclust' has no attribute {name!r}")

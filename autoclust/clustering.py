@@ -15,13 +15,15 @@ that is not clustered. Three concerns are kept apart, as in TF and Inductor:
    Shape computations (Shape -> Gather -> Concat -> Reshape) contract into their
    consumer first, so they fold once shapes are concrete.
 3. Profitability (`why_not_profitable`): a cluster must weigh --min_cluster_size, where
-   Identity, Constant, Dropout and pure shape computations weigh 0 and normalizations
-   (Softmax, LayerNormalization, ...) weigh 2. At --auto_jit=1 a
+   each op weighs its OpDef.cluster_weight (Identity and Dropout 0, normalizations such as
+   Softmax and LayerNormalization 2, the rest 1) and pure shape computations 0. The
+   backend's policy leaves some ops to onnxruntime (on the CPU: Conv and pooling with the
+   epilogues onnxruntime fuses into them). At --auto_jit=1 a
    cost model must also expect a win. The model counts memory traffic only: fusion wins
    when it removes the write and re-read of a full intermediate tensor. A cluster passes
    when (a) an internal edge carries a tensor that is not a shape value, produced by a
    node that writes a tensor (not a zero-weight node and not a view such as Reshape or
-   Squeeze), and read only inside the cluster, and neither end is a library call (MatMul
+   Squeeze: OpDef.view), and read only inside the cluster, and neither end is a library call (MatMul
    and friends run into materialized buffers, so their operands and results are written
    anyway); or (b) a reduction/normalization reads the output of elementwise work inside
    the cluster (the row is computed in registers instead of round-tripping memory).
@@ -41,26 +43,17 @@ import itertools
 from collections.abc import Callable, Collection
 from typing import Any
 
-from autoclust import ops
+from autoclust import ops, registry
 from autoclust.flags import Flags
 from autoclust.graph_cycles import GraphCycles
 from autoclust.ir import Graph, Node, Value
+from autoclust.registry import Policy
 
 WhyNot = Callable[[Node, Graph], "str | None"]
 
 LEGACY_DOMAIN = "autoclust.legacy"
-ZERO_WEIGHT_OPS = frozenset({"Identity", "Constant", "Dropout"})
-# Ops whose output is a view of their input in onnxruntime: no tensor write to save.
-VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout"})
-SHAPE_SOURCE_OPS = frozenset({"Shape", "Size"})
 # How many recent fallback segments an unclustered node tries to join (bounds the work).
 _SEGMENT_TRIES = 4
-
-
-def shape_like_ops() -> frozenset[str]:
-    """Ops that are shape computations when all their inputs are shape-static."""
-    from autoclust.ops.shape import SHAPE_LIKE_OPS
-    return frozenset(SHAPE_LIKE_OPS)
 
 
 # ---- the plan ---------------------------------------------------------------------------
@@ -128,23 +121,10 @@ class _Analysis:
                 self.succs[p].append(i)
         self.opdefs = [ops.get(n.op, n.domain) for n in self.nodes]
         self.static = shape_static_values(graph)
-        shape_like = shape_like_ops()
-        self.is_shape = [_is_shape_computation(n, d, self.static, shape_like)
+        self.is_shape = [_is_shape_computation(n, d, self.static)
                          for n, d in zip(self.nodes, self.opdefs)]
-        self.weight = [_weight(n, d, s) for n, d, s in
-                       zip(self.nodes, self.opdefs, self.is_shape)]
-
-
-def _weight(node: Node, opdef: ops.OpDef | None, is_shape: bool) -> int:
-    """What a node counts towards --min_cluster_size."""
-    if node.op in ZERO_WEIGHT_OPS or is_shape:
-        return 0
-    # A normalization is a reduction plus elementwise work in one op (Softmax = max, exp,
-    # sum, divide; LayerNormalization = two means and a scale): it weighs 2, so that
-    # scale + mask + softmax (3 ops, two full tensor round trips saved) is worth a cluster.
-    if opdef is not None and opdef.kind == ops.NORMALIZATION:
-        return 2
-    return 1
+        self.weight = [0 if s else (1 if d is None else d.cluster_weight)
+                       for d, s in zip(self.opdefs, self.is_shape)]
 
 
 def _has_subgraph(node: Node) -> bool:
@@ -166,10 +146,10 @@ def shape_static_values(graph: Graph) -> set[str]:
     """
     static = {name for name in graph.initializers if graph.is_constant(graph.values.get(name))}
     for node in graph.nodes:
-        if node.op in SHAPE_SOURCE_OPS and node.domain in ("", "ai.onnx"):
+        d = ops.get(node.op, node.domain)
+        if d is not None and d.shape_of:
             static.update(v.name for v in node.outputs)
             continue
-        d = ops.get(node.op, node.domain)
         if d is None or d.data_dependent or _has_subgraph(node):
             continue
         if all(v.name in static for v in node.inputs if v is not None):
@@ -177,14 +157,13 @@ def shape_static_values(graph: Graph) -> set[str]:
     return static
 
 
-def _is_shape_computation(node: Node, opdef: ops.OpDef | None, static: set[str],
-                          shape_like: frozenset[str]) -> bool:
+def _is_shape_computation(node: Node, opdef: ops.OpDef | None, static: set[str]) -> bool:
     if opdef is None:
         return False
     if opdef.kind == ops.SHAPE:
         return True
     inputs = [v for v in node.inputs if v is not None]
-    return node.op in shape_like and bool(inputs) and all(v.name in static for v in inputs)
+    return opdef.shape_like and bool(inputs) and all(v.name in static for v in inputs)
 
 
 # ---- 1. candidates ----------------------------------------------------------------------
@@ -195,7 +174,7 @@ def _matches(node: Node, opdef: ops.OpDef, names: Collection[str]) -> bool:
 
 
 def _dtype_reason(node: Node, opdef: ops.OpDef) -> str | None:
-    allowed = opdef.dtypes if opdef.dtypes is not None else ops.COMPILABLE_TYPES
+    allowed = opdef.compiled_dtypes
     shape_allowed = allowed | ops.COMPILABLE_TYPES  # shape inputs are read at compile time
     for i, v in enumerate(node.inputs):
         if v is None:
@@ -211,8 +190,25 @@ def _dtype_reason(node: Node, opdef: ops.OpDef) -> str | None:
     return None
 
 
+def why_not_lowered(node: Node, graph: Graph, opdef: ops.OpDef) -> str | None:
+    """Why compiled code cannot compute `node`: no lowering, or an input the lowering
+    needs as a constant is not one."""
+    if opdef.lower is None and opdef.kind != ops.LIBRARY:
+        return opdef.refuse or f"{node.op} has no lowering"
+    if opdef.refuses is not None:
+        reason = opdef.refuses(node)
+        if reason:
+            return reason
+    for i in opdef.const_inputs:
+        v = node.inputs[i] if i < len(node.inputs) else None
+        if v is not None and i not in opdef.shape_inputs and not graph.is_constant(v):
+            return f"input '{v.name}' of {node.op} must be a constant to compile"
+    return None
+
+
 def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Collection[str],
-                      backend_why_not: WhyNot | None = None) -> str | None:
+                      backend_why_not: WhyNot | None = None,
+                      lowers: bool = True) -> str | None:
     """Why `node` may not be clustered (fuel aside), or None when it is a candidate."""
     if node.domain == LEGACY_DOMAIN:
         return "old opset form"
@@ -231,6 +227,10 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
         if v is not None and v.name not in shape_static:
             return (f"data-dependent output shape: shape input '{v.name}' of {node.op} "
                     "comes from runtime data")
+    if lowers:
+        reason = why_not_lowered(node, graph, opdef)
+        if reason:
+            return reason
     if flags.ops_to_cluster and not _matches(node, opdef, flags.ops_to_cluster):
         return "not in --ops_to_cluster"
     if flags.cluster_exclude_ops and _matches(node, opdef, flags.cluster_exclude_ops):
@@ -254,7 +254,7 @@ def _random_reason(node: Node, graph: Graph) -> str | None:
     return None
 
 
-def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None,
+def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None, policy: Policy,
                      reasons: dict[int, str]) -> list[bool]:
     """Candidate flag per node; reasons for the others. Fuel numbers candidates in order."""
     fuel = flags.clustering_fuel
@@ -262,9 +262,9 @@ def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None,
     candidate = []
     left: set[int] = set()
     for i, node in enumerate(an.nodes):
-        reason = why_not_candidate(node, an.graph, flags, an.static, why_not)
+        reason = why_not_candidate(node, an.graph, flags, an.static, why_not, policy.lowers)
         if reason is None:
-            reason = _left_to_onnxruntime(an, i, flags, left)
+            reason = _left_to_onnxruntime(an, i, flags, policy, left)
         if reason is None and fuel >= 0 and used >= fuel:
             reason = "clustering fuel exhausted"
         if reason is None:
@@ -275,32 +275,24 @@ def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None,
     return candidate
 
 
-# Ops onnxruntime runs better than a library call from a cluster on the CPU: its Conv and
-# pooling kernels keep the blocked NCHWc layout between them, and it folds BatchNorm and
-# fuses activations and residual Adds into the Conv. Measured: resnet_block ran 0.70x of
-# onnxruntime with these clustered, 1.0x without.
-CONV_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
-                      "GlobalMaxPool"})
-CONV_EPILOGUE_OPS = frozenset({"BatchNormalization", "Relu", "LeakyRelu", "Clip", "Sigmoid",
-                               "Tanh", "HardSigmoid", "Add"})
-
-
-def _left_to_onnxruntime(an: _Analysis, i: int, flags: Flags, left: set[int]) -> str | None:
-    """Profitability, decided per node: Conv-like ops and the epilogue onnxruntime fuses
-    into them stay in onnxruntime (CPU only; never under --must_compile)."""
-    if flags.must_compile or flags.device != "cpu":
+def _left_to_onnxruntime(an: _Analysis, i: int, flags: Flags, policy: Policy,
+                         left: set[int]) -> str | None:
+    """Profitability, decided per node: ops the backend's policy leaves to onnxruntime
+    (CPU: Conv and pooling, whose NCHWc kernels beat a library call from a cluster) and the
+    epilogues onnxruntime fuses into them (never under --must_compile)."""
+    if flags.must_compile:
         return None
     node = an.nodes[i]
-    if node.op in CONV_OPS:
+    if node.op in policy.leave_to_onnxruntime:
         left.add(i)
-        return ("kept in onnxruntime: its Conv/pooling kernels (NCHWc layout, fused "
-                "BatchNorm and activations) beat a library call")
-    if node.op in CONV_EPILOGUE_OPS:
+        return (f"kept in onnxruntime: its {node.op} kernels (fused epilogues, blocked "
+                "layouts) beat a library call on this device")
+    if node.op in policy.onnxruntime_epilogues:
         for p in an.preds[i]:
             if p in left and len(an.succs[p]) == 1:
                 left.add(i)
                 return (f"kept in onnxruntime with {an.nodes[p].name} "
-                        f"(onnxruntime fuses {node.op} into its Conv)")
+                        f"(onnxruntime fuses {node.op} into its {an.nodes[p].op})")
     return None
 
 
@@ -382,7 +374,7 @@ def _saves_intermediate(an: _Analysis, members: list[int]) -> bool:
     graph_outputs = {v.name for v in an.graph.outputs}
     for i in members:
         node = an.nodes[i]
-        if an.weight[i] == 0 or node.op in VIEW_OPS or an.opdefs[i].kind == ops.LIBRARY:
+        if an.weight[i] == 0 or an.opdefs[i].view or an.opdefs[i].kind == ops.LIBRARY:
             continue
         for v in node.outputs:
             if v.name in an.static or v.name in graph_outputs or not v.uses:
@@ -530,7 +522,7 @@ def _shape_value_inputs(an: _Analysis, members: list[int], inputs: list[Value]) 
         pos = None if p is None else an.position.get(id(p))
         if pos is None or pos not in inside:
             found.add(v.name)
-        elif p.op not in SHAPE_SOURCE_OPS:  # Shape/Size read only their input's shape
+        elif an.opdefs[pos] is None or not an.opdefs[pos].shape_of:  # Shape reads shapes only
             stack += [w for w in p.inputs if w is not None]
     return [v for v in inputs if v.name in found]
 
@@ -596,16 +588,13 @@ def _build_plan(an: _Analysis, kept: list[list[int]], reasons: dict[int, str],
 
 # ---- the pass ---------------------------------------------------------------------------
 
-def _backend_why_not(flags: Flags) -> WhyNot:
-    from autoclust.registry import get_backend
-    return get_backend(flags.device).why_not
-
-
-def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None) -> Plan:
+def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
+            policy: Policy | None = None) -> Plan:
     """Partition `graph` into clusters and fallback segments (see the module docstring).
 
     `why_not(node, graph)` says why the target backend cannot compile a node (None: it
-    can); by default it is the backend that flags.device selects.
+    can) and `policy` is its Policy; by default both come from the backend flags.device
+    selects.
     """
     an = _Analysis(graph)
     reasons: dict[int, str] = {}
@@ -613,9 +602,11 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None) -> Plan:
     if flags.auto_jit == 0:
         reasons = {i: "auto_jit is 0" for i in range(len(an.nodes))}
         return _build_plan(an, kept, reasons, flags)
-    if why_not is None:
-        why_not = _backend_why_not(flags)
-    candidate = _find_candidates(an, flags, why_not, reasons)
+    if why_not is None or policy is None:
+        backend = registry.get_backend(flags.device)
+        why_not = why_not or backend.why_not
+        policy = policy or registry.policy(backend)
+    candidate = _find_candidates(an, flags, why_not, policy, reasons)
     con = _contract_clusters(an, candidate, flags)
     for members in con.clusters():
         reason = why_not_profitable(an, members, flags)

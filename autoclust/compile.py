@@ -1,12 +1,18 @@
-"""Compile one cluster: specialize -> optimize -> backend.compile.
+"""Compile one cluster for one signature: the whole pipeline, in order.
 
     graph (symbolic shapes)
-      specialize(input types, shape values)   concrete dtypes and int shapes everywhere
-      optimize: up to MAX_ROUNDS of PASSES     fold_constants, simplify, cse, dce
-      backend.compile(graph, flags)            an Executable
+      specialize(input types, shape values)  concrete dtypes and int shapes everywhere
+      optimize: up to MAX_ROUNDS of PASSES    fold_constants, simplify, cse, dce
+      fuse                                    kernel IR: Kernels, LibraryCalls, Checks, each
+                                              op lowered by its own `lower` in the op table
+      collapse_loops                          merge contiguous loop dims
+      share_code                              one code per distinct kernel (repeated layers)
+      plan_memory                             temps share slots
+      backend.compile                         an Executable: the ONLY backend-specific step
 
-`--disable_passes=simplify,cse` skips passes by name; `--verify_passes` checks the graph after
-every pass and names the pass that broke it.
+A backend whose POLICY does not lower (the interpreter) compiles the optimized graph.
+`--disable_passes=simplify,cse` skips passes by name; `--verify_passes` checks the graph
+after every pass and names the pass that broke it.
 """
 
 from __future__ import annotations
@@ -16,11 +22,17 @@ from typing import Any
 
 import numpy as np
 
+from autoclust import inject
+from autoclust import kernel_ir as kir
 from autoclust.errors import CompileError, FlagError
 from autoclust.flags import Flags
+from autoclust.fusion import fuse
 from autoclust.ir import Graph
+from autoclust.kernel_passes import collapse_loops, share_code
+from autoclust.memplan import plan_memory
 from autoclust.passes import copy_graph, cse, dce, fold_constants, not_concrete, simplify
 from autoclust.passes import specialize as _specialize
+from autoclust.registry import policy
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_constants", fold_constants),
@@ -31,6 +43,34 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
 # Each round can expose work for the next (a fold makes x*1 visible, a simplification makes
 # two nodes identical); real clusters settle in two rounds.
 MAX_ROUNDS = 4
+
+
+def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, ...]]],
+                    shape_values: dict[str, np.ndarray], flags: Flags, backend: Any) -> Any:
+    """specialize -> optimize -> fuse -> collapse -> share -> plan memory -> backend."""
+    with inject.active(flags):  # --inject_bug reaches the lowerings (testing only)
+        return _compile_cluster(graph, input_types, shape_values, flags, backend)
+
+
+def _compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, ...]]],
+                     shape_values: dict[str, np.ndarray], flags: Flags, backend: Any) -> Any:
+    specialized = specialize(graph, input_types, shape_values)
+    optimized = optimize(specialized, flags)
+    if policy(backend).lowers:
+        program = lower_graph(optimized, flags, backend)
+        exe = backend.compile(program, flags)
+        exe.dumps.setdefault(".kernels.txt", kir.format_program(program))
+    else:
+        exe = backend.compile(optimized, flags)
+    exe.dumps[".before_optimizations.txt"] = str(specialized)
+    exe.dumps[".after_optimizations.txt"] = str(optimized)
+    return exe
+
+
+def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
+    """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
+    program = fuse(graph, policy(backend).fold_bias)
+    return plan_memory(share_code(collapse_loops(program)))
 
 
 def specialize(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, ...]]],
@@ -82,14 +122,3 @@ def optimize(graph: Graph, flags: Flags) -> Graph:
         if _fingerprint(graph) == before:
             break
     return graph
-
-
-def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, ...]]],
-                    shape_values: dict[str, np.ndarray], flags: Flags, backend: Any) -> Any:
-    """specialize -> optimize -> backend.compile; the Executable carries both graphs' text."""
-    specialized = specialize(graph, input_types, shape_values)
-    optimized = optimize(specialized, flags)
-    exe = backend.compile(optimized, flags)
-    exe.dumps[".before_optimizations.txt"] = str(specialized)
-    exe.dumps[".after_optimizations.txt"] = str(optimized)
-    return exe

@@ -13,22 +13,21 @@ outside DIR. An unwritable DIR warns once and dumping stops; the run carries on.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import platform
 import re
 import sys
 import warnings
+import zipfile
 from typing import Any
 
 import numpy as np
 
+from autoclust.dump_html import cluster_color
 from autoclust.flags import Flags
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
-COLORS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
-          "#fccde5", "#bc80bd", "#ccebc5", "#ffed6f")
 
 
 def safe_name(name: str) -> str:
@@ -115,7 +114,7 @@ class Dumper:
                     "cpu": cpu_info(), "model": plan.graph.name,
                     "clusters": [c.name for c in plan.clusters]}
         self.write("manifest.json", json.dumps(manifest, indent=2, default=str))
-        self.write("clustering.txt", explain.explain_text(plan))
+        self.write("clustering.txt", explain.explain_text(plan) + "\n")
         self.write("clustering.json", json.dumps(explain.explain_json(plan), indent=2))
         self.write("clustering.dot", to_dot(plan))
         self.write("clustering.html", to_html(plan))
@@ -128,12 +127,11 @@ class Dumper:
             self.write(f"{c.name}.before_optimizations.txt", str(sub) + "\n")
 
     def write_inputs(self, name: str, input_names: list[str], arrays: list[np.ndarray]) -> None:
+        """cluster_NNNN.inputs.npz keyed by input name: `dict(np.load(f))` is a feed."""
         if self.broken:
             return
         try:
-            named = {f"input_{i}": np.asarray(a) for i, a in enumerate(arrays)}
-            with open(self.path(f"{name}.inputs.npz"), "wb") as f:
-                np.savez(f, __names__=np.array(input_names), **named)
+            save_inputs(self.path(f"{name}.inputs.npz"), dict(zip(input_names, arrays)))
         except OSError as exc:
             self.broken = True
             warnings.warn(f"autoclust: cannot write inputs of {name} ({exc})", RuntimeWarning,
@@ -149,11 +147,25 @@ class Dumper:
         self.write(f"{name}.failure.txt", reason + "\n")
 
 
+def save_inputs(path: str, feeds: dict[str, np.ndarray]) -> None:
+    """An .npz with one member per input name (any name: np.savez would choke on `file`)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, array in feeds.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(array), allow_pickle=False)
+
+
 def load_inputs(path: str) -> dict[str, np.ndarray]:
-    """Read a cluster_NNNN.inputs.npz back as {input name: array}."""
+    """Read a cluster_NNNN.inputs.npz back as {input name: array}.
+
+    Reads both layouts: one member per input name (current) and the older `__names__` +
+    `input_0`, `input_1`, ... members.
+    """
     with np.load(path, allow_pickle=False) as data:
-        names = [str(n) for n in data["__names__"]]
-        return {n: data[f"input_{i}"] for i, n in enumerate(names)}
+        if "__names__" in data.files:
+            names = [str(n) for n in data["__names__"]]
+            return {n: data[f"input_{i}"] for i, n in enumerate(names)}
+        return {k: data[k] for k in data.files}
 
 
 # ---- graph pictures ------------------------------------------------------------------
@@ -182,7 +194,7 @@ def to_dot(plan: Any) -> str:
     lines = ["digraph autoclust {", "  rankdir=TB;", "  node [shape=box, style=filled];"]
     rows = _node_info(plan)
     for c in plan.clusters:
-        color = COLORS[c.id % len(COLORS)]
+        color = cluster_color(c.id)
         lines.append(f"  subgraph {q('cluster_' + c.name)} {{")
         lines.append(f"    label={q(c.name)}; style=filled; color={q(color)};")
         for r in rows:
@@ -206,71 +218,8 @@ def to_dot(plan: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _levels(plan: Any) -> dict[str, int]:
-    level: dict[str, int] = {}
-    producer = {v.name: n.name for n in plan.graph.nodes for v in n.outputs}
-    for n in plan.graph.nodes:
-        ins = [level[producer[v.name]] for v in n.inputs if v is not None and v.name in producer]
-        level[n.name] = 1 + max(ins, default=-1)
-    return level
-
-
 def to_html(plan: Any) -> str:
-    """A self-contained page (no network): the graph as SVG, clusters coloured; hovering
-    shows a node's op, shapes and reason; clicking pins the details in a side panel."""
-    rows = _node_info(plan)
-    level = _levels(plan)
-    per_level: dict[int, int] = {}
-    pos = {}
-    w, h, gap_x, gap_y = 150, 26, 20, 44
-    for r in rows:
-        lv = level[r["name"]]
-        col = per_level.get(lv, 0)
-        per_level[lv] = col + 1
-        pos[r["name"]] = (20 + col * (w + gap_x), 20 + lv * gap_y)
-    width = 40 + max(per_level.values(), default=1) * (w + gap_x)
-    height = 40 + (max(per_level, default=0) + 1) * gap_y
-    producer = {v.name: n.name for n in plan.graph.nodes for v in n.outputs}
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
-    for n in plan.graph.nodes:
-        x2, y2 = pos[n.name]
-        for v in n.inputs:
-            if v is not None and v.name in producer:
-                x1, y1 = pos[producer[v.name]]
-                svg.append(f'<line x1="{x1 + w / 2}" y1="{y1 + h}" x2="{x2 + w / 2}" '
-                           f'y2="{y2}" stroke="#999"/>')
-    for i, r in enumerate(rows):
-        x, y = pos[r["name"]]
-        fill = COLORS[r["cid"] % len(COLORS)] if r["cid"] >= 0 else "#dddddd"
-        tip = html.escape(f"{r['name']} ({r['op']})\n{r['cluster'] or r['reason']}\n"
-                          + "\n".join(r["outputs"]))
-        svg.append(f'<g class="n" data-i="{i}"><title>{tip}</title>'
-                   f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="4" fill="{fill}" '
-                   f'stroke="#333"/><text x="{x + 6}" y="{y + 17}" font-size="12">'
-                   f'{html.escape(r["op"][:22])}</text></g>')
-    svg.append("</svg>")
-    data = json.dumps(rows).replace("</", "<\\/")
-    summary = html.escape(f"{len(plan.clusters)} clusters, {len(rows)} nodes, "
-                          f"{len(plan.reasons)} unclustered")
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>autoclust clustering</title>
-<style>body{{font-family:sans-serif;margin:0;display:flex}}
-#g{{flex:1;overflow:auto;height:100vh}} #p{{width:340px;padding:10px;border-left:1px solid #ccc;
-height:100vh;overflow:auto;font-size:13px;white-space:pre-wrap}} g.n{{cursor:pointer}}</style>
-</head><body><div id="g">{''.join(svg)}</div>
-<div id="p"><b>{summary}</b>
-Click a node for details. Grey nodes run in onnxruntime.</div>
-<script>
-const rows = {data};
-function show(i) {{
-  const r = rows[i];
-  document.getElementById('p').textContent = r.name + '\\nop: ' + r.op + '\\n' +
-    (r.cluster ? 'cluster: ' + r.cluster : 'not clustered: ' + r.reason) +
-    '\\ninputs: ' + r.inputs.join(', ') + '\\noutputs:\\n  ' + r.outputs.join('\\n  ');
-}}
-document.querySelectorAll('g.n').forEach(g => {{
-  g.addEventListener('click', () => show(+g.dataset.i));
-  g.addEventListener('mouseenter', () => show(+g.dataset.i));
-}});
-</script></body></html>
-"""
+    """A self-contained page (no network): the graph as SVG with a legend, cluster boxes,
+    graph inputs/outputs and arrows; hover or click a node for its op, shapes and reason."""
+    from autoclust import dump_html
+    return dump_html.to_html(plan, _node_info(plan))

@@ -1,4 +1,13 @@
-"""The exceptions autoclust raises. Every message names what is wrong: input, shape, dtype, node, op."""
+"""The exceptions autoclust raises. Every message names what is wrong: input, shape, dtype, node, op.
+
+Raised through a session, they are also the exception type onnxruntime raises for the same
+mistake (`also(InvalidInputError, InvalidArgument)`), so `except` clauses written for
+onnxruntime keep working under autoclust; this module itself never imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import threading
 
 
 class AutoclustError(Exception):
@@ -31,3 +40,55 @@ class CompileError(AutoclustError):
 
 class NotCompilableError(AutoclustError):
     """Under --must_compile, some nodes could not be compiled; the message lists each and why."""
+
+
+class RunTerminatedError(AutoclustError):
+    """run() stopped between steps because its RunOptions.terminate was set."""
+
+
+_mixed: dict[tuple[type, type], type] = {}
+_mixed_lock = threading.Lock()
+
+
+def also(cls: type[AutoclustError], other: type[BaseException]) -> type[AutoclustError]:
+    """A subclass of `cls` that is also an `other` (an onnxruntime exception type, say).
+
+    It keeps `cls`'s name and module, so tracebacks still read autoclust.errors.<Name>, and
+    pickles by rebuilding the same pair. Made once per pair.
+    """
+    if issubclass(cls, other):
+        return cls
+    key = (cls, other)
+    with _mixed_lock:
+        sub = _mixed.get(key)
+        if sub is None:
+            sub = type(cls.__name__, (cls, other), {
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                "__doc__": f"{cls.__doc__} Also an {other.__module__}.{other.__qualname__}.",
+                "__reduce__": _reduce})
+            _mixed[key] = sub
+    return sub
+
+
+def _reduce(self: BaseException) -> tuple:
+    base, other = next(k for k, v in _mixed.items() if v is type(self))
+    return _rebuild, (base, other, self.args)
+
+
+def _rebuild(base: type[AutoclustError], other: type[BaseException], args: tuple) -> BaseException:
+    return also(base, other)(*args)
+
+
+class BuildError(AutoclustError, ValueError):
+    """A Builder program is malformed: an unknown attribute, a wrong operand, a loop body
+    whose outputs do not match its inputs, ... The message names the op and the operands."""
+
+
+class TraceError(AutoclustError, TypeError):
+    """A Python function cannot be traced: an unsupported NumPy function or argument type,
+    or Python control flow that depends on a traced value."""
+
+
+class DeviceUnavailableError(AutoclustError):
+    """A device was asked for (--device=gpu) that this machine lacks: the message names what
+    is missing (CuPy, a CUDA GPU)."""

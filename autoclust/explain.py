@@ -12,10 +12,19 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from autoclust.clustering import Plan
-from autoclust.ir import Node
+from autoclust import transfers
+from autoclust.errors import AutoclustError
+
+if TYPE_CHECKING:  # plural() is imported by light modules (progress, runtime logs)
+    from autoclust.clustering import Plan
+    from autoclust.ir import Node
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """`1 cluster`, `2 clusters`, `0 clusters` (`words` for irregular plurals)."""
+    return f"{count} {word if count == 1 else (words or word + 's')}"
 
 
 def _histogram(nodes: list[Node]) -> dict[str, int]:
@@ -37,17 +46,32 @@ def explain_text(plan: Plan) -> str:
     total = len(plan.graph.nodes)
     covered = sum(len(c.nodes) for c in plan.clusters)
     share = 100.0 * covered / total if total else 0.0
-    summary = f"Built {len(plan.clusters)} clusters covering {covered}/{total} nodes"
+    summary = f"Built {plural(len(plan.clusters), 'cluster')} covering {covered}/{total} nodes"
     lines = [f"{summary} ({share:.1f}%)"]
     for c in plan.clusters:
         ops = _format_histogram(_histogram(c.nodes))
-        lines.append(f"  {c.name}: {len(c.nodes)} nodes  {ops}")
+        lines.append(f"  {c.name}: {plural(len(c.nodes), 'node')}  {ops}")
     left = _unclustered(plan)
     lines.append(f"Unclustered ops: {_format_histogram(_histogram(left))}")
     if left:
         lines.append("Unclustered nodes:")
         lines += [f"  {n.name} ({n.op}): {plan.reasons[n.name]}" for n in left]
+    copies = _device_copies(plan)
+    if copies is not None:
+        lines.append(transfers.copies_text(copies))
     return "\n".join(lines)
+
+
+def _device_copies(plan: Plan) -> list[transfers.Copy] | None:
+    """The host <-> device copies of one run, for a backend with its own memory (else None)."""
+    from autoclust import registry
+    try:
+        backend = registry.get_backend(plan.flags.device)
+    except AutoclustError:
+        return None
+    if not registry.policy(backend).device_memory or not plan.clusters:
+        return None
+    return transfers.plan_copies(plan)
 
 
 def explain_json(plan: Plan) -> dict[str, Any]:
@@ -57,4 +81,10 @@ def explain_json(plan: Plan) -> dict[str, Any]:
                  "outputs": [v.name for v in c.outputs]} for c in plan.clusters]
     unclustered = [{"node": n.name, "op": n.op, "reason": plan.reasons[n.name]}
                    for n in _unclustered(plan)]
-    return {"nodes": len(plan.graph.nodes), "clusters": clusters, "unclustered": unclustered}
+    out = {"nodes": len(plan.graph.nodes), "clusters": clusters, "unclustered": unclustered}
+    copies = _device_copies(plan)
+    if copies is not None:
+        out["copies"] = [{"value": c.value, "dtype": c.dtype, "shape": list(c.shape),
+                          "direction": c.direction, "bytes": c.nbytes(), "for": c.reader}
+                         for c in copies]
+    return out

@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from autoclust import registry
 from autoclust.errors import FlagError
 
 ENV_VAR = "AUTOCLUST_FLAGS"
@@ -24,15 +26,19 @@ class FlagSpec:
     type: type  # bool, int, str or list (comma-separated strings)
     default: Any
     help: str
-    choices: tuple = ()
+    choices: tuple | Callable[[], Sequence] = ()  # allowed values, or a function giving them
     changes_code: bool = False  # part of the compile-cache key
+
+    def allowed(self) -> tuple:
+        return tuple(self.choices()) if callable(self.choices) else self.choices
 
 
 SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("auto_jit", int, 2, "0: off (plain onnxruntime); 1: cluster only what the cost "
              "model expects to win; 2: cluster every legal cluster", (0, 1, 2)),
     FlagSpec("device", str, "cpu", "where clusters run: cpu (LLVM), gpu (CUDA via CuPy), "
-             "interpreter (NumPy reference, for debugging)", ("cpu", "gpu", "interpreter"),
+             "interpreter (NumPy reference, for debugging), or a backend registered under "
+             "the autoclust.backends entry point", lambda: registry.device_names(),
              changes_code=True),
     FlagSpec("min_cluster_size", int, 4, "smallest cluster kept (Identity, Constant and pure "
              "shape ops count 0)"),
@@ -59,7 +65,20 @@ SPECS: tuple[FlagSpec, ...] = (
              "with fewer than 50 runs per compile falls back to onnxruntime"),
     FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
              "always reassociate)", changes_code=True),
-    FlagSpec("log", bool, False, "print one line per compile and fallback to stderr"),
+    FlagSpec("log", bool, False, "print one line per compile and fallback to stderr, and "
+             "plain progress lines where no terminal shows a progress bar"),
+    FlagSpec("cuda_graphs", bool, True, "--device=gpu: replay a whole run as one CUDA graph "
+             "per input signature when every step runs on the GPU without cuBLAS calls"),
+    FlagSpec("allow_tf32", bool, False, "--device=gpu: float32 GEMMs may use TF32 tensor "
+             "cores (faster, ~1e-3 relative error); off, they match the CPU",
+             changes_code=True),
+    FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
+             "background and run it with onnxruntime meanwhile, so run() never waits for a "
+             "compile (as TF's tf_xla_async_compilation)"),
+    FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
+             "makes the compiled code of the first OP node of each cluster wrong, fail to "
+             "compile, or abort (autoclust/inject.py); for testing bisect and minify",
+             changes_code=True),
 )
 
 _BY_NAME = {s.name: s for s in SPECS}
@@ -142,12 +161,50 @@ def _convert(spec: FlagSpec, raw: Any) -> Any:
         value = tuple(p for p in items if p)
     else:
         value = str(raw)
-    if spec.choices and value not in spec.choices:
-        allowed = ", ".join(str(c) for c in spec.choices)
+    if spec.choices and value not in spec.allowed():
+        allowed = ", ".join(str(c) for c in spec.allowed())
         raise FlagError(f"--{spec.name}={raw} is not one of: {allowed}")
     if spec.type is int and value < -1:
         raise FlagError(f"--{spec.name} must be >= -1, got {value}")
+    if spec.type is list and value and spec.name in _NAME_CHECKS:
+        _NAME_CHECKS[spec.name](spec.name, value)
+    if spec.name == "inject_bug":
+        from autoclust import inject
+        inject.parse(value)  # FlagError for a malformed KIND:OP
     return value
+
+
+def _op_names(flag: str, names: tuple) -> None:
+    """--ops_to_cluster / --cluster_exclude_ops: op names of the op table or op groups."""
+    from autoclust import ops  # lazily: the op table is not needed to parse other flags
+    table = ops.all_ops()
+    known_ops = sorted({d.op for d in table})
+    groups = sorted(set().union(*(d.group_names() for d in table)))
+    unknown = [n for n in names if n not in known_ops and n.upper() not in groups]
+    if unknown:
+        raise FlagError(f"--{flag}: unknown op or group {', '.join(map(repr, unknown))}"
+                        f"{_close(unknown, known_ops + groups)}; groups: {', '.join(groups)}; "
+                        f"ops: {', '.join(known_ops)}")
+
+
+def _pass_names(flag: str, names: tuple) -> None:
+    """--disable_passes: names of the cluster optimizer's passes."""
+    from autoclust.compile import PASSES
+    known = [name for name, _ in PASSES]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise FlagError(f"--{flag}: unknown pass {', '.join(map(repr, unknown))}"
+                        f"{_close(unknown, known)}; passes: {', '.join(known)}")
+
+
+def _close(unknown: list[str], known: list[str]) -> str:
+    import difflib
+    near = [m for n in unknown for m in difflib.get_close_matches(n, known, n=1)]
+    return f" (did you mean {', '.join(map(repr, near))}?)" if near else ""
+
+
+_NAME_CHECKS = {"ops_to_cluster": _op_names, "cluster_exclude_ops": _op_names,
+                "disable_passes": _pass_names}
 
 
 def parse_string(text: str) -> dict[str, Any]:
@@ -184,12 +241,13 @@ def parse(env: str | None = None, **overrides: Any) -> Flags:
 
 
 def env_requests_jit() -> bool:
-    """True when AUTOCLUST_FLAGS asks for --auto_jit=1 or 2 (used by the import hook)."""
+    """True when AUTOCLUST_FLAGS is set, not empty and does not say --auto_jit=0 (auto_jit
+    defaults to 2 there as everywhere); used by the import hook."""
     text = os.environ.get(ENV_VAR, "")
-    if "auto_jit" not in text:
+    if not text.strip():
         return False
     try:
-        return parse_string(text).get("auto_jit", 0) > 0
+        return parse_string(text).get("auto_jit", _BY_NAME["auto_jit"].default) > 0
     except FlagError:
         return True  # let the session raise the FlagError with the full message
 
@@ -203,7 +261,10 @@ def table() -> str:
             default = ",".join(default) or "''"
         elif default == "":
             default = "''"
-        rows.append((f"--{s.name}", s.type.__name__, str(default), s.help))
+        meaning = s.help
+        if callable(s.choices):
+            meaning += f" (here: {', '.join(s.allowed())})"
+        rows.append((f"--{s.name}", s.type.__name__, str(default), meaning))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     w2 = max(len(r[2]) for r in rows)

@@ -1,13 +1,16 @@
 """Fusion: a concrete-shape cluster Graph -> kernel IR Program (a list of thunks).
 
 Every value is either *materialized* (a buffer: graph inputs, constants, graph outputs,
-operands of library and reference calls, and values fusion decides to keep) or *inlined*:
-its expression is rebuilt, at the right index, inside each kernel that reads it.
-Kernels are grown from the materialized values ("roots") in topological order:
+operands of library calls, and values fusion decides to keep) or *inlined*: its
+expression is rebuilt, at the right index, inside each kernel that reads it. Each op's
+expression comes from its own `lower` in the op table, written against
+autoclust.lowering.LowerCtx; `NodeLowering` below is that context. Kernels are grown from
+the materialized values ("roots") in topological order:
 
 1. A root's expression is built over its own shape (an elementwise loop nest). When it
-   reaches a reduction (ReduceX, Softmax, LayerNorm, ...) the kernel becomes a row kernel
-   over the reduced input's dims (kept dims outer, reduced dims inner) and is rebuilt.
+   reaches a reduction (ReduceX, Softmax, LayerNorm, ...) or a scan (CumSum) the kernel
+   becomes a row kernel over the reduced tensor's dims (kept dims outer, reduced dims
+   inner) and is rebuilt.
 2. A reduction can be inlined only when its reduced dims are the kernel's inner dims and
    its row does not move with the inner indices; otherwise its output is materialized
    (a note says why) and fusion restarts. Each restart materializes one more value.
@@ -15,49 +18,45 @@ Kernels are grown from the materialized values ("roots") in topological order:
    computed before that kernel (multi-output fusion: LayerNorm's Y and Mean, a chain with
    an intermediate graph output).
 4. An inlined value read by several kernels is materialized when recomputing it would
-   repeat a reduction or more than RECOMPUTE_LIMIT ops.
+   repeat a reduction or more than RECOMPUTE_LIMIT cost units.
+A root with no elements needs no kernel. Library ops (MatMul, Conv, ...) become
+LibraryCalls; with the backend's `fold_bias` policy a MatMul and its constant bias Add
+become one Gemm call.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 
+from autoclust import inject, ops
 from autoclust import kernel_ir as kir
-from autoclust import ops
 from autoclust.errors import CompileError
-from autoclust.fusion_lower import NeedRowDomain, Refuse, broadcast_index
-from autoclust.fusion_rows import LOWERINGS, reduced_index, refined_row_domain, why_not_lower
+from autoclust.indexing import (
+    contiguous_strides,
+    flat_index,
+    identity_index,
+    reduced_index,
+    refined_row_domain,
+    reshape_index,
+    row_domain,
+)
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel_ir import Affine
+from autoclust.lowering import (
+    NARROW_FLOATS,
+    Element,
+    Idx,
+    LowerCtx,
+    NeedRowDomain,
+    Refuse,
+    cast,
+)
 
-RECOMPUTE_LIMIT = 12       # inlined ops a second kernel may recompute instead of a load
-EXPENSIVE_OPS = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos"})
+RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
 MAX_RESTARTS = 200
-# MatMul + constant bias Add -> one Gemm call: "alone" only when the Add's result is a graph
-# output or feeds library/reference calls only (its own loop kernel disappears); "always"
-# also when a kernel reads it (measured slower: bert_encoder 51.5 vs 49.2 ms, the bias is
-# free in a fused epilogue but an extra pass inside the Gemm); "" never.
-FOLD_BIAS = "alone"
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Element strides of a C-contiguous array."""
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
-def flat_index(idx: tuple[Affine, ...], shape: tuple[int, ...], rank: int) -> Affine:
-    """The flat element offset of logical index `idx` in a contiguous array of `shape`."""
-    out = kir.constant(0, rank)
-    for a, s, d in zip(idx, contiguous_strides(shape), shape):
-        if d != 1:
-            out = out.plus(a, s)
-    return out
 
 
 class KernelBuilder:
@@ -71,6 +70,7 @@ class KernelBuilder:
         self.rank = len(shape)
         self.reductions: list[kir.Reduction] = []
         self.stores: list[kir.Store] = []
+        self.checks: list[kir.Check] = []
         self.roots: set[str] = set()
         self.nodes: dict[str, None] = {}
         self.inlined: set[str] = set()   # non-materialized values this kernel recomputes
@@ -83,6 +83,7 @@ class KernelBuilder:
         c = KernelBuilder(self.fusion, self.shape, self.n_inner)
         c.reductions = list(self.reductions)
         c.stores = list(self.stores)
+        c.checks = list(self.checks)
         c.roots = set(self.roots)
         c.nodes = dict(self.nodes)
         c.inlined = set(self.inlined)
@@ -91,8 +92,15 @@ class KernelBuilder:
         c.clamps = self.clamps
         return c
 
+    @property
+    def is_scan(self) -> bool:
+        return bool(self.reductions) and bool(self.reductions[0].scan)
+
+    def moves_with_inner(self, a: Affine) -> bool:
+        return any(a.coeffs[self.rank - self.n_inner:])
+
     # ---- expressions ---------------------------------------------------------------------
-    def expr(self, v: Value, idx: tuple[Affine, ...]) -> kir.Expr:
+    def expr(self, v: Value, idx: Idx) -> kir.Expr:
         """The scalar expression of value `v` at logical index `idx`."""
         key = (v.name, idx, self.clamps)  # a clamped load differs outside its piece
         e = self.memo.get(key)
@@ -101,117 +109,210 @@ class KernelBuilder:
             self.memo[key] = e
         return e
 
-    def _expr(self, v: Value, idx: tuple[Affine, ...]) -> kir.Expr:
-        f = self.fusion
+    def _expr(self, v: Value, idx: Idx) -> kir.Expr:
         const = self.graph.constant_value(v)
         if const is not None and const.size == 1:
             return kir.Const(const.reshape(()).item(), v.dtype.name)
-        if v.name in f.materialized and v.name not in self.roots:
+        if self.is_buffer(v):
             self.loads.add(v.name)
-            buf = f.buffer_of(v)
-            return kir.Load(buf, flat_index(idx, v.shape, self.rank), v.dtype.name,
-                            self.clamps)
+            return kir.Load(self.fusion.buffer_of(v), flat_index(idx, v.shape, self.rank),
+                            v.dtype.name, self.clamps)
         node = v.producer
         if v.name not in self.roots:
             self.inlined.add(v.name)
         self.nodes[node.name] = None
-        lower = LOWERINGS[node.op]
-        return lower(self, node, node.outputs.index(v), idx)
+        return lower_node(self, node, node.outputs.index(v), idx)
 
-    def operand(self, node: Node, i: int, idx: tuple[Affine, ...],
-                out_shape: tuple[int, ...]) -> kir.Expr:
-        """Input i of `node` at the output index `idx`, with numpy broadcasting."""
-        v = node.inputs[i]
-        return self.expr(v, broadcast_index(idx, out_shape, v.shape))
+    def is_buffer(self, v: Value) -> bool:
+        """Whether this kernel reads v from its buffer (not recomputing it)."""
+        return v.name in self.fusion.materialized and v.name not in self.roots
 
-    def operand_to(self, v: Value, idx: tuple[Affine, ...],
-                   out_shape: tuple[int, ...]) -> kir.Expr:
-        """Value `v` broadcast (numpy rules) to `out_shape`, at `idx`."""
-        return self.expr(v, broadcast_index(idx, out_shape, v.shape))
-
-    def inner_unit(self, k: int) -> Affine:
-        """The affine form of inner loop index k."""
-        return kir.unit(self.rank - self.n_inner + k, self.rank)
-
-    def moves_with_inner(self, a: Affine) -> bool:
-        return any(a.coeffs[self.rank - self.n_inner:])
-
-    # ---- reductions ----------------------------------------------------------------------
-    def reduce(self, out: Value, kind: str, x: Value, axes: list[int],
-               kept: dict[int, Affine], element, dtype: str) -> kir.Reduced:
-        """A reduction phase over `axes` of `x` for the row at `kept` (dim -> index).
-
-        `element(builder, idx_x)` builds the expression reduced at each point of the row.
-        """
-        sizes = tuple(x.shape[a] for a in axes)
-        if self.n_inner == 0:
-            raise NeedRowDomain(out, x, axes)
+    # ---- rows ----------------------------------------------------------------------------
+    def inner_index(self, out: Value, sizes: tuple[int, ...]) -> Idx:
+        """Indices of reduced dims `sizes` over this kernel's inner loops."""
         inner = self.shape[self.rank - self.n_inner:]
-        red_idx = tuple(self.inner_unit(k) for k in range(len(sizes)))
-        if sizes != inner:  # a refined row nest ([8, 32, 32] for 8192) reads x's dims merged
-            red_idx = reduced_index(inner, sizes, self.rank)
-            if red_idx is None:
-                raise Refuse(out, f"reduces dims {list(sizes)} but the kernel's rows are "
-                                   f"{list(inner)}")
+        if sizes == inner:
+            return tuple(kir.unit(self.rank - self.n_inner + k, self.rank)
+                         for k in range(len(sizes)))
+        red_idx = reduced_index(inner, sizes, self.rank)  # a refined nest: merged dims
+        if red_idx is None:
+            raise Refuse(out, f"reduces dims {list(sizes)} but the kernel's rows are "
+                              f"{list(inner)}")
+        return red_idx
+
+    def reduce(self, out: Value, kind: str, shape: tuple[int, ...], axes: list[int],
+               kept: dict[int, Affine], element: Element, dtype: str) -> kir.Reduced:
+        """A reduction phase over `axes` of a tensor of `shape` for the row at `kept`."""
+        if self.n_inner == 0:
+            raise NeedRowDomain(out, shape, axes)
+        if self.is_scan:
+            raise Refuse(out, "a reduction cannot share a scan kernel")
+        red_idx = self.inner_index(out, tuple(shape[a] for a in axes))
         if any(self.moves_with_inner(a) for a in kept.values()):
             raise Refuse(out, "its row index moves along the consumer's reduced dims")
-        idx_x, k = [], 0
-        for d in range(len(x.shape)):
-            if d in kept:
-                idx_x.append(kept[d])
-            else:
-                idx_x.append(red_idx[k])
-                k += 1
-        e = element(self, tuple(idx_x))
-        red = kir.Reduction(kind, e, dtype)
-        if red in self.reductions:
-            return kir.Reduced(self.reductions.index(red), dtype)
-        self.reductions.append(red)
-        return kir.Reduced(len(self.reductions) - 1, dtype)
+        it = iter(red_idx)
+        idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
+        red = kir.Reduction(kind, element(idx_x), dtype)
+        if red not in self.reductions:
+            self.reductions.append(red)
+        return kir.Reduced(self.reductions.index(red), dtype)
+
+    def scan(self, out: Value, idx: Idx, kind: str, shape: tuple[int, ...], axis: int,
+             element: Element, dtype: str, exclusive: bool, reverse: bool) -> kir.Reduced:
+        """The running `kind` along `axis` at the output's own index (one scan per kernel)."""
+        if self.n_inner == 0:
+            raise NeedRowDomain(out, shape, [axis], scan=True)
+        running = kir.unit(self.rank - 1, self.rank)
+        if self.n_inner != 1 or idx[axis] != running or \
+                any(self.moves_with_inner(a) for d, a in enumerate(idx) if d != axis):
+            raise Refuse(out, "its scan position is not the kernel's running index")
+        red = kir.Reduction(kind, element(idx), dtype,
+                            "exclusive" if exclusive else "inclusive", reverse)
+        if self.reductions and self.reductions != [red]:
+            raise Refuse(out, "a scan needs a kernel of its own")
+        self.reductions = [red]
+        return kir.Reduced(0, dtype)
 
     # ---- roots ---------------------------------------------------------------------------
-    def add_root(self, v: Value, idx: tuple[Affine, ...]) -> None:
+    def add_root(self, v: Value, idx: Idx) -> None:
         """Store root `v` (its expression at `idx`) into its buffer."""
         self.roots.add(v.name)
         self.memo = {k: e for k, e in self.memo.items() if k[0] != v.name}
         e = self.expr(v, idx)
         per_row = self.n_inner > 0 and not any(self.moves_with_inner(a) for a in idx)
+        if per_row and self.is_scan:
+            raise Refuse(v, "a per-row result cannot share a scan kernel")
         store = kir.Store(self.fusion.buffer_of(v), flat_index(idx, v.shape, self.rank), e,
                           per_row)
         self.stores.append(store)
 
 
-def identity_index(shape: tuple[int, ...]) -> tuple[Affine, ...]:
-    return tuple(kir.unit(k, len(shape)) for k in range(len(shape)))
+class NodeLowering(LowerCtx):
+    """The LowerCtx of one node output at one index inside a KernelBuilder."""
+
+    def __init__(self, builder: KernelBuilder, node: Node, out: int, idx: Idx):
+        self.b = builder
+        self.node = node
+        self.out = out
+        self.idx = idx
+        self.rank = builder.rank
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        return self.b.shape
+
+    def constant(self, i: int) -> np.ndarray | None:
+        return self.b.graph.constant_value(self.node.inputs[i]) if self.has(i) else None
+
+    def value(self, i: int, idx: Idx) -> kir.Expr:
+        return self.b.expr(self.node.inputs[i], idx)
+
+    def view(self, i: int, shape: tuple[int, ...], idx: Idx) -> kir.Expr:
+        x, b = self.node.inputs[i], self.b
+        if b.is_buffer(x):  # the flat offset is the same in x and in the view
+            b.loads.add(x.name)
+            return kir.Load(b.fusion.buffer_of(x), flat_index(idx, shape, b.rank),
+                            x.dtype.name, b.clamps)
+        idx_in = reshape_index(idx, shape, tuple(x.shape), b.shape)
+        if idx_in is None and b.n_inner == 0:
+            _probe_rows(b, x)
+        if idx_in is None:
+            raise Refuse(x, f"read as {list(shape)}, {list(x.shape)} regroups dims of a "
+                            "computed value")
+        return b.expr(x, idx_in)
+
+    def gather(self, i: int, idx: Idx, dyn: dict[int, kir.Expr]) -> kir.Expr:
+        x, b = self.node.inputs[i], self.b
+        const = b.graph.constant_value(x)
+        if const is not None and const.size == 1:
+            return kir.Const(const.reshape(()).item(), x.dtype.name)
+        if not b.is_buffer(x):
+            raise Refuse(x, f"{self.node.op} reads it at data-dependent positions")
+        b.loads.add(x.name)
+        strides = contiguous_strides(tuple(x.shape))
+        terms = tuple((e, strides[d]) for d, e in sorted(dyn.items()))
+        return kir.Load(b.fusion.buffer_of(x), flat_index(idx, tuple(x.shape), b.rank),
+                        x.dtype.name, b.clamps, terms)
+
+    @contextlib.contextmanager
+    def clamped(self, dim: int, lo: int, hi: int) -> Iterator[None]:
+        saved = self.b.clamps
+        self.b.clamps = saved + ((dim, lo, hi),)
+        try:
+            yield
+        finally:
+            self.b.clamps = saved
+
+    def check(self, i: int, kind: str, lo: int = 0, hi: int = 0, message: str = "",
+              column: tuple[int, int] | None = None) -> None:
+        x, b = self.node.inputs[i], self.b
+        const = b.graph.constant_value(x)
+        if const is not None:
+            values = const.reshape(-1)
+            if column is not None:
+                values = values[column[0]::column[1]]
+            bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
+            if np.any(bad):
+                self.refuse(f"constant input {x.name!r} fails its check: {message}")
+            return
+        if not b.is_buffer(x):
+            raise Refuse(x, f"{self.node.op} checks it before the kernel runs")
+        check = kir.Check(b.fusion.buffer_of(x), kind, lo, hi, message, (self.node.name,),
+                          column)
+        if check not in b.checks:
+            b.checks.append(check)
+
+    def rows(self, shape: tuple[int, ...], axes: list[int]) -> None:
+        if self.b.n_inner == 0:
+            raise NeedRowDomain(self.output, shape, axes)
+
+    def reindex(self, idx: Idx, shape: tuple[int, ...], to_shape: tuple[int, ...]) -> Idx:
+        got = reshape_index(idx, shape, to_shape, self.b.shape)
+        if got is None:
+            self.refuse(f"{list(shape)} -> {list(to_shape)} is not affine in this kernel")
+        return got
+
+    def reduce(self, kind: str, shape: tuple[int, ...], axes: list[int],
+               kept: dict[int, Affine], element: Element, dtype: str) -> kir.Expr:
+        return self.b.reduce(self.output, kind, shape, axes, kept, element, dtype)
+
+    def scan(self, kind: str, shape: tuple[int, ...], axis: int, element: Element,
+             dtype: str, exclusive: bool = False, reverse: bool = False) -> kir.Expr:
+        return self.b.scan(self.output, self.idx, kind, shape, axis, element, dtype,
+                           exclusive, reverse)
 
 
-def row_domain(v: Value, need: NeedRowDomain) -> tuple[tuple[int, ...], tuple[Affine, ...]]:
-    """Loop shape (kept dims, then reduced dims) and root index for the reduction in `need`.
+def lower_node(b: KernelBuilder, node: Node, k: int, idx: Idx) -> kir.Expr:
+    """Output k of `node` at idx, from the op's own lowering; float16 results are rounded
+    to float16 here, after every op, where onnxruntime rounds them."""
+    opdef = ops.get(node.op, node.domain)
+    if opdef is None or opdef.lower is None:
+        raise CompileError(f"node {node.name!r}: {node.qualified_op} has no lowering")
+    e = inject.apply(node, opdef.lower(NodeLowering(b, node, k, idx)), b.graph)
+    want = node.outputs[k].dtype.name
+    if e.dtype != want:
+        if want in NARROW_FLOATS and e.dtype == "float32":
+            e = cast(e, want)
+        else:
+            raise CompileError(f"node {node.name!r} ({node.op}): lowering gave {e.dtype} for "
+                               f"output {k} of dtype {want}")
+    return e
 
-    The root must have the reduced input's shape (stored per element, like Softmax) or
-    the reduction's output shape (stored per row, like ReduceMean).
-    """
-    x, axes = need.x, need.axes
-    kept = [d for d in range(len(x.shape)) if d not in axes]
-    order = kept + list(axes)
-    shape = tuple(x.shape[d] for d in order)
-    rank = len(shape)
-    pos = {d: order.index(d) for d in order}
-    if tuple(v.shape) == tuple(x.shape):
-        return shape, tuple(kir.unit(pos[d], rank) for d in range(len(x.shape)))
-    keep_shape = tuple(1 if d in axes else x.shape[d] for d in range(len(x.shape)))
-    drop_shape = tuple(x.shape[d] for d in kept)
-    if tuple(v.shape) == keep_shape:
-        return shape, tuple(kir.constant(0, rank) if d in axes else kir.unit(pos[d], rank)
-                            for d in range(len(x.shape)))
-    if tuple(v.shape) == drop_shape:
-        return shape, tuple(kir.unit(pos[d], rank) for d in kept)
-    raise Refuse(need.value, f"consumer {v.name} of shape {list(v.shape)} is neither the "
-                            "reduced input's nor the reduction's shape")
+
+def _probe_rows(b: KernelBuilder, x: Value) -> None:
+    """Re-raise NeedRowDomain if x (in its own loop nest) needs a row kernel: a refined
+    row nest may then make a merging Reshape affine (GroupNorm: see refined_row_domain)."""
+    probe = KernelBuilder(b.fusion, tuple(x.shape), 0)
+    try:
+        probe.expr(x, identity_index(tuple(x.shape)))
+    except NeedRowDomain:
+        raise
+    except (Refuse, CompileError):
+        pass
 
 
 class Group:
-    """A kernel being formed, or a library/reference thunk (builder None)."""
+    """A kernel being formed, or a library thunk (builder None)."""
 
     def __init__(self, index: int, builder: KernelBuilder | None, thunk: kir.Thunk | None):
         self.index = index
@@ -219,16 +320,26 @@ class Group:
         self.thunk = thunk
 
 
+class Materialize(Exception):
+    """Fusion must keep `value` in a buffer and start again."""
+
+    def __init__(self, value: Value, reason: str):
+        super().__init__(reason)
+        self.value = value
+        self.reason = reason
+
+
 class Fusion:
     """One fusion attempt over a graph with a given set of materialized values."""
 
-    def __init__(self, graph: Graph, materialized: set[str], thunk_nodes: set[str],
-                 folds: dict[str, Node] | None = None):
+    def __init__(self, graph: Graph, materialized: set[str], library: set[str],
+                 folds: dict[str, Node], notes: list[str]):
         self.graph = graph
         self.materialized = materialized
-        self.thunk_nodes = thunk_nodes
-        self.folds = folds or {}  # MatMul name -> the bias Add folded into its Gemm call
-        self.folded = {a.name for a in self.folds.values()}
+        self.notes = notes
+        self.library = library
+        self.folds = folds  # MatMul name -> the bias Add folded into its Gemm call
+        self.folded = {a.name for a in folds.values()}
         self.buffers: dict[str, int] = {}
         self.groups: list[Group] = []
         self.group_of: dict[str, int] = {}  # materialized value -> group index
@@ -250,18 +361,39 @@ class Fusion:
         for node in self.graph.nodes:
             if node.name in self.folded:
                 continue  # computed by its MatMul's Gemm call
-            if node.name in self.thunk_nodes:
-                self._add_thunk(node)
+            if node.name in self.library:
+                self._add_library_call(node)
                 continue
             for v in node.outputs:
-                if (v.name in self.materialized and v.name in self.live
-                        and not self._alias(v)):
-                    self._add_root(v)
+                if v.name in self.materialized and v.name in self.live:
+                    self._place(v)
+
+    def _place(self, v: Value) -> None:
+        """Add root v; a value it cannot inline is materialized on the spot (its own root
+        first, so it is computed before v's kernel reads it), then v is tried again.
+
+        Kernels formed earlier may still recompute that value inline: correct, and for a
+        model's repeated layers far cheaper than restarting fusion once per layer (BERT-base
+        materialized the same merge-heads Transpose in each of its 12 layers)."""
+        while True:
+            if self._alias(v):  # a view of a buffer: shares it, no kernel
+                return
+            try:
+                self._add_root(v)
+                return
+            except Materialize as m:
+                if m.value.name in self.materialized:
+                    raise CompileError(f"fusion of {self.graph.name}: cannot place "
+                                       f"{m.value.name}: {m.reason}") from None
+                self.materialized.add(m.value.name)
+                self.notes.append(f"{m.value.name} materialized: {m.reason}")
+                self._place(m.value)
 
     def _alias(self, v: Value) -> bool:
-        """Whether `v`, a Reshape of a temp buffer, shares that buffer instead of a copy."""
+        """Whether `v`, a view (Reshape, ...) of a temp buffer, shares that buffer."""
         node = v.producer
-        if node is None or node.op not in ALIAS_OPS or node.domain not in ("", "ai.onnx"):
+        opdef = None if node is None else ops.get(node.op, node.domain)
+        if opdef is None or not opdef.view or v is not node.outputs[0]:
             return False
         x = node.inputs[0]
         root = self.aliases.get(x.name, x.name)
@@ -275,7 +407,7 @@ class Fusion:
         self.group_of[v.name] = self.group_of[x.name]
         return True
 
-    def _add_thunk(self, node: Node) -> None:
+    def _add_library_call(self, node: Node) -> None:
         add = self.folds.get(node.name)
         if add is not None:
             bias = next(v for v in add.inputs if v is not node.outputs[0])
@@ -290,18 +422,17 @@ class Fusion:
         ins = tuple(None if v is None else self.buffer_of(v) for v in node.inputs)
         outs = tuple(self.buffer_of(v) for v in node.outputs)
         attrs = tuple(sorted(node.attrs.items()))
-        cls = kir.LibraryCall if ops.get(node.op, node.domain).kind == ops.LIBRARY \
-            else kir.RefCall
-        if cls is kir.LibraryCall:
-            thunk = kir.LibraryCall(node.op, ins, outs, attrs, (node.name,))
-        else:
-            thunk = kir.RefCall(node.op, node.domain, ins, outs, attrs, (node.name,))
-        g = Group(len(self.groups), None, thunk)
+        g = Group(len(self.groups), None, kir.LibraryCall(node.op, ins, outs, attrs,
+                                                          (node.name,)))
         self.groups.append(g)
         for v in node.outputs:
             self.group_of[v.name] = g.index
 
     def _add_root(self, v: Value) -> None:
+        if 0 in v.shape:  # nothing to compute: the buffer is empty
+            self.buffer_of(v)
+            self.group_of[v.name] = -1
+            return
         for g in reversed(self.groups):
             if g.builder is None or g.builder.shape != self._loop_shape_hint(v, g):
                 continue
@@ -314,29 +445,36 @@ class Fusion:
                 g.builder = trial
                 self.group_of[v.name] = g.index
                 return
-        builder = KernelBuilder(self, tuple(v.shape), 0)
-        trial = builder.clone()
+        g = Group(len(self.groups), self._new_kernel(v), None)
+        self.groups.append(g)
+        self.group_of[v.name] = g.index
+
+    def _new_kernel(self, v: Value) -> KernelBuilder:
+        """A kernel for root v: its own elementwise nest, or the row nest it needs."""
+        trial = KernelBuilder(self, tuple(v.shape), 0)
         try:
-            trial.add_root(v, identity_index(v.shape))
+            trial.add_root(v, identity_index(tuple(v.shape)))
+            return trial
         except NeedRowDomain as need:
-            try:
-                shape, idx = row_domain(v, need)
+            domain = row_domain(tuple(v.shape), need.shape, need.axes)
+            if domain is not None:
+                shape, idx = domain
                 n_inner = len(need.axes)
-            except Refuse as refuse:
-                refined = refined_row_domain(tuple(v.shape), tuple(need.x.shape), need.axes)
+            else:
+                refined = refined_row_domain(tuple(v.shape), need.shape, need.axes)
                 if refined is None:
-                    raise Materialize(need.value, str(refuse)) from None
+                    raise Materialize(need.value, f"consumer {v.name} of shape "
+                                                  f"{list(v.shape)} fits no row nest of "
+                                                  f"{list(need.shape)}") from None
                 shape, n_inner, idx = refined
             trial = KernelBuilder(self, shape, n_inner)
             try:
                 trial.add_root(v, idx)
             except (NeedRowDomain, Refuse) as exc:
                 raise Materialize(exc.value, str(exc)) from None
+            return trial
         except Refuse as exc:
             raise Materialize(exc.value, str(exc)) from None
-        g = Group(len(self.groups), trial, None)
-        self.groups.append(g)
-        self.group_of[v.name] = g.index
 
     def _loop_shape_hint(self, v: Value, g: Group) -> tuple[int, ...] | None:
         # A root joins a kernel whose loop nest is its own shape (or, for a row kernel,
@@ -349,7 +487,7 @@ class Fusion:
             return b.shape
         return None
 
-    def _root_index(self, v: Value, b: KernelBuilder) -> tuple[Affine, ...]:
+    def _root_index(self, v: Value, b: KernelBuilder) -> Idx:
         if tuple(v.shape) == b.shape:
             return identity_index(b.shape)
         n_outer = b.rank - b.n_inner
@@ -359,33 +497,24 @@ class Fusion:
         return tuple(idx)
 
 
-ALIAS_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+# ---- what is materialized up front ---------------------------------------------------------
 
-
-class Materialize(Exception):
-    """Fusion must keep `value` in a buffer and start again."""
-
-    def __init__(self, value: Value, reason: str):
-        super().__init__(reason)
-        self.value = value
-        self.reason = reason
-
-
-
-
-def bias_folds(graph: Graph, thunk_nodes: set[str]) -> dict[str, Node]:
+def bias_folds(graph: Graph, library: set[str], mode: str) -> dict[str, Node]:
     """MatMul name -> its only consumer, an Add of a constant bias [N], to run as one Gemm.
 
     A is [..., K] (batch dims flattened into Gemm's M), B a constant [K, N]; onnxruntime
-    fuses the same pattern. The Add's output stands in for the MatMul's. See FOLD_BIAS.
+    fuses the same pattern. The Add's output stands in for the MatMul's. `mode` is the
+    backend's policy: "alone" folds only when the Add's result is a graph output or feeds
+    library calls only (no loop kernel reads it, so the fold removes a kernel); "always"
+    also when a kernel reads it; "" never.
     """
     outputs = {v.name for v in graph.outputs}
     folds: dict[str, Node] = {}
-    if not FOLD_BIAS:
+    if not mode:
         return folds
     for node in graph.nodes:
-        if node.name not in thunk_nodes or node.op != "MatMul" or node.domain not in ("",
-                                                                                   "ai.onnx"):
+        if node.name not in library or node.op != "MatMul" or node.domain not in ("",
+                                                                                "ai.onnx"):
             continue
         a, b = node.inputs[0], node.inputs[1]
         y = node.outputs[0]
@@ -397,24 +526,24 @@ def bias_folds(graph: Graph, thunk_nodes: set[str]) -> dict[str, Node]:
         if len(users) != 1 or len(y.uses) != 1:
             continue
         add = users[0]
-        if add.op != "Add" or add.domain not in ("", "ai.onnx") or add.name in thunk_nodes:
+        if add.op != "Add" or add.domain not in ("", "ai.onnx") or add.name in library:
             continue
         bias = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
         if (bias is y or not graph.is_constant(bias) or tuple(bias.shape) != (b.shape[1],)
                 or bias.dtype != y.dtype or tuple(add.outputs[0].shape) != tuple(y.shape)):
             continue
         out = add.outputs[0]
-        if FOLD_BIAS == "alone" and out.name not in outputs and not all(
-                c.name in thunk_nodes for c in graph.consumers(out)):
+        if mode == "alone" and out.name not in outputs and not all(
+                c.name in library for c in graph.consumers(out)):
             continue
         folds[node.name] = add
     return folds
 
 
-def _initial_materialized(graph: Graph, thunk_nodes: set[str],
-                          notes: list[str], folds: dict[str, Node] | None = None) -> set[str]:
+def _initial_materialized(graph: Graph, library: set[str], notes: list[str],
+                          folds: dict[str, Node]) -> set[str]:
     keep = {v.name for v in graph.inputs} | set(graph.initializers)
-    for add in (folds or {}).values():
+    for add in folds.values():
         keep.add(add.outputs[0].name)
         notes.append(f"{add.outputs[0].name}: bias Add ({add.name}) folded into a Gemm call")
     for v in graph.outputs:
@@ -422,19 +551,19 @@ def _initial_materialized(graph: Graph, thunk_nodes: set[str],
             keep.add(v.name)
             notes.append(f"{v.name} materialized: graph output")
     for node in graph.nodes:
-        if node.name not in thunk_nodes:
+        if node.name not in library:
             continue
         for v in node.all_inputs():
             if v.name not in keep:
                 keep.add(v.name)
                 notes.append(f"{v.name} materialized: feeds {node.op} ({node.name})")
-        if node.name not in (folds or {}):  # a folded MatMul's result is never stored
+        if node.name not in folds:  # a folded MatMul's result is never stored
             keep.update(v.name for v in node.outputs)
     return keep
 
 
 def _cost(v: Value, materialized: set[str]) -> int:
-    """Ops recomputed when `v` is inlined (a reduction counts as unbounded)."""
+    """Cost units recomputed when `v` is inlined (a reduction counts as unbounded)."""
     total, stack, seen = 0, [v], set()
     while stack:
         w = stack.pop()
@@ -442,10 +571,10 @@ def _cost(v: Value, materialized: set[str]) -> int:
             continue
         seen.add(w.name)
         node = w.producer
-        if ops.get(node.op, node.domain).kind in (ops.REDUCTION, ops.NORMALIZATION):
+        opdef = ops.get(node.op, node.domain)
+        if opdef.kind in (ops.REDUCTION, ops.NORMALIZATION):
             return RECOMPUTE_LIMIT + 1
-        total += 4 if node.op.lower() in EXPENSIVE_OPS or node.op in ("Gelu", "Softplus",
-                                                                       "Mish", "Pow") else 1
+        total += opdef.cost
         stack += node.all_inputs()
     return total
 
@@ -466,23 +595,15 @@ def _shared_expensive(f: Fusion) -> Value | None:
     return None
 
 
-def fuse(graph: Graph) -> kir.Program:
+def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
     """Group `graph` (concrete shapes) into kernels and calls; see the module docstring."""
     notes: list[str] = []
-    thunk_nodes = {n.name for n in graph.nodes if why_not_lower(n, graph) is not None}
-    folds = bias_folds(graph, thunk_nodes)
-    materialized = _initial_materialized(graph, thunk_nodes, notes, folds)
+    library = {n.name for n in graph.nodes if ops.get(n.op, n.domain).kind == ops.LIBRARY}
+    folds = bias_folds(graph, library, fold_bias)
+    materialized = _initial_materialized(graph, library, notes, folds)
     for _ in range(MAX_RESTARTS):
-        f = Fusion(graph, materialized, thunk_nodes, folds)
-        try:
-            f.run()
-        except Materialize as m:
-            if m.value.name in materialized:
-                raise CompileError(f"fusion of {graph.name}: cannot place {m.value.name}: "
-                                   f"{m.reason}") from None
-            materialized.add(m.value.name)
-            notes.append(f"{m.value.name} materialized: {m.reason}")
-            continue
+        f = Fusion(graph, materialized, library, folds, notes)
+        f.run()
         v = _shared_expensive(f)
         if v is None:
             return _program(f, notes)
@@ -497,81 +618,35 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
     for v in graph.inputs + graph.outputs:
         f.buffer_of(v)
     thunks: list[kir.Thunk] = []
+    n_kernels = 0
     for g in f.groups:
         if g.builder is None:
             thunks.append(g.thunk)
             continue
         b = g.builder
-        thunks.append(kir.Kernel(f"k{len(thunks)}", b.shape, b.n_inner, tuple(b.reductions),
+        thunks += b.checks
+        thunks.append(kir.Kernel(f"k{n_kernels}", b.shape, b.n_inner, tuple(b.reductions),
                                  tuple(b.stores), tuple(b.nodes)))
+        n_kernels += 1
     inputs = {v.name for v in graph.inputs}
     outputs = {v.name for v in graph.outputs}
+    used = set().union(*(set().union(*kir.thunk_buffers(t)) for t in thunks)) if thunks \
+        else set()
+    used |= {f.buffers[v.name] for v in graph.inputs + graph.outputs}
+    used |= {f.buffers[v] for v in f.aliases if v in f.buffers}
     buffers = []
+    constants = {}
     for name, bid in sorted(f.buffers.items(), key=lambda kv: kv[1]):
+        if bid not in used:  # taken by a trial that failed: no thunk reads or writes it
+            continue
         v = graph.values[name]
         role = ("input" if name in inputs else "const" if graph.is_constant(v)
                 else "output" if name in outputs else "temp")
+        if role == "const":
+            constants[bid] = graph.initializers[name]
         buffers.append(kir.Buffer(bid, name, v.dtype.name, tuple(v.shape), role))
+    notes = notes + [f"{v} shares {x}'s buffer: a view, no copy" for v, x in f.aliases.items()]
     aliases = {f.buffers[v]: f.buffers[x] for v, x in f.aliases.items() if v in f.buffers}
-    notes = notes + [f"{v} shares {x}'s buffer: a reshape, no copy" for v, x in f.aliases.items()]
-    buffers = plan_memory(buffers, thunks, aliases)
     return kir.Program(buffers, thunks, [f.buffers[v.name] for v in graph.inputs],
-                       [f.buffers[v.name] for v in graph.outputs], notes)
-
-
-def _thunk_buffers(t: kir.Thunk) -> tuple[set[int], set[int]]:
-    """(buffers read, buffers written) by a thunk."""
-    if isinstance(t, kir.Kernel):
-        reads: set[int] = set()
-        stack: list = [r.expr for r in t.reductions] + [s.expr for s in t.stores]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, kir.Load):
-                reads.add(e.buf)
-            elif isinstance(e, kir.Op):
-                stack += e.args
-        return reads, {s.buf for s in t.stores}
-    return {b for b in t.inputs if b is not None}, set(t.outputs)
-
-
-def plan_memory(buffers: list[kir.Buffer], thunks: list[kir.Thunk],
-                aliases: dict[int, int] | None = None) -> list[kir.Buffer]:
-    """Give temps slots; two temps share a slot when their lifetimes do not overlap.
-
-    `aliases` maps a buffer to the temp whose memory it views (a Reshape needing no copy):
-    it gets that temp's slot, and its reads keep the temp alive.
-    """
-    aliases = aliases or {}
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for i, t in enumerate(thunks):
-        reads, writes = _thunk_buffers(t)
-        reads = {aliases.get(b, b) for b in reads}
-        for b in writes:
-            first.setdefault(b, i)
-            last[b] = max(last.get(b, i), i)
-        for b in reads:
-            last[b] = i
-    slot_free_after: list[int] = []  # per slot: the last thunk reading its current tenant
-    out = []
-    temps = sorted((b for b in buffers if b.role == "temp" and b.id not in aliases),
-                   key=lambda b: first.get(b.id, 0))
-    slots: dict[int, int] = {}
-    for b in temps:
-        start = first.get(b.id, 0)
-        for s, free_after in enumerate(slot_free_after):
-            if free_after < start:
-                slot_free_after[s] = last.get(b.id, start)
-                slots[b.id] = s
-                break
-        else:
-            slots[b.id] = len(slot_free_after)
-            slot_free_after.append(last.get(b.id, start))
-    for b in buffers:
-        out.append(dataclasses.replace(b, slot=slots.get(aliases.get(b.id, b.id), -1)))
-    return out
-
-
-def scalar_value(x: np.ndarray):
-    """A size-1 array as a Python scalar."""
-    return x.reshape(()).item()
+                       [f.buffers[v.name] for v in graph.outputs], notes, constants,
+                       aliases=aliases)

@@ -1,39 +1,65 @@
 """Auto-jit for unmodified onnxruntime programs.
 
 The package installs `autoclust-hook.pth`, whose one line runs at interpreter start-up:
-it reads AUTOCLUST_FLAGS and, only when that asks for --auto_jit=1 or 2, imports this
-module and calls install(). Without the variable nothing is imported.
+when AUTOCLUST_FLAGS is set (and not empty) it imports this module and calls startup().
+Without the variable nothing is imported.
+
+The flags mean what they mean for the API, defaults included: without --auto_jit the hook
+is on with auto_jit's default, 2 (`autoclust flags` lists it), so
+`AUTOCLUST_FLAGS=--dump_to=DIR` clusters and dumps; the first session says once (a
+RuntimeWarning) that --auto_jit was not given. `--auto_jit=0` turns the hook off, with one
+warning when other flags were given, since they then do nothing.
 
 install() replaces onnxruntime.InferenceSession (now, or when the program imports
-onnxruntime) by a subclass that also builds an autoclust session and routes run()
-through it. Everything else (io_binding, profiling, metadata) is onnxruntime's own.
+onnxruntime) by a subclass that also builds an autoclust session, and routes run(),
+run_with_ort_values(), run_async(), io_binding() and run_with_iobinding() through it. A
+bad AUTOCLUST_FLAGS raises FlagError at session creation, as the API does; under
+--must_compile so does NotCompilableError. `--log` says on stderr, once per session, that
+autoclust is active and what it clustered.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import warnings
 from typing import Any
 
 _installed = False
+_noted_default = False
+
+
+def _check_flags() -> None:
+    """Parse AUTOCLUST_FLAGS (FlagError when bad) and note once a missing --auto_jit."""
+    global _noted_default
+    from autoclust import flags
+    given = flags.parse_string(os.environ.get(flags.ENV_VAR, ""))
+    if "auto_jit" not in given and not _noted_default:
+        _noted_default = True
+        warnings.warn(f"autoclust: {flags.ENV_VAR} does not set --auto_jit; running with its "
+                      "default, --auto_jit=2 (--auto_jit=0 turns autoclust off)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def make_jit_class(original: type) -> type:
-    """A subclass of onnxruntime's InferenceSession whose run() goes through autoclust."""
+    """A subclass of onnxruntime's InferenceSession whose runs go through autoclust."""
 
     class InferenceSession(original):  # type: ignore[misc, valid-type]
         __doc__ = original.__doc__
 
         def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None,
                      provider_options: Any = None, **kwargs: Any):
+            _check_flags()  # before onnxruntime loads anything: FlagError as the API raises
             super().__init__(path_or_bytes, sess_options, providers, provider_options, **kwargs)
-            from autoclust.errors import AutoclustError
+            from autoclust.errors import AutoclustError, FlagError, NotCompilableError
             from autoclust.session import InferenceSession as Jit
             try:
                 self._autoclust = Jit(path_or_bytes, sess_options, providers, provider_options)
-            except AutoclustError as exc:
+            except (FlagError, NotCompilableError):
+                raise
+            except AutoclustError as exc:  # onnxruntime loaded it, we could not: run it as is
                 warnings.warn(f"autoclust: auto-jit disabled for this session: {exc}",
                               RuntimeWarning, stacklevel=2)
                 self._autoclust = None
@@ -43,6 +69,32 @@ def make_jit_class(original: type) -> type:
             if jit is None:
                 return super().run(output_names, input_feed, run_options)
             return jit.run(output_names, input_feed, run_options)
+
+        def run_with_ort_values(self, output_names: Any, input_dict_ort_values: Any,
+                                run_options: Any = None) -> Any:
+            jit = getattr(self, "_autoclust", None)
+            if jit is None:
+                return super().run_with_ort_values(output_names, input_dict_ort_values,
+                                                   run_options)
+            return jit.run_with_ort_values(output_names, input_dict_ort_values, run_options)
+
+        def run_async(self, output_names: Any, input_feed: Any, callback: Any, user_data: Any,
+                      run_options: Any = None) -> Any:
+            jit = getattr(self, "_autoclust", None)
+            if jit is None:
+                return super().run_async(output_names, input_feed, callback, user_data,
+                                         run_options)
+            return jit.run_async(output_names, input_feed, callback, user_data, run_options)
+
+        def io_binding(self) -> Any:
+            jit = getattr(self, "_autoclust", None)
+            return super().io_binding() if jit is None else jit.io_binding()
+
+        def run_with_iobinding(self, iobinding: Any, run_options: Any = None) -> Any:
+            jit = getattr(self, "_autoclust", None)
+            if jit is None or getattr(iobinding, "_owner", None) is not jit:
+                return super().run_with_iobinding(iobinding, run_options)
+            return jit.run_with_iobinding(iobinding, run_options)
 
     InferenceSession.__module__ = original.__module__
     InferenceSession.__qualname__ = original.__qualname__
@@ -54,15 +106,15 @@ def patch(module: Any) -> None:
     current = module.InferenceSession
     if getattr(current, "_autoclust_patched", False):
         return
-    # Our own sub-sessions must keep onnxruntime's class.
-    import autoclust.backends.ort as ort_backend
-    ort_backend.ORIGINAL_SESSION = current
     jit = make_jit_class(current)
     jit._autoclust_patched = True
+    jit._autoclust_original = current  # our own sub-sessions must keep onnxruntime's class
     module.InferenceSession = jit
     capi = sys.modules.get("onnxruntime.capi.onnxruntime_inference_collection")
     if capi is not None and getattr(capi, "InferenceSession", None) is current:
         capi.InferenceSession = jit
+    import autoclust.backends.ort as ort_backend
+    ort_backend.ORIGINAL_SESSION = current
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -98,7 +150,15 @@ def install() -> None:
 
 
 def startup() -> None:
-    """Called from autoclust-hook.pth: cheap unless AUTOCLUST_FLAGS asks for auto-jit."""
-    from autoclust.flags import env_requests_jit
-    if env_requests_jit():
+    """Called from autoclust-hook.pth: installs the hook unless AUTOCLUST_FLAGS turns
+    autoclust off (empty, or --auto_jit=0); a bad value installs it too, so that session
+    creation raises the FlagError."""
+    from autoclust import flags
+    if flags.env_requests_jit():
         install()
+        return
+    text = os.environ.get(flags.ENV_VAR, "")
+    others = sorted(f"--{n}" for n in flags.parse_string(text) if n != "auto_jit")
+    if others:
+        warnings.warn(f"autoclust: {flags.ENV_VAR} sets --auto_jit=0, so autoclust is off and "
+                      f"{', '.join(others)} do nothing", RuntimeWarning, stacklevel=2)

@@ -12,8 +12,10 @@ import numpy as np
 from autoclust import ops
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
+from autoclust.registry import Policy
 
 NAME = "interpreter"
+POLICY = Policy(lowers=False)  # runs the optimized graph op by op, no kernel IR
 
 
 def why_not(node: Node, graph: Graph) -> str | None:

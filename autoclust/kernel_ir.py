@@ -6,13 +6,18 @@ A Program is a list of buffers and an ordered list of thunks:
   dims: for each outer point, every Reduction runs over the inner dims in order (a phase
   may read earlier results through Reduced), then the Stores run; a per-row Store runs
   once per outer point, the others once per inner point. With n_inner == 0 a Kernel is a
-  plain elementwise loop nest.
+  plain elementwise loop nest. A *scan* kernel (`Kernel.scan`) has one phase, a running
+  sum or product over one inner dim; its element stores run inside that phase's loop and
+  read the running value through Reduced (CumSum, float Range).
 - LibraryCall: a library op (MatMul, Conv, ...) writing into preallocated buffers.
-- RefCall: an op run through its NumPy reference (a stopgap for rare ops).
+- Check: a run-time check of an integer buffer (indices in range, divisors non-zero) that
+  raises InvalidInputError naming the node; it runs before the kernels that read it.
 
 Scalar expressions form a DAG of frozen dataclasses: Load (buffer + affine index map over
-the loop indices), Const, Index (an affine index value), Op (a primitive from PRIMITIVES)
-and Reduced (the result of a reduction phase). dtypes are numpy dtype names.
+the loop indices, plus optional data-dependent terms for gathers), Const, Index (an affine
+index value), Op (a primitive from PRIMITIVES) and Reduced (the result of a reduction
+phase). dtypes are numpy dtype names. An expression of dtype float16 holds a value
+representable in float16, computed in a float32 register.
 
     softmax over [R, N]:  kernel k0 [R | N]
       r0 = max(load(x, N*i0 + i1))
@@ -26,20 +31,32 @@ import dataclasses
 from typing import Any
 
 # Primitive scalar ops and their arity. Compare ops yield bool; "cast" converts to the
-# Op's dtype; "select" is (cond, if_true, if_false).
+# Op's dtype with ONNX Cast semantics (float -> int32/int64: NaN and out-of-range give the
+# type's minimum, as onnxruntime on x86; narrower ints go through int32 and wrap);
+# "cast_sat" converts float -> int saturating (integer reductions accumulate in float64);
+# "div_exact" is a float division a backend must not turn into a multiplication by the
+# reciprocal (QuantizeLinear rounds x / scale: 1 ulp moves a tie); "select" is
+# (cond, if_true, if_false); "trap" returns its argument but aborts when run
+# (the testing-only fault injector).
 PRIMITIVES: dict[str, int] = {
     **{name: 1 for name in (
-        "neg", "abs", "sqrt", "exp", "log", "tanh", "erf", "sigmoid", "floor", "ceil",
-        "round", "sign", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
-        "asinh", "acosh", "atanh", "not", "isnan", "bitnot", "cast")},
+        "neg", "abs", "sqrt", "exp", "log", "log1p", "tanh", "erf", "sigmoid", "floor",
+        "ceil", "round", "sign", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+        "asinh", "acosh", "atanh", "not", "isnan", "bitnot", "cast", "cast_sat", "trap")},
     **{name: 2 for name in (
-        "add", "sub", "mul", "div", "mod", "fmod", "pow", "max", "min", "lt", "le", "gt",
+        "add", "sub", "mul", "div", "div_exact", "mod", "fmod", "pow", "max", "min", "lt", "le", "gt",
         "ge", "eq", "ne", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr")},
     "select": 3,
+    "trap": 1,  # yields its argument, but aborts when run (--inject_bug=crash only)
 }
 COMPARE_OPS = frozenset({"lt", "le", "gt", "ge", "eq", "ne", "isnan"})
+# Primitives that cost far more than a load: fusion recomputes few of them, and a backend
+# stores a row kernel's shared ones instead of recomputing them (softmax's exp).
+COSTLY = frozenset({"exp", "log", "log1p", "tanh", "erf", "sigmoid", "pow", "sin", "cos",
+                    "tan"})
 REDUCTION_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last",
                    "argmin_last")
+SCAN_KINDS = ("inclusive", "exclusive")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +80,13 @@ class Affine:
     def scaled(self, factor: int) -> Affine:
         return Affine(self.const * factor, tuple(c * factor for c in self.coeffs))
 
+    def single(self) -> int | None:
+        """The loop dim k when self is exactly i_k + const (coefficient 1), else None."""
+        moving = [k for k, c in enumerate(self.coeffs) if c]
+        if len(moving) == 1 and self.coeffs[moving[0]] == 1:
+            return moving[0]
+        return None
+
 
 def unit(k: int, rank: int) -> Affine:
     """The affine form of loop index i_k."""
@@ -75,16 +99,20 @@ def constant(value: int, rank: int) -> Affine:
 
 @dataclasses.dataclass(frozen=True)
 class Load:
-    """buf[index]; each (dim, lo, hi) in clamps first clamps loop index i_dim into [lo, hi].
+    """buf[index + sum(expr * stride for expr, stride in dyn)].
 
-    Concat reads each piece at clamped indices so that no lane reads out of bounds; a
-    select keeps only the lanes inside the piece.
+    Each (dim, lo, hi) in clamps first clamps loop index i_dim into [lo, hi]: Concat reads
+    each piece at clamped indices so that no lane reads out of bounds (a select keeps only
+    the lanes inside the piece). `dyn` holds data-dependent terms (Gather's index times the
+    axis stride): their int64 expressions are already clamped into bounds by the lowering,
+    and a Check thunk reports out-of-range data before the kernel runs.
     """
 
     buf: int
     index: Affine
     dtype: str
     clamps: tuple[tuple[int, int, int], ...] = ()
+    dyn: tuple[tuple[Any, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +138,8 @@ class Op:
 
 @dataclasses.dataclass(frozen=True)
 class Reduced:
-    """The result of reduction phase `phase` of the enclosing kernel for this row."""
+    """The result of reduction phase `phase` of the enclosing kernel for this row (in a
+    scan kernel: the running value at the current inner point)."""
 
     phase: int
     dtype: str
@@ -121,9 +150,17 @@ Expr = Load | Const | Index | Op | Reduced
 
 @dataclasses.dataclass(frozen=True)
 class Reduction:
-    kind: str  # one of REDUCTION_KINDS; arg* kinds yield the int64 inner index
+    """A phase: kind over the inner dims; arg* kinds yield the int64 inner index.
+
+    `scan` ("inclusive" or "exclusive") makes it a running sum/prod over the single inner
+    dim, walked backwards when `reverse`; only a kernel's one and only phase may scan.
+    """
+
+    kind: str  # one of REDUCTION_KINDS
     expr: Expr
     dtype: str
+    scan: str = ""
+    reverse: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +188,16 @@ class Kernel:
             n *= d
         return n * (1 + len(self.reductions))
 
+    @property
+    def scan(self) -> bool:
+        return bool(self.reductions) and bool(self.reductions[0].scan)
+
+    @property
+    def empty(self) -> bool:
+        """No outer point: nothing to compute. (An empty *inner* extent still runs: the
+        reductions give their identities, e.g. ReduceSum over a zero-length axis is 0.)"""
+        return any(d == 0 for d in self.shape[:len(self.shape) - self.n_inner])
+
 
 @dataclasses.dataclass(frozen=True)
 class LibraryCall:
@@ -162,16 +209,22 @@ class LibraryCall:
 
 
 @dataclasses.dataclass(frozen=True)
-class RefCall:
-    op: str
-    domain: str
-    inputs: tuple[int | None, ...]
-    outputs: tuple[int, ...]
-    attrs: tuple
+class Check:
+    """Every element of integer buffer `buf` lies in [lo, hi] ("range") or is non-zero
+    ("nonzero"); otherwise the run raises InvalidInputError with `message`. With
+    column = (j, k) only elements j, j + k, j + 2k, ... are checked (GatherND's last dim
+    holds k coordinates, each with its own range)."""
+
+    buf: int
+    kind: str
+    lo: int = 0
+    hi: int = 0
+    message: str = ""
     nodes: tuple[str, ...] = ()
+    column: tuple[int, int] | None = None
 
 
-Thunk = Kernel | LibraryCall | RefCall
+Thunk = Kernel | LibraryCall | Check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +251,55 @@ class Program:
     inputs: list[int]          # buffer id per graph input
     outputs: list[int]         # buffer id per graph output
     notes: list[str] = dataclasses.field(default_factory=list)  # fusion decisions
+    constants: dict[int, Any] = dataclasses.field(default_factory=dict)  # const buffer values
+    # buffer -> the temp whose memory it views (a Reshape needing no copy)
+    aliases: dict[int, int] = dataclasses.field(default_factory=dict)
+    # kernel name -> (name of the kernel whose code it runs, its buffers in that code's order)
+    sharing: dict[str, tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
+
+
+# ---- walking ------------------------------------------------------------------------------
+
+def children(e: Expr) -> tuple:
+    """The sub-expressions of e (an Op's args, a Load's data-dependent index terms)."""
+    if isinstance(e, Op):
+        return e.args
+    if isinstance(e, Load) and e.dyn:
+        return tuple(x for x, _ in e.dyn)
+    return ()
+
+
+def walk(roots: list) -> list:
+    """Every distinct expression reachable from `roots` (by identity), parents first."""
+    seen: set[int] = set()
+    out = []
+    stack = list(roots)
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        out.append(e)
+        stack.extend(children(e))
+    return out
+
+
+def kernel_exprs(k: Kernel) -> list:
+    """Every expression of kernel k (phases and stores)."""
+    return walk([r.expr for r in k.reductions] + [s.expr for s in k.stores])
+
+
+def loaded_buffers(k: Kernel) -> set[int]:
+    return {e.buf for e in kernel_exprs(k) if isinstance(e, Load)}
+
+
+def thunk_buffers(t: Thunk) -> tuple[set[int], set[int]]:
+    """(buffers read, buffers written) by a thunk."""
+    if isinstance(t, Kernel):
+        return loaded_buffers(t), {s.buf for s in t.stores}
+    if isinstance(t, Check):
+        return {t.buf}, set()
+    return {b for b in t.inputs if b is not None}, set(t.outputs)
 
 
 # ---- printing ------------------------------------------------------------------------------
@@ -207,7 +309,8 @@ def format_expr(e: Expr, names: dict[int, str] | None = None) -> str:
     if isinstance(e, Load):
         name = names.get(e.buf, f"b{e.buf}") if names else f"b{e.buf}"
         clamps = "".join(f" | i{d} in [{lo}, {hi}]" for d, lo, hi in e.clamps)
-        return f"{name}[{e.index}{clamps}]"
+        dyn = "".join(f" + {s}*{format_expr(x, names)}" for x, s in e.dyn)
+        return f"{name}[{e.index}{dyn}{clamps}]"
     if isinstance(e, Const):
         return f"{e.value!r}:{e.dtype}"
     if isinstance(e, Index):
@@ -215,7 +318,7 @@ def format_expr(e: Expr, names: dict[int, str] | None = None) -> str:
     if isinstance(e, Reduced):
         return f"r{e.phase}"
     args = ", ".join(format_expr(a, names) for a in e.args)
-    suffix = f":{e.dtype}" if e.name == "cast" else ""
+    suffix = f":{e.dtype}" if e.name in ("cast", "cast_sat") else ""
     return f"{e.name}{suffix}({args})"
 
 
@@ -226,17 +329,20 @@ def format_thunk(t: Thunk, names: dict[int, str] | None = None) -> str:
             return "_"
         return names.get(b, f"b{b}") if names else f"b{b}"
 
-    if isinstance(t, (LibraryCall, RefCall)):
-        kind = "library" if isinstance(t, LibraryCall) else "reference"
+    if isinstance(t, LibraryCall):
         ins = ", ".join(bname(b) for b in t.inputs)
         outs = ", ".join(bname(b) for b in t.outputs)
-        return f"{kind} {t.op}({ins}) -> {outs}   # nodes: {', '.join(t.nodes)}"
+        return f"library {t.op}({ins}) -> {outs}   # nodes: {', '.join(t.nodes)}"
+    if isinstance(t, Check):
+        what = f"in [{t.lo}, {t.hi}]" if t.kind == "range" else "non-zero"
+        return f"check {bname(t.buf)} {what}   # nodes: {', '.join(t.nodes)}"
     outer = list(t.shape[:len(t.shape) - t.n_inner])
     inner = list(t.shape[len(t.shape) - t.n_inner:])
     dom = f"{outer} | {inner}" if t.n_inner else f"{list(t.shape)}"
     lines = [f"kernel {t.name} {dom}   # nodes: {', '.join(t.nodes)}"]
     for k, r in enumerate(t.reductions):
-        lines.append(f"  r{k} = {r.kind}:{r.dtype}({format_expr(r.expr, names)})")
+        scan = f" {r.scan} scan{' reversed' if r.reverse else ''}" if r.scan else ""
+        lines.append(f"  r{k} = {r.kind}:{r.dtype}({format_expr(r.expr, names)}){scan}")
     for s in t.stores:
         where = "per row " if s.per_row else ""
         lines.append(f"  {where}{bname(s.buf)}[{s.index}] = {format_expr(s.expr, names)}")
@@ -244,7 +350,7 @@ def format_thunk(t: Thunk, names: dict[int, str] | None = None) -> str:
 
 
 def format_program(p: Program) -> str:
-    """The `.kernels.txt` dump: buffers, thunks and fusion notes."""
+    """The `.kernels.txt` dump: buffers, thunks, code sharing and fusion notes."""
     names = {b.id: b.name for b in p.buffers}
     lines = ["buffers:"]
     for b in p.buffers:
@@ -252,6 +358,10 @@ def format_program(p: Program) -> str:
         lines.append(f"  b{b.id} {b.name}: {b.dtype}{list(b.shape)} {b.role}{slot}")
     lines.append(f"thunks ({len(p.thunks)}):")
     lines += [format_thunk(t, names) for t in p.thunks]
+    shared = [f"  {k} runs {fn}'s code" for k, (fn, _) in p.sharing.items() if fn != k]
+    if shared:
+        lines.append("code sharing:")
+        lines += shared
     if p.notes:
         lines.append("fusion decisions:")
         lines += [f"  {n}" for n in p.notes]
@@ -262,30 +372,29 @@ def format_program(p: Program) -> str:
 
 def _affines(k: Kernel) -> list[Affine]:
     out = [s.index for s in k.stores]
-    stack: list = [r.expr for r in k.reductions] + [s.expr for s in k.stores]
-    while stack:
-        e = stack.pop()
+    for e in kernel_exprs(k):
         if isinstance(e, (Load, Index)):
             out.append(e.index)
             # a clamped loop dim must stay its own dim: a unit map keeps collapse off it
             out.extend(unit(d, len(e.index.coeffs)) for d, _, _ in getattr(e, "clamps", ()))
-        elif isinstance(e, Op):
-            stack.extend(e.args)
     return out
 
 
-def _remap(k: Kernel, fn, dim_fn=None) -> Kernel:
+def remap(k: Kernel, fn, dim_fn=None) -> Kernel:
     """Apply fn(Affine) -> Affine to every index of kernel k, dim_fn(dim) to clamped dims."""
     memo: dict[int, Any] = {}
 
     def expr(e):
         key = id(e)
         if key not in memo:
-            if isinstance(e, Load) and e.clamps and dim_fn is not None:
-                moved = ((dim_fn(d), lo, hi) for d, lo, hi in e.clamps)
-                clamps = tuple(c for c in moved if c[0] is not None)
-                memo[key] = dataclasses.replace(e, index=fn(e.index), clamps=clamps)
-            elif isinstance(e, (Load, Index)):
+            if isinstance(e, Load):
+                clamps = e.clamps
+                if clamps and dim_fn is not None:
+                    moved = ((dim_fn(d), lo, hi) for d, lo, hi in e.clamps)
+                    clamps = tuple(c for c in moved if c[0] is not None)
+                dyn = tuple((expr(x), s) for x, s in e.dyn)
+                memo[key] = dataclasses.replace(e, index=fn(e.index), clamps=clamps, dyn=dyn)
+            elif isinstance(e, Index):
                 memo[key] = dataclasses.replace(e, index=fn(e.index))
             elif isinstance(e, Op):
                 memo[key] = dataclasses.replace(e, args=tuple(expr(a) for a in e.args))
@@ -331,10 +440,10 @@ def collapse(k: Kernel) -> Kernel:
         # fusion never clamps a size-1 dim (one Concat piece covers it): dropped, no clamp
         return keep.index(g) if g in keep else None
 
-    out = _remap(k, fn, dim_fn)
+    out = remap(k, fn, dim_fn)
     final_shape = tuple(new_shape[i] for i in keep)
     if len(final_shape) == new_inner:  # no outer dim: add one of size 1
-        out = _remap(out, lambda a: Affine(a.const, (0,) + a.coeffs), lambda d: d + 1)
+        out = remap(out, lambda a: Affine(a.const, (0,) + a.coeffs), lambda d: d + 1)
         final_shape = (1,) + final_shape
     return dataclasses.replace(out, shape=final_shape, n_inner=new_inner)
 

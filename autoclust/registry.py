@@ -1,13 +1,24 @@
-"""Backends by name: the core reaches concrete backends only through this table.
+"""Backends, the onnxruntime fallback and importers by name: the core reaches them only here.
 
-A backend is a module with `NAME`, `why_not(node, graph) -> str | None` (None: it can
-compile the node) and `compile(graph, flags) -> Executable`, where Executable has
-`run(inputs) -> outputs`, `num_kernels` and `dumps` ({file suffix: text}).
-Third-party backends register through the `autoclust.backends` entry-point group.
+A backend is a module with
+    NAME                          its --device name
+    POLICY                        a Policy: what the core asks it (data, not code paths)
+    why_not(node, graph)          None when it can compile the node, else the reason
+    compile(program, flags)       kernel IR Program -> Executable   (POLICY.lowers)
+    compile(graph, flags)         optimized Graph -> Executable     (not POLICY.lowers)
+and may offer `render(program, flags) -> {file suffix: text}` (generated code without
+compiling it, for `autoclust compile`) and `require_device()` (raise
+DeviceUnavailableError when this machine cannot run it; sessions call it). An Executable
+has `run(inputs) -> outputs`, `num_kernels` and `dumps` ({file suffix: text}).
+
+Built-in backends are listed in BACKENDS; third parties register under the
+`autoclust.backends` entry-point group (name = device, value = module path), and every
+`--device` choice comes from `device_names()`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from importlib import metadata
 from types import ModuleType
@@ -19,6 +30,27 @@ BACKENDS = {
     "gpu": "autoclust.backends.gpu",
     "interpreter": "autoclust.interpreter",
 }
+FALLBACK = "autoclust.backends.ort"      # runs whatever is not clustered
+IMPORTERS = {"onnx": "autoclust.importers.onnx"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """What a backend tells the core, so the core never branches on a device name."""
+
+    lowers: bool = True   # compile() takes kernel IR; False: the optimized graph (interpreter)
+    # Ops onnxruntime runs better than this device's library calls, and the ops onnxruntime
+    # fuses into them when they follow one (Conv + BatchNorm + Relu): left unclustered.
+    leave_to_onnxruntime: frozenset = frozenset()
+    onnxruntime_epilogues: frozenset = frozenset()
+    # MatMul + constant bias Add as one Gemm call: "" never, "alone" when no loop kernel
+    # reads the sum, "always" (see fusion.bias_folds).
+    fold_bias: str = ""
+    # Values live in the device's own memory: the runtime copies them to the host for
+    # onnxruntime segments and back, and the backend module offers to_device(x),
+    # to_host(x), is_device(x) (and may offer capture(runtime), a whole-run replay).
+    device_memory: bool = False
+
 
 _loaded: dict[str, ModuleType] = {}
 
@@ -31,6 +63,11 @@ def _entry_points() -> dict[str, str]:
     return {ep.name: ep.value for ep in eps}
 
 
+def device_names() -> list[str]:
+    """Every --device choice: the built-in backends, then entry-point ones."""
+    return list(BACKENDS) + sorted(n for n in _entry_points() if n not in BACKENDS)
+
+
 def get_backend(name: str) -> ModuleType:
     """The backend module called `name`; FlagError when unknown or unavailable."""
     mod = _loaded.get(name)
@@ -38,13 +75,28 @@ def get_backend(name: str) -> ModuleType:
         return mod
     path = BACKENDS.get(name) or _entry_points().get(name)
     if path is None:
-        known = ", ".join(sorted(BACKENDS))
-        raise FlagError(f"unknown device {name!r}; known devices: {known}")
+        raise FlagError(f"unknown device {name!r}; known devices: {', '.join(device_names())}")
     try:
         mod = importlib.import_module(path)
     except ImportError as exc:
         raise FlagError(f"device {name!r} is not available here: {exc}") from None
-    if not hasattr(mod, "compile") or not hasattr(mod, "why_not"):
-        raise FlagError(f"device {name!r} ({path}) is not usable on this machine yet")
+    missing = [a for a in ("compile", "why_not") if not hasattr(mod, a)]
+    if missing:
+        raise FlagError(f"device {name!r} ({path}) is not a backend: it lacks {missing}")
     _loaded[name] = mod
     return mod
+
+
+def policy(backend: ModuleType) -> Policy:
+    """A backend's Policy (the default one when it declares none)."""
+    return getattr(backend, "POLICY", Policy())
+
+
+def fallback() -> ModuleType:
+    """The onnxruntime fallback backend (segments and sessions)."""
+    return importlib.import_module(FALLBACK)
+
+
+def importer(name: str) -> ModuleType:
+    """The importer module for a model format ("onnx")."""
+    return importlib.import_module(IMPORTERS[name])

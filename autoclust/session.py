@@ -8,10 +8,20 @@ At creation it imports the model, clusters it and builds a Plan; clusters compil
 their first run. With nothing to cluster (or --auto_jit=0) it is a thin pass-through to
 one onnxruntime session. Feeds are validated before anything runs: unknown or missing
 names, dtypes, ranks and fixed dims raise InvalidInputError naming the input.
+
+It is a drop-in down to the details: errors are also the onnxruntime exception type raised
+for the same mistake (InvalidInputError is also an InvalidArgument), RunOptions reach the
+onnxruntime segments and `terminate` is checked between steps, SessionOptions'
+intra_op_num_threads bounds compiled kernels' threads (unless --threads is set),
+io_binding(), run_with_iobinding(), run_with_ort_values() and run_async() go through the
+plan, and the class is a subclass of onnxruntime.InferenceSession. Tensors NumPy has no
+type for (bfloat16, float8, int4, int2) are ml_dtypes arrays, as in onnx.numpy_helper.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import warnings
 from typing import Any
 
@@ -20,6 +30,7 @@ import onnx
 
 from autoclust import flags as flags_mod
 from autoclust.backends import ort as ort_backend
+from autoclust.backends.ort import iobinding, values
 from autoclust.errors import AutoclustError, InvalidInputError, ModelLoadError
 
 _ORT_TYPE = {
@@ -72,24 +83,35 @@ class _InputSpec:
         return NodeArg(self.name, None if self.dims is None else list(self.dims), self.type_str)
 
     def check(self, value: Any) -> np.ndarray:
-        if not isinstance(value, np.ndarray):
+        if not isinstance(value, np.ndarray) and not hasattr(value, "__cuda_array_interface__"):
             if self.dtype is None:
                 return value  # sequences, maps, optionals: onnxruntime checks them
-            value = np.asarray(value)
+            value = self._convert(value)
         if self.dtype is not None and value.dtype != self.dtype:
-            raise InvalidInputError(f"input {self.name!r}: expected dtype {self.dtype} "
-                                    f"({self.type_str}), got {value.dtype}")
+            raise ort_backend.input_error(f"input {self.name!r}: expected dtype {self.dtype} "
+                                          f"({self.type_str}), got {value.dtype}")
         if self.dims is not None:
             if value.ndim != len(self.dims):
-                raise InvalidInputError(
+                raise ort_backend.input_error(
                     f"input {self.name!r}: expected rank {len(self.dims)} with shape "
                     f"{_fmt_dims(self.dims)}, got rank {value.ndim} with shape {value.shape}")
             for axis, (want, got) in enumerate(zip(self.dims, value.shape)):
                 if isinstance(want, int) and want > 0 and want != got:
-                    raise InvalidInputError(
+                    raise ort_backend.input_error(
                         f"input {self.name!r}: dim {axis} must be {want} (expected shape "
                         f"{_fmt_dims(self.dims)}), got shape {value.shape}")
         return value
+
+    def _convert(self, value: Any) -> np.ndarray:
+        # onnxruntime makes Python lists into the input's own type ([[1, 2]] feeds a float
+        # input); NumPy scalars keep their dtype and are checked like arrays.
+        if isinstance(value, list | tuple):
+            try:
+                return np.asarray(value, dtype=self.dtype)
+            except (TypeError, ValueError) as exc:
+                raise ort_backend.input_error(f"input {self.name!r}: cannot make a "
+                                              f"{self.type_str} from the list: {exc}") from None
+        return np.asarray(value)
 
 
 def _fmt_dims(dims: tuple) -> str:
@@ -103,44 +125,70 @@ def _specs(model: onnx.ModelProto) -> tuple[list[_InputSpec], list[NodeArg]]:
     return inputs, outputs
 
 
-class InferenceSession:
-    """Drop-in replacement for onnxruntime.InferenceSession with auto-clustering."""
+class InferenceSession(ort_backend.ORIGINAL_SESSION):
+    """Drop-in replacement for onnxruntime.InferenceSession with auto-clustering.
+
+    A subclass of onnxruntime's class for isinstance checks; onnxruntime methods not
+    defined here (end_profiling, set_providers, ...) act on a whole-model onnxruntime
+    session created when first needed.
+    """
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None,
                  provider_options: Any = None, **flag_overrides: Any):
         from autoclust.importers.onnx import load_model_proto
-        self._flags = flags_mod.parse(**flag_overrides)
+        self._flags = _session_flags(sess_options, flag_overrides)
         self._sess_options = sess_options
         self._providers = providers
         self._provider_options = provider_options
         self._source = path_or_bytes
-        self._model = load_model_proto(path_or_bytes)
+        try:
+            self._model = load_model_proto(path_or_bytes)
+        except ModelLoadError as exc:
+            raise ort_backend.load_error_like_onnxruntime(path_or_bytes, str(exc)) from None
         self._input_specs, self._outputs = _specs(self._model)
         self._required = [s for s in self._input_specs if not s.optional]
         self._spec_by_name = {s.name: s for s in self._input_specs}
         self._output_names = [o.name for o in self._outputs]
+        self._output_set = frozenset(self._output_names)
         self._ort = None
+        self._ort_lock = threading.Lock()
+        self._ort_values = False  # the pass-through session needs OrtValues (bfloat16, ...)
         self._runtime = None
         self.plan = None
         self._dumper = None
+        self._mover: Any = None  # a device backend (Policy.device_memory) moving values
         if self._flags.auto_jit > 0:
             self._build_plan()
         if self._runtime is None:
             self._ort = self._full_session()
+            self._ort_values = values.needs_ort_values(self._ort)
+        if self._flags.log:
+            print(self._active_line(), file=sys.stderr)
 
     # ---- construction -----------------------------------------------------------------
     def _full_session(self) -> Any:
-        if self._ort is None:
-            source = self._source if isinstance(self._source, str) else self._model
-            self._ort = ort_backend.create_session(source, self._sess_options,
-                                                   self._providers, self._provider_options)
+        with self._ort_lock:
+            if self._ort is None:
+                source = self._source if isinstance(self._source, str) else self._model
+                self._ort = ort_backend.create_session(source, self._sess_options,
+                                                       self._providers, self._provider_options)
         return self._ort
+
+    @property
+    def _sess(self) -> Any:
+        # onnxruntime's own methods we inherit reach its C session through this attribute.
+        return self._full_session()._sess
 
     def _build_plan(self) -> None:
         from autoclust import registry, runtime
         from autoclust.clustering import cluster
         from autoclust.importers.onnx import import_model
         backend = registry.get_backend(self._flags.device)
+        if registry.policy(backend).device_memory:
+            require = getattr(backend, "require_device", None)
+            if require is not None:
+                require()  # DeviceUnavailableError naming what is missing
+            self._mover = backend
         try:
             graph = import_model(self._model)
         except ModelLoadError as exc:
@@ -148,7 +196,7 @@ class InferenceSession:
             try:
                 self._full_session()
             except ModelLoadError as ort_exc:
-                raise ModelLoadError(f"{exc}; {ort_exc}") from None
+                raise ort_backend.load_error(f"{exc}; {ort_exc}", ort_exc) from None
             warnings.warn(f"autoclust: cannot import the model ({exc}); running it with "
                           "onnxruntime only", RuntimeWarning, stacklevel=3)
             return
@@ -176,38 +224,128 @@ class InferenceSession:
                           stacklevel=3)
             self._runtime = None
 
+    def _active_line(self) -> str:
+        """The --log line saying autoclust is active, with the cluster summary."""
+        where = self._source if isinstance(self._source, str) else \
+            repr(self._model.graph.name or "model")
+        mode = f"auto_jit={self._flags.auto_jit}, device={self._flags.device}"
+        if self.plan is None:
+            what = "auto_jit is 0" if self._flags.auto_jit == 0 else "model not imported"
+            return f"autoclust: active on {where} ({mode}): {what}; onnxruntime runs it all"
+        from autoclust import explain
+        summary = explain.explain_text(self.plan).splitlines()[0]
+        tail = "" if self._runtime is not None else "; onnxruntime runs it all"
+        return f"autoclust: active on {where} ({mode}): {summary}{tail}"
+
     # ---- running ----------------------------------------------------------------------
     def _validate(self, input_feed: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(input_feed, dict):
-            raise InvalidInputError(f"input_feed must be a dict of name -> array, got "
-                                    f"{type(input_feed).__name__}")
+            raise ort_backend.input_error(f"input_feed must be a dict of name -> array, got "
+                                          f"{type(input_feed).__name__}")
         feeds = {}
         for name, value in input_feed.items():
             spec = self._spec_by_name.get(name)
             if spec is None:
                 known = ", ".join(s.name for s in self._input_specs)
-                raise InvalidInputError(f"unknown input {name!r}; the model's inputs are: "
-                                        f"{known}")
-            feeds[name] = spec.check(value)
+                raise ort_backend.input_error(f"unknown input {name!r}; the model's inputs "
+                                              f"are: {known}")
+            feeds[name] = spec.check(self._device_value(name, value))
         if len(feeds) < len(self._required):
             missing = [s.name for s in self._required if s.name not in feeds]
-            if missing:
-                raise InvalidInputError(f"missing input(s): {', '.join(missing)}")
+            if missing:  # onnxruntime raises a plain ValueError here; ours is one too
+                raise InvalidInputError(
+                    f"missing input(s): {', '.join(missing)}")
         return feeds
 
     def run(self, output_names: list[str] | None, input_feed: dict[str, Any],
-            run_options: Any = None) -> list[Any]:
-        """Run the model; outputs in the order of output_names (all outputs for None)."""
+            run_options: Any = None, output_device: str = "cpu") -> list[Any]:
+        """Run the model; outputs in the order of output_names (all outputs for None).
+
+        output_device="gpu" (a device with its own memory) returns device arrays (CuPy);
+        feeds may be device arrays (CuPy, torch CUDA tensors) on a device session.
+        """
+        to_device = self._output_mover(output_device)
         feeds = self._validate(input_feed)
+        if output_names:
+            for n in output_names:
+                if n not in self._output_set:
+                    raise ort_backend.input_error(f"unknown output {n!r}; the model's outputs"
+                                                  f" are: {', '.join(self._output_names)}")
         if self._runtime is None:
-            return self._ort.run(output_names, feeds, run_options)
-        names = self._output_names if output_names is None else list(output_names)
-        for n in names:
-            if n not in self._output_names:
-                raise InvalidInputError(f"unknown output {n!r}; the model's outputs are: "
-                                        f"{', '.join(self._output_names)}")
-        env = self._runtime.run(feeds)
-        return [env[n] for n in names]
+            if self._mover is not None:
+                feeds = {k: self._mover.to_host(v) for k, v in feeds.items()}
+            if self._ort_values:
+                outs = values.run(self._ort, output_names, feeds, run_options)
+            else:
+                outs = self._ort.run(output_names, feeds, run_options)
+            return outs if to_device is None else [to_device(o) for o in outs]
+        names = list(output_names or self._output_names)
+        if self._runtime.device is not None:
+            if run_options is not None and run_options.terminate:
+                return self._runtime.run(feeds, run_options)  # raises onnxruntime's Fail
+            return self._runtime.device.run(feeds, names, to_device is not None)
+        env = self._runtime.run(feeds, run_options)
+        outs = [env[n] for n in names]
+        return outs if to_device is None else [to_device(o) for o in outs]
+
+    def run_with_ort_values(self, output_names: list[str] | None,
+                            input_dict_ort_values: dict[str, Any],
+                            run_options: Any = None) -> list[Any]:
+        """run() with onnxruntime OrtValues in and out (through the compiled plan)."""
+        feeds = input_dict_ort_values
+        if isinstance(feeds, dict):  # else run() raises the error
+            feeds = {k: values.from_ort_value(v) for k, v in feeds.items()}
+        return [values.to_ort_value(x) for x in self.run(output_names, feeds, run_options)]
+
+    def io_binding(self) -> iobinding.IOBinding:
+        """An IOBinding whose runs (run_with_iobinding) go through the compiled plan."""
+        return iobinding.IOBinding(self)
+
+    def run_with_iobinding(self, iobinding_: Any, run_options: Any = None) -> None:
+        """Run with the inputs and outputs bound in `iobinding_` (from io_binding())."""
+        iobinding.run(self, iobinding_, run_options)
+
+    def run_async(self, output_names: list[str] | None, input_feed: dict[str, Any],
+                  callback: Any, user_data: Any, run_options: Any = None) -> None:
+        """run() on another thread; then callback(outputs, user_data, error string)."""
+        self._validate(input_feed)  # bad feeds raise here, as onnxruntime's run_async does
+
+        def work() -> None:
+            try:
+                outs = self.run(output_names, input_feed, run_options)
+            except Exception as exc:  # noqa: BLE001 - reported through the callback
+                callback(None, user_data, f"{type(exc).__name__}: {exc}")
+                return
+            callback(outs, user_data, "")
+        threading.Thread(target=work, name="autoclust-run-async", daemon=True).start()
+
+    def _output_mover(self, output_device: str) -> Any:
+        """None for host outputs, else the to_device of the backend called output_device."""
+        if output_device == "cpu":
+            return None
+        from autoclust import registry
+        backend = self._mover
+        if backend is None or getattr(backend, "NAME", None) != output_device:
+            backend = registry.get_backend(output_device)
+        if not registry.policy(backend).device_memory:
+            raise InvalidInputError(f"output_device={output_device!r} has no memory of its "
+                                    "own; use 'cpu' or a device such as 'gpu'")
+        require = getattr(backend, "require_device", None)
+        if require is not None:
+            require()
+        return backend.to_device
+
+    def _device_value(self, name: str, value: Any) -> Any:
+        """A device-array feed as the session's device array type (torch CUDA tensors
+        through DLPack, no copy); InvalidInputError on a host-only session."""
+        if type(value) is np.ndarray or not hasattr(value, "__cuda_array_interface__"):
+            return value
+        if self._mover is None:
+            raise InvalidInputError(
+                f"input {name!r} is a device array ({type(value).__name__}) but this session "
+                f"runs on the host (--device={self._flags.device}): pass a NumPy array, or "
+                "create the session with device='gpu'")
+        return self._mover.to_device(value)
 
     # ---- onnxruntime's informational API ----------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -239,7 +377,22 @@ class InferenceSession:
             reason = "auto_jit is 0" if self._flags.auto_jit == 0 else "model not imported"
             return {"nodes": len(self._model.graph.node), "clusters": [], "unclustered": [],
                     "note": reason} if as_json else f"No clustering: {reason}."
-        return explain.explain_json(self.plan) if as_json else explain.explain_text(self.plan)
+        if as_json:
+            out = explain.explain_json(self.plan)
+            copied = self._last_copies()
+            if copied is not None:
+                out["copied_last_run"] = {"h2d": copied.h2d, "d2h": copied.d2h}
+            return out
+        text = explain.explain_text(self.plan)
+        copied = self._last_copies()
+        if copied is not None:
+            text += (f"\nMeasured in the last run: {copied.h2d} bytes host -> device, "
+                     f"{copied.d2h} bytes device -> host ({copied.copies} copies)")
+        return text
+
+    def _last_copies(self) -> Any:
+        device = getattr(self._runtime, "device", None)
+        return None if device is None else device.last_copies
 
     def stats(self) -> dict[str, Any]:
         """Per-cluster compile/run counts and fallbacks (for tests and `autoclust run`)."""
@@ -257,8 +410,18 @@ class InferenceSession:
         return self._flags
 
     def __getattr__(self, name: str) -> Any:
-        # Anything else onnxruntime's session offers (io_binding, end_profiling, ...) runs on
-        # a whole-model onnxruntime session.
+        # Anything else onnxruntime's session offers runs on a whole-model onnxruntime
+        # session.
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._full_session(), name)
+
+
+def _session_flags(sess_options: Any, overrides: dict[str, Any]) -> flags_mod.Flags:
+    """The flags: AUTOCLUST_FLAGS and keyword overrides; SessionOptions'
+    intra_op_num_threads bounds compiled kernels' threads when --threads is not set."""
+    flags = flags_mod.parse(**overrides)
+    threads = getattr(sess_options, "intra_op_num_threads", 0) if sess_options else 0
+    if threads > 0 and flags.threads == 0:
+        flags = flags.replace(threads=threads)
+    return flags

@@ -29,7 +29,8 @@ from onnx import (
     numpy_helper,
 )
 
-from autoclust.errors import ModelLoadError
+from autoclust import ops
+from autoclust.errors import AutoclustError, ModelLoadError
 from autoclust.ir import Graph, Node, Shape, Value
 
 __all__ = ["LEGACY", "export_model", "import_model", "load_model_proto"]
@@ -137,11 +138,14 @@ def _value_types(proto: ModelProto) -> dict[str, TypeProto]:
     return types
 
 
-def _without_weights(proto: ModelProto) -> ModelProto:
+def _without_weights(proto: ModelProto, keep_dims: bool = True) -> ModelProto:
     """The model with large initializers replaced by data-less stubs.
 
     Shape inference serializes the model; it needs the weights' dims, not their bytes
-    (small ones stay: Reshape shapes and the like are propagated by value)."""
+    (small ones stay: Reshape shapes and the like are propagated by value): keep_dims
+    stubs point to an external file that is never read. The checker reads every tensor
+    (BERT-base: 1.7 s just to measure the proto) but does not compare initializer dims
+    with their uses: keep_dims=False stubs are empty."""
     gp = proto.graph
     light = ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import,
                        functions=proto.functions)
@@ -152,30 +156,56 @@ def _without_weights(proto: ModelProto) -> ModelProto:
     for t in gp.initializer:
         if int(np.prod(t.dims, dtype=np.float64)) <= _SMALL_TENSOR:
             lg.initializer.append(t)
-            continue
-        stub = lg.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims,
-                                  data_location=TensorProto.EXTERNAL)
-        stub.external_data.add(key="location", value="autoclust-weights-not-read")
+        elif keep_dims:
+            stub = lg.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims,
+                                      data_location=TensorProto.EXTERNAL)
+            stub.external_data.add(key="location", value="autoclust-weights-not-read")
+        else:
+            lg.initializer.add(name=t.name, data_type=t.data_type, dims=[0])
     return light
 
 
 def _infer_shapes(proto: ModelProto) -> ModelProto | None:
-    for data_prop in (True, False):
-        try:
-            return onnx.shape_inference.infer_shapes(proto, strict_mode=False,
-                                                     data_prop=data_prop)
-        except Exception as e:  # noqa: BLE001 - inference is a help, not a check
-            log.info("ONNX shape inference failed (data_prop=%s): %s", data_prop, e)
+    # Plain inference first: data propagation costs time linear in the size of every 1-D
+    # tensor that meets a constant in Add/Mul/... (20 s for a 16M-element chain), and it
+    # adds nothing once every value has a full shape.
+    plain = _try_infer(proto, data_prop=False)
+    if plain is not None and _fully_shaped(plain):
+        return plain
+    return _try_infer(proto, data_prop=True) or plain
+
+
+def _try_infer(proto: ModelProto, data_prop: bool) -> ModelProto | None:
+    try:
+        return onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=data_prop)
+    except Exception as e:  # noqa: BLE001 - inference is a help, not a check
+        log.info("ONNX shape inference failed (data_prop=%s): %s", data_prop, e)
     return None
+
+
+def _fully_shaped(proto: ModelProto) -> bool:
+    """True when every node output of the main graph has a tensor type with known dims."""
+    gp = proto.graph
+    infos = {vi.name: vi.type for vi in (*gp.value_info, *gp.output)}
+    for node in gp.node:
+        for name in node.output:
+            t = infos.get(name)
+            if name and (t is None or not t.HasField("tensor_type")
+                         or not t.tensor_type.HasField("shape")
+                         or not all(d.HasField("dim_value") or d.HasField("dim_param")
+                                    for d in t.tensor_type.shape.dim)):
+                return False
+    return True
 
 
 def _run_checker(proto: ModelProto, where: str) -> None:
     # The checker rejects some models onnxruntime runs (IR/opset mismatches, unknown
     # attributes), so its complaints are warnings; our own checks decide.
-    if proto.ByteSize() > _MAX_CHECK_BYTES:
+    light = _without_weights(proto, keep_dims=False)
+    if light.ByteSize() > _MAX_CHECK_BYTES:
         return
     try:
-        onnx.checker.check_model(proto, full_check=False)
+        onnx.checker.check_model(light, full_check=False)
     except Exception as e:  # noqa: BLE001 - the checker only warns
         log.warning("%s: onnx.checker: %s", where, str(e).splitlines()[0] if str(e) else e)
 
@@ -531,7 +561,29 @@ class _Importer:
             self.graph.topo_sort()
         except ValueError as e:
             raise self.fail(str(e)) from e
+        fill_types(self.graph)
         return self.graph
+
+
+def fill_types(graph: Graph) -> None:
+    """Types ONNX shape inference left unknown, from the op table's rules, in graph order.
+
+    ONNX inference knows no contrib or custom ops (com.microsoft Gelu, ops registered with
+    autoclust.register_op), so everything downstream of one had no dtype and could not
+    cluster. Only unknowns are filled; a rule that fails leaves them unknown.
+    """
+    for node in graph.nodes:
+        if all(v.dtype is not None and v.shape is not None for v in node.outputs):
+            continue
+        try:
+            types = ops.infer_node(node, graph)
+        except (AutoclustError, ValueError, TypeError, IndexError, KeyError):
+            continue
+        for v, (dtype, shape) in zip(node.outputs, types):
+            if v.dtype is None and v.type_proto is None and dtype is not None:
+                v.dtype = np.dtype(dtype)
+            if v.shape is None and shape is not None:
+                v.shape = tuple(shape)
 
 
 def import_model(model: ModelSource, *, load_external: bool = True) -> Graph:

@@ -1,12 +1,43 @@
 """Shared pytest set-up: tests/ on sys.path (for op_harness and zoo helpers)."""
 
+import collections
 import os
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After pytest's short summary (failures and xfails; pyproject's -r leaves skips out):
+    the skips counted by reason, then the ONNX node-suite conformance summary, so both
+    sit just above the final line."""
+    result = yield
+    _skip_summary(terminalreporter)
+    _conformance_summary(terminalreporter)
+    return result
+
+
+def _skip_summary(terminalreporter):
+    """One line per kind of skip (the reason up to its first colon), most frequent first."""
+    counts = collections.Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ").split(":", 1)[0].strip()
+        counts[reason[:70] or "no reason given"] += 1
+    if not counts:
+        return
+    terminalreporter.write_sep("=", f"{sum(counts.values())} skipped, by reason (-rs lists them)")
+    for reason, n in counts.most_common(8):
+        terminalreporter.write_line(f"{n:6d}  {reason}")
+    rest = sum(n for _, n in counts.most_common()[8:])
+    if rest:
+        terminalreporter.write_line(f"{rest:6d}  other reasons")
+
+
+def _conformance_summary(terminalreporter):
     """After a run that included the ONNX node suite, print its conformance summary."""
     import json
     import re

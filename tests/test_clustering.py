@@ -16,16 +16,25 @@ from autoclust.clustering import (
     FallbackSegment,
     Plan,
     chain_and_diamond_graph,
-    cluster,
     shape_static_values,
     why_not_candidate,
 )
+from autoclust.clustering import cluster as clustering_cluster
 from autoclust.explain import explain_json, explain_text
 from autoclust.ir import Graph, Node, Value
+from autoclust.registry import Policy
 
 F32 = np.dtype(np.float32)
 I64 = np.dtype(np.int64)
 ALL = staticmethod(lambda node, graph: None)  # a backend that compiles every table op
+
+
+def cluster(graph, flags, why_not=None, policy=None):
+    """clustering.cluster; with ALL, the policy of a backend that runs the graph op by op
+    (like the interpreter: no lowering needed, nothing left to onnxruntime)."""
+    if why_not is ALL and policy is None:
+        policy = Policy(lowers=False)
+    return clustering_cluster(graph, flags, why_not, policy)
 
 def flags(**kw) -> flags_mod.Flags:
     return flags_mod.parse("", **kw)
@@ -404,7 +413,7 @@ def test_explain_text_and_json():
     plan = cluster(graph, flags(min_cluster_size=2, cluster_exclude_ops="MatMul,Softmax"), ALL)
     text = explain_text(plan)
     lines = text.splitlines()
-    assert lines[0] == "Built 1 clusters covering 4/6 nodes (66.7%)"
+    assert lines[0] == "Built 1 cluster covering 4/6 nodes (66.7%)"
     assert lines[1] == "  cluster_0000: 4 nodes  Exp, ReduceMean, Relu, Sub"
     assert lines[2] == "Unclustered ops: MatMul, Softmax"
     assert lines[3:] == ["Unclustered nodes:",

@@ -9,7 +9,8 @@ what must happen:
   - an array: onnxruntime is wrong too; autoclust must return this (exact math).
 The id starts with the issue-8 letter the repro reproduces (A..K, "DivMod" for integer
 division by zero), or "new" for bugs the extended fuzzer found beyond those. Rows that
-fail today are xfail(strict=True): remove the mark with the fix.
+fail today are xfail(strict=True) naming the bug: remove the mark with the fix. Rows
+without a mark are regression tests of bugs fixed on main.
 """
 
 import numpy as np
@@ -47,84 +48,68 @@ REDUCE_EMPTY = ("g ({dt}[{shape}] x) => ({dt}[{out}] y) {{ ax = Constant <value 
 CASES = [
     # ---- A: noop_with_empty_axes=1 without axes still applies the elementwise part ----------
     *[pytest.param(_model(REDUCE_NOOP.format(op=op)), {"x": X23}, COMPILED, "ort",
-                   id=f"A-{op}-noop-no-axes",
-                   marks=_xfail(f"A: {op} with noop_with_empty_axes=1 and no axes returns x"))
+                   id=f"A-{op}-noop-no-axes")
       for op in ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum")],
     # ---- B: reductions over a zero-length axis must write the identity -------------------
     pytest.param(_model(REDUCE_EMPTY.format(dt="int64", shape="0,5", out="1,5", axis=0,
                                             op="ReduceMax", keep=1)),
-                 {"x": np.zeros((0, 5), np.int64)}, COMPILED, "ort", id="B-ReduceMax-int64",
-                 marks=_xfail("B: ReduceMax over an empty axis returns stale memory")),
+                 {"x": np.zeros((0, 5), np.int64)}, COMPILED, "ort", id="B-ReduceMax-int64"),
     pytest.param(_model(REDUCE_EMPTY.format(dt="float", shape="3,0", out="3", axis=1,
                                             op="ReduceMin", keep=0)),
-                 {"x": np.zeros((3, 0), F)}, COMPILED, "ort", id="B-ReduceMin-float",
-                 marks=_xfail("B: ReduceMin over an empty axis does not write +inf")),
+                 {"x": np.zeros((3, 0), F)}, COMPILED, "ort", id="B-ReduceMin-float"),
     pytest.param(_model(REDUCE_EMPTY.format(dt="int32", shape="4,0", out="4", axis=1,
                                             op="ReduceProd", keep=0)),
-                 {"x": np.zeros((4, 0), np.int32)}, COMPILED, "ort", id="B-ReduceProd-int32",
-                 marks=_xfail("B: ReduceProd over an empty axis does not write 1")),
+                 {"x": np.zeros((4, 0), np.int32)}, COMPILED, "ort", id="B-ReduceProd-int32"),
     pytest.param(_model(REDUCE_EMPTY.format(dt="float", shape="2,0", out="2", axis=1,
                                             op="ReduceLogSumExp", keep=0)),
-                 {"x": np.zeros((2, 0), F)}, COMPILED, "ort", id="B-ReduceLogSumExp",
-                 marks=_xfail("B: ReduceLogSumExp over an empty axis does not write -inf")),
+                 {"x": np.zeros((2, 0), F)}, COMPILED, "ort", id="B-ReduceLogSumExp"),
     pytest.param(_model("g (float[2,0,3] x, float[0,1,3] e) => (float[2,1,3] y) { ax = "
                         "Constant <value = int64[1] {1}> () p = ReduceProd <keepdims = 1> "
                         "(x, ax) y = Concat <axis = 0> (p, e) }"),
                  {"x": np.zeros((2, 0, 3), F), "e": np.zeros((0, 1, 3), F)}, COMPILED, "ort",
-                 id="B-ReduceProd-Concat-empty",
-                 marks=_xfail("B: ReduceProd over an empty axis, concatenated: 1 not written")),
+                 id="B-ReduceProd-Concat-empty"),
     # ---- H: a non-empty per-row store fused into a kernel with a 0 extent ----------------
     pytest.param(_model("g (float[5,0,7] x) => (float[5,1,7] y) { ax = Constant <value = "
                         "int64[1] {1}> () r = ReduceL1 <keepdims = 1> (x, ax) "
                         "c = Constant <value = float {-40}> () y = Add (r, c) }"),
-                 {"x": np.zeros((5, 0, 7), F)}, COMPILED, "ort", id="H-Add-after-ReduceL1",
-                 marks=_xfail("H: a store fused into a reduction over a 0 extent is skipped")),
+                 {"x": np.zeros((5, 0, 7), F)}, COMPILED, "ort", id="H-Add-after-ReduceL1"),
     # ---- GE: GatherElements with indices smaller than data on a non-axis dim ---------------
     pytest.param(_model("g (float[5,3] x, int64[1,1] i) => (float[1,1] y) "
                         "{ y = GatherElements <axis = -2> (x, i) }"),
                  {"x": np.arange(15, dtype=F).reshape(5, 3), "i": np.array([[0]])}, COMPILED,
-                 "ort", id="GE-indices-smaller-than-data",
-                 marks=_xfail("GE: GatherElements broadcasts indices against data")),
+                 "ort", id="GE-indices-smaller-than-data"),
     pytest.param(_model("g (float[1,4,3] x, int32[1,1,3] i) => (float[1,1,3] y) "
                         "{ y = GatherElements <axis = -1> (x, i) }"),
                  {"x": np.arange(12, dtype=F).reshape(1, 4, 3),
                   "i": np.array([[[1, -1, 2]]], np.int32)}, INTERP, "ort",
-                 id="GE-interpreter-wrong-shape",
-                 marks=_xfail("GE: the reference returns shape (1,4,3), not (1,1,3)")),
-    # ---- C: MatMul with a zero-size dim (M=0 and an empty batch pass today) --------------
+                 id="GE-interpreter-wrong-shape"),
+    # ---- C: MatMul with a zero-size dim (K=0 gives zeros) ---------------------------------
     *[pytest.param(_model(f"g (float[{a}] x, float[{b}] w) => (float[{o}] y) "
                           "{ y = MatMul (x, w) }"),
                    {"x": np.zeros([int(d) for d in a.split(",")], F),
                     "w": np.ones([int(d) for d in b.split(",")], F)}, COMPILED, "ort",
-                   id=f"C-MatMul-{name}",
-                   marks=_xfail(f"C: MatMul with {name} raises ValueError in library.py")
-                   if fails else ())
-      for name, a, b, o, fails in (("K0", "2,0", "0,3", "2,3", True),
-                                   ("M0", "0,3", "3,4", "0,4", False),
-                                   ("batch0", "0,2,3", "3,4", "0,2,4", False),
-                                   ("batched-M0", "1,1,0,3", "1,1,3,1", "1,1,0,1", True))],
+                   id=f"C-MatMul-{name}")
+      for name, a, b, o in (("K0", "2,0", "0,3", "2,3"), ("M0", "0,3", "3,4", "0,4"),
+                            ("batch0", "0,2,3", "3,4", "0,2,4"),
+                            ("batched-M0", "1,1,0,3", "1,1,3,1", "1,1,0,1"))],
     # ---- D: CumSum exclusive on an empty axis ---------------------------------------------
     pytest.param(_model("g (float[0] x) => (float[0] y) { ax = Constant <value = int32 {0}> () "
                         "y = CumSum <exclusive = 1, reverse = 1> (x, ax) }"),
-                 {"x": np.zeros(0, F)}, COMPILED, "ort", id="D-CumSum-exclusive-empty",
-                 marks=_xfail("D: CumSum exclusive on an empty axis raises IndexError")),
+                 {"x": np.zeros(0, F)}, COMPILED, "ort", id="D-CumSum-exclusive-empty"),
     # ---- E: Pad reflect/edge with an unpadded zero-size dim ---------------------------------
     *[pytest.param(_model(f"g (float[0,3] x) => (float[0,5] y) {{ p = Constant <value = "
                           f'int64[4] {{0,1,0,1}}> () y = Pad <mode = "{mode}"> (x, p) }}'),
-                   {"x": np.zeros((0, 3), F)}, COMPILED, "ort", id=f"E-Pad-{mode}-empty",
-                   marks=_xfail(f"E: Pad {mode} of a tensor with an unpadded 0 dim raises"))
+                   {"x": np.zeros((0, 3), F)}, COMPILED, "ort", id=f"E-Pad-{mode}-empty")
       for mode in ("reflect", "edge")],
     # ---- J: zero-size tensors break compilation (must_compile raises) ---------------------
     pytest.param(_model("g (float[1,0,2] x) => (float[1,0] y) { c = Constant <value = float "
                         "{2}> () m = Mul (x, c) y = Flatten <axis = 1> (m) }"),
-                 {"x": np.zeros((1, 0, 2), F)}, COMPILED, "ort", id="J-Mul-Flatten-empty",
-                 marks=_xfail("J: ZeroDivisionError in delinearize on a zero-size tensor")),
+                 {"x": np.zeros((1, 0, 2), F)}, COMPILED, "ort", id="J-Mul-Flatten-empty"),
     # ---- G: LayerNormalization over a row holding a finite 1e20 -----------------------------
     pytest.param(_model("g (float[1,4] x, float[4] s) => (float[1,4] y) "
                         "{ y = LayerNormalization <axis = -1, epsilon = 0.01> (x, s) }"),
                  {"x": np.array([[1e20, 1, 2, 3]], F), "s": np.ones(4, F)}, COMPILED, "ort",
-                 id="G-LayerNorm-1e20",
-                 marks=_xfail("G: LayerNormalization variance overflows on a 1e20 row: NaN")),
+                 id="G-LayerNorm-1e20"),
     pytest.param(_model("g (float[1,5] x, float[5] s, float[5] b) => (float[1,5] y) "
                         "{ y = LayerNormalization <axis = -1, epsilon = 0.01> (x, s, b) }"),
                  {"x": np.full((1, 5), -2.7281326e17, F), "s": np.ones(5, F),
@@ -134,28 +119,23 @@ CASES = [
     # ---- I: Softplus below -17 (and its precision for x < -10) ---------------------------
     pytest.param(_model("g (float[4] x) => (float[4] y) { y = Softplus (x) }"),
                  {"x": np.array([-20, -17.5, -10.555465, -30], F)}, COMPILED, "ort",
-                 id="I-Softplus-negative",
-                 marks=_xfail("I: Softplus computes log(1+exp(x)): 0 below -17, 2e-3 off "
-                              "at -10")),
+                 id="I-Softplus-negative"),
     # ---- K: float16 results rounded before rounding-sensitive consumers (Cast, Mod) -------
     # (float16 literals in ONNX text are stored as raw bits: the constant is an input.)
     *[pytest.param(_model(f"g (float16[1,2] x, float16 c) => ({to}[2,1] y) {{ d = Sub (x, c) "
                           f"t = Transpose (d) y = Cast <to = {code}> (t) }}"),
                    {"x": np.array([[0.00234, 0.3]], np.float16), "c": np.array(100, np.float16)},
-                   COMPILED, "ort", id=f"K-f16-Sub-Transpose-Cast-{to}",
-                   marks=_xfail(f"K: float16 Sub is not rounded before a Cast to {to}"))
+                   COMPILED, "ort", id=f"K-f16-Sub-Transpose-Cast-{to}")
       for to, code in (("int32", 6), ("float", 1))],
     pytest.param(_model("g (float16[4] x, float16 c) => (float16[4] y) "
                         "{ s = Sub (c, x) y = Mod <fmod = 1> (s, x) }"),
                  {"x": np.array([0.7534, -0.8506, -0.2478, 1.366], np.float16),
-                  "c": np.array(-1.5, np.float16)}, COMPILED, "ort", id="K-f16-Sub-Mod",
-                 marks=_xfail("K: float16 Sub is not rounded before Mod")),
+                  "c": np.array(-1.5, np.float16)}, COMPILED, "ort", id="K-f16-Sub-Mod"),
     pytest.param(_model("g (float16[3] x, float16[1] d, float16 c) => (float16[3] y) "
                         "{ q = Div (c, d) y = Mod <fmod = 1> (q, x) }"),
                  {"x": np.array([-4.69, 1.242, -65504], np.float16),
                   "d": np.array([0.1388], np.float16), "c": np.array(-65504, np.float16)},
-                 COMPILED, "ort", id="K-f16-Div-overflow-Mod",
-                 marks=_xfail("K: a float16 Div overflowing to -inf stays finite before Mod")),
+                 COMPILED, "ort", id="K-f16-Div-overflow-Mod"),
     # ---- new: found by the extended fuzzer --------------------------------------------------
     pytest.param(_model("g (float[2,5] x, float[1] c) => (float[2,5] y) "
                         "{ d = Div (x, c) y = Softmax <axis = 1> (d) }"),
@@ -172,9 +152,7 @@ CASES = [
     *[pytest.param(_model(f"g ({dt}[4] x) => (int32[4] y) {{ y = Cast <to = 6> (x) }}"),
                    {"x": np.array([np.inf, -np.inf, np.nan, 7e4 if dt == "float" else 1], np.dtype(
                        np.float32 if dt == "float" else np.float16))},
-                   COMPILED, "ort", id=f"new-Cast-{dt}-inf-nan-to-int32",
-                   marks=_xfail("new: out-of-range float->int32 Cast gives INT32_MAX for +inf "
-                                "and NaN; onnxruntime gives INT32_MIN"))
+                   COMPILED, "ort", id=f"new-Cast-{dt}-inf-nan-to-int32")
       for dt in ("float", "float16")],
     pytest.param(_model("g (float[1,0,3] x) => (float[1,0,3] a, float[1,0,3] b, "
                         "float[1,0,3] c) { a, b, c = Split <axis = 1> (x) }", opset=17),
@@ -204,8 +182,7 @@ CASES = [
     # ---- integer Div/Mod by zero: onnxruntime raises, so must autoclust -------------------
     *[pytest.param(_model(f"g (int32[3] a, int32[3] b) => (int32[3] y) {{ y = {op} (a, b) }}"),
                    {"a": np.array([7, -7, 5], np.int32), "b": np.array([2, 2, 0], np.int32)},
-                   COMPILED, "raises", id=f"DivMod-{op}-by-zero",
-                   marks=_xfail(f"integer {op} by zero returns a value; onnxruntime raises"))
+                   COMPILED, "raises", id=f"DivMod-{op}-by-zero")
       for op in ("Div", "Mod")],
 ]
 

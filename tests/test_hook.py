@@ -114,3 +114,116 @@ def test_startup_overhead_without_env_var(tmp_path):
                             capture_output=True, text=True).stdout
     assert loaded.strip() == "[]"
     assert with_hook < without * 1.5 + 0.05
+
+
+def run_hooked(tmp_path, code, env_flags, expect_rc=0):
+    """Run `code` (a plain onnxruntime program; `model` is the path of mlp_gelu and `feeds`
+    its inputs) with AUTOCLUST_FLAGS=env_flags and the hook's .pth processed."""
+    model = zoo.build("mlp_gelu")
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "feeds.npz", **zoo.feeds(model))
+    prelude = ("import numpy as np\nimport onnxruntime as ort\n"
+               f"model = {str(tmp_path / 'm.onnx')!r}\n"
+               f"feeds = dict(np.load({str(tmp_path / 'feeds.npz')!r}))\n")
+    script = tmp_path / "prog.py"
+    script.write_text(prelude + textwrap.dedent(code))
+    site_dir = tmp_path / "site"
+    site_dir.mkdir(exist_ok=True)
+    with open(os.path.join(REPO, "autoclust-hook.pth")) as src:
+        (site_dir / "autoclust-hook.pth").write_text(src.read())
+    env = dict(os.environ, AUTOCLUST_FLAGS=env_flags)
+    boot = (f"import site, runpy; site.addsitedir({str(site_dir)!r}); "
+            f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", boot], check=False, env=env,
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == expect_rc, proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize("env_flags, fragment", [
+    ("--auto_jit=2 --bogus", "unknown flag --bogus"),
+    ("--bogus", "unknown flag --bogus"),
+    ("--auto_jit=2 --ops_to_cluster=ELEMENTWISE,Gelluu", "unknown op or group 'Gelluu'"),
+    ("--cluster_exclude_ops=NOT_A_GROUP", "groups: DATA_DEPENDENT, ELEMENTWISE"),
+    ("--disable_passes=cse,folding", "passes: fold_constants, simplify, cse, dce"),
+])
+def test_bad_flags_raise_flag_error_at_session_creation(tmp_path, env_flags, fragment):
+    proc = run_hooked(tmp_path, """
+        from autoclust.errors import FlagError
+        try:
+            ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        except FlagError as exc:
+            print("FlagError:", exc)
+        else:
+            print("no error")
+    """, env_flags)
+    assert proc.stdout.startswith("FlagError:"), proc.stdout + proc.stderr
+    assert fragment in proc.stdout
+
+
+def test_flags_without_auto_jit_turn_it_on_with_one_warning(tmp_path):
+    dump = tmp_path / "dump"
+    proc = run_hooked(tmp_path, """
+        for _ in range(2):
+            sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+            sess.run(None, feeds)
+        print("clusters:", len(sess._autoclust.plan.clusters))
+    """, f"--dump_to={dump}")
+    assert proc.stderr.count("does not set --auto_jit") == 1, proc.stderr
+    assert "--auto_jit=2" in proc.stderr
+    assert int(proc.stdout.split("clusters:")[1]) >= 1
+    assert (dump / "manifest.json").exists()
+
+
+def test_auto_jit_zero_with_other_flags_warns_they_do_nothing(tmp_path):
+    dump = tmp_path / "dump"
+    proc = run_hooked(tmp_path, """
+        sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        print(hasattr(sess, "_autoclust"))
+    """, f"--auto_jit=0 --dump_to={dump} --log")
+    assert proc.stdout.strip() == "False"
+    assert "sets --auto_jit=0, so autoclust is off and --dump_to, --log do nothing" in \
+        proc.stderr
+    assert not dump.exists()
+
+
+def test_log_says_once_per_session_that_autoclust_is_active(tmp_path):
+    proc = run_hooked(tmp_path, """
+        for _ in range(2):
+            sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+            for _ in range(3):
+                sess.run(None, feeds)
+    """, "--auto_jit=2 --log")
+    lines = [ln for ln in proc.stderr.splitlines() if "autoclust: active" in ln]
+    assert len(lines) == 2, proc.stderr
+    assert "m.onnx (auto_jit=2, device=cpu): Built " in lines[0]
+    assert " covering " in lines[0]
+
+
+def test_onnxruntime_idioms_work_under_the_hook(tmp_path):
+    proc = run_hooked(tmp_path, """
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+        sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        print("isinstance", isinstance(sess, ort.InferenceSession))
+        (name,) = feeds
+        try:
+            sess.run(None, {name: feeds[name].astype(np.float64)})
+        except InvalidArgument as exc:
+            print("caught:", exc)
+        want = sess.run(None, feeds)[0]
+        binding = sess.io_binding()
+        binding.bind_cpu_input(name, feeds[name])
+        binding.bind_output(sess.get_outputs()[0].name)
+        sess.run_with_iobinding(binding)
+        got = binding.copy_outputs_to_cpu()[0]
+        values = sess.run_with_ort_values(None, {name: ort.OrtValue.ortvalue_from_numpy(
+            feeds[name])})
+        print("same", np.array_equal(got, want), np.array_equal(values[0].numpy(), want))
+        print("runs", sorted({c["runs"] for c in sess._autoclust.stats()["clusters"]}))
+    """, "--auto_jit=2")
+    out = proc.stdout
+    assert "isinstance True" in out
+    assert "caught: input " in out and "expected dtype float32" in out
+    assert "same True True" in out
+    # every cluster ran 3 times: run, run_with_iobinding and run_with_ort_values
+    assert "runs [3]" in out, out

@@ -190,8 +190,11 @@ def test_conv_transpose() -> None:
 
 
 def test_unsupported_reasons() -> None:
-    assert library.supported("Relu", {}, [(np.dtype("float32"), (2,))]) is not None
-    assert "int32" in library.supported("Conv", {}, [(np.dtype("int32"), (1, 1, 3, 3))] * 2)
+    assert "not a library call" in library.supported("Relu", {})
+    assert "auto_pad" in library.supported("Conv", {"auto_pad": "BOGUS"})
+    # dtypes are the op table's: one definition (OpDef.dtypes), read by clustering
+    assert np.dtype("int32") not in ops.get("Conv").compiled_dtypes
+    assert np.dtype("int32") in ops.get("MatMul").compiled_dtypes
     with pytest.raises(UnsupportedOpError, match="mlas"):
         library.make_call("Conv", {}, [(np.dtype("float64"), (1, 1, 4, 4))] * 2,
                           [(np.dtype("float64"), (1, 1, 2, 2))], impl="mlas")

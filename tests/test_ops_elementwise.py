@@ -416,12 +416,14 @@ def test_table_entries() -> None:
     for op in ALL_OPS:
         d = ops.get(op)
         assert d is not None and d.kind == ops.ELEMENTWISE and d.groups == (), op
-        assert d.dtypes is None or d.dtypes < ops.COMPILABLE_TYPES, op
+        narrow = ops.NARROW_INT_TYPES if op in ("Cast", "CastLike") else frozenset()
+        assert d.dtypes is None or d.dtypes <= ops.COMPILABLE_TYPES | narrow, op
     assert ops.get("Sqrt").dtypes == frozenset(ops.FLOAT_TYPES)
     assert ops.get("IsNaN").dtypes == frozenset(ops.FLOAT_TYPES) | {ops.BOOL}
     assert ops.get("And").dtypes == {ops.BOOL}
     assert ops.get("Add").dtypes == ops.COMPILABLE_TYPES - {ops.BOOL}
-    assert ops.get("Equal").dtypes is None and ops.get("Cast").dtypes is None
+    assert ops.get("Equal").dtypes is None
+    assert ops.get("Cast").dtypes == ops.COMPILABLE_TYPES | ops.NARROW_INT_TYPES
 
 
 @pytest.mark.parametrize("op,inputs", [

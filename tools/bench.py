@@ -3,6 +3,8 @@
     autoclust bench                       # every case, writes bench_out/bench.{json,md,png}
     autoclust bench --cases chain16,gelu --repeat 20 --threads 2
     python -m autoclust.tools.bench --quick
+    autoclust bench --exports | --zoo | --micro | --profile MODEL   (issue 11's tables:
+        tools/bench_exports.py, bench_zoo.py, bench_profile.py; each takes --help)
 
 Each case runs in its own subprocess (so its peak RSS is its own): onnxruntime
 (ORT_ENABLE_ALL, `--threads` intra-op threads) and autoclust (same threads) are timed
@@ -153,16 +155,66 @@ def _chart(rows: list[dict[str, Any]], path: str) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The options of `autoclust bench`."""
     p = argparse.ArgumentParser(prog="autoclust bench", description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default="", help="comma-separated; default all")
-    p.add_argument("--quick", action="store_true", help="only the five kernel cases")
-    p.add_argument("--repeat", type=int, default=15)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--cases", default="", help=f"comma-separated cases (default: all of "
+                                               f"{', '.join(CASES)})")
+    p.add_argument("--quick", action="store_true",
+                   help=f"only the kernel cases: {', '.join(QUICK)}")
+    p.add_argument("--repeat", type=int, default=15, metavar="N",
+                   help="timed runs of each side per case (default 15)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, metavar="N",
+                   help="intra-op threads of both sides (default: the CPU count)")
     p.add_argument("--flags", default="", help="AUTOCLUST_FLAGS for the autoclust side")
-    p.add_argument("--out", default="bench_out")
+    p.add_argument("--out", default="bench_out", metavar="DIR",
+                   help="folder for bench.json, bench.md, bench.png (default bench_out)")
+    p.add_argument("--log", action="store_true",
+                   help="progress lines when stderr is not a terminal (a bar when it is)")
+    p.add_argument("--exports", action="store_true",
+                   help="the real-export table (tools/bench_exports.py; --help there)")
+    p.add_argument("--zoo", action="store_true",
+                   help="the zoo table at committed sizes (tools/bench_zoo.py)")
+    p.add_argument("--micro", action="store_true", help="the micro table (tools/bench_zoo.py)")
+    p.add_argument("--profile", metavar="MODEL", default=None,
+                   help="per-step and per-thunk times beside onnxruntime's own profile "
+                        "(tools/bench_profile.py)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "gpu"],
+                   help="gpu: the GPU benchmark and its own options (autoclust/tools/bench_gpu.py)")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: run one case
-    args = p.parse_args(argv)
+    return p
+
+
+def _run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One case in its own process (its peak RSS is its own); a row, or {case, error}."""
+    cmd = [sys.executable, "-m", "autoclust.tools.bench", "--one", case, "--repeat",
+           str(args.repeat), "--threads", str(args.threads), f"--flags={args.flags}"]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        return {"case": case, "error": tail[:200]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# first argument -> the module that owns it (it parses the rest of the arguments)
+SUBCOMMANDS = {"--exports": "bench_exports", "--zoo": "bench_zoo", "--micro": "bench_zoo",
+               "--profile": "bench_profile"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `autoclust bench`."""
+    from autoclust.tools import bench_gpu  # `autoclust bench --device gpu`: its own cases
+
+    from autoclust.progress import Progress
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if bench_gpu.device_of(argv) == "gpu":
+        return bench_gpu.main(argv)
+    for flag, module in SUBCOMMANDS.items():
+        if flag in argv:
+            import importlib
+            rest = argv if module == "bench_zoo" else [a for a in argv if a != flag]
+            return importlib.import_module(f"autoclust.tools.{module}").main(rest)
+    args = parser().parse_args(argv)
     if args.one:
         print(json.dumps(run_case(args.one, args.repeat, args.threads, args.flags)))
         return 0
@@ -173,19 +225,19 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rows = []
-    for case in cases:
-        cmd = [sys.executable, "-m", "autoclust.tools.bench", "--one", case, "--repeat",
-               str(args.repeat), "--threads", str(args.threads), f"--flags={args.flags}"]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-            rows.append({"case": case, "error": tail[:200]})
-        else:
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        r = rows[-1]
-        print(f"{case:16s} " + (f"ort {r['ort_ms']:9.2f} ms  autoclust {r['autoclust_ms']:9.2f}"
-                                f" ms  ratio {r['ratio']:6.2f}x  compile {r['compile_ms']:.0f}"
-                                f" ms" if "ratio" in r else f"error: {r['error']}"), flush=True)
+    with Progress("autoclust bench", total=len(cases), unit="case", log=args.log, delay=0,
+                  stream=sys.stderr) as bar:
+        for case in cases:
+            bar.start(case)
+            rows.append(_run_one(case, args))
+            bar.update()
+            r = rows[-1]
+            # results go to stdout (above the bar on a terminal)
+            line = f"{case:16s} " + (
+                f"ort {r['ort_ms']:9.2f} ms  autoclust {r['autoclust_ms']:9.2f} ms  ratio "
+                f"{r['ratio']:6.2f}x  compile {r['compile_ms']:.0f} ms" if "ratio" in r
+                else f"error: {r['error']}")
+            bar.write(line, stream=sys.stdout)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(rows, f, indent=2)

@@ -41,7 +41,7 @@ RESULTS_FILE = os.path.join("tests", "data", "ort_node_results.json")
 # Clustering refusals that are by design: a case with such a node is not a compiled-mode
 # case (its other refusals, e.g. a device that cannot lower an op, are failures).
 DESIGN_REFUSALS = ("unsupported op", "has a subgraph", "data-dependent output shape",
-                   "dtype ", "Dropout ", "old opset form")
+                   "dtype ", "Dropout ", "old opset form", "blocked quantization")
 
 Outcome = str | None  # None: passed; else a one-line reason
 
@@ -88,9 +88,11 @@ def missing_ops(model: onnx.ModelProto) -> list[str]:
 
 def design_refusal(message: str) -> str | None:
     """For a NotCompilableError message: the first by-design refusal it lists, else None."""
+    from autoclust import ops
+    never_lowered = {d.refuse for d in ops.all_ops() if d.refuse}  # OpDef.refuse reasons
     for part in message.split(": ", 1)[-1].split("; "):
         reason = part.split(": ", 1)[-1].strip()
-        if any(reason.startswith(d) for d in DESIGN_REFUSALS):
+        if any(reason.startswith(d) for d in DESIGN_REFUSALS) or reason in never_lowered:
             return reason
     return None
 
@@ -168,8 +170,11 @@ class OrtRep:
         self.names = [i.name for i in self.session.get_inputs()]
 
     def run(self, inputs: list[Any]) -> list[Any]:
+        from autoclust.backends.ort import values
         feeds = {n: (np.asarray(x) if isinstance(x, np.generic) else x)
                  for n, x in zip(self.names, inputs)}
+        if values.needs_ort_values(self.session):  # bfloat16, float8, int4, int2 as OrtValues
+            return values.run(self.session, None, feeds)
         return self.session.run(None, feeds)
 
 

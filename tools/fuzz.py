@@ -2,13 +2,17 @@
 
     autoclust fuzz --seconds 600 --seed 1 --out /tmp/fuzz      # long run, isolated workers
     autoclust fuzz --cases 200 --seed 0 --device interpreter   # fixed budget
+    autoclust fuzz --cases 300 --features empty --out /tmp/fz  # one family of edge cases
 
 Each case is a random valid graph (tools/fuzz_gen.py) checked by the oracle in
 tools/fuzz_check.py: onnxruntime (optimizations off) and our interpreter, then autoclust
 on the chosen device plus metamorphic variants that force clusters to fall back. Cases run
 in a worker subprocess, so a segfault or hang in compiled code is caught and reported as
-a crash; the worker is restarted. A failing case is shrunk (tools/fuzz_shrink.py, through
-the same worker) and written as a repro bundle under --out. Exit status 1 when any case
+a crash; the worker is restarted. A failing case is shrunk (tools/shrink.py, through
+the same worker) and written as a repro bundle under --out (tools/repro.py; `autoclust
+replay BUNDLE` reruns it); the first --per-cause failures of each signature (kind, side,
+op, cause) are reported, and the summary counts failures per signature. --features picks
+what graphs may contain (tools/fuzz_build.py PRESETS). Exit status 1 when any case
 mismatched, crashed or raised.
 """
 
@@ -29,8 +33,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from autoclust.tools import fuzz_check, fuzz_gen, fuzz_shrink
+from autoclust.tools import fuzz_check, fuzz_gen, repro, shrink
 from autoclust.tools.fuzz_check import CRASH, Outcome
+
+from autoclust import registry
+from autoclust.progress import Progress
 
 DEVICE_ENV = "AUTOCLUST_FUZZ_DEVICE"
 # Fault injection for testing the isolation itself: "crash:OP" or "hang:OP" makes the
@@ -100,8 +107,10 @@ class Summary:
 class Worker:
     """A subprocess that checks models sent to it; restarted after a crash or a hang."""
 
-    def __init__(self, timeout: float = 60.0):
+    def __init__(self, timeout: float = 60.0, rtol: float | None = fuzz_check.RTOL,
+                 atol: float | None = fuzz_check.ATOL):
         self.timeout = timeout
+        self.tolerance = {"rtol": rtol, "atol": atol}
         self.proc: subprocess.Popen | None = None
         self.tmp = tempfile.TemporaryDirectory(prefix="autoclust-fuzz-")
 
@@ -121,7 +130,8 @@ class Worker:
         onnx.save_model(model, model_path)
         np.savez(feeds_path, **feeds)
         proc = self._start()
-        request = {"model": model_path, "feeds": feeds_path, "variants": variants}
+        request = {"model": model_path, "feeds": feeds_path, "variants": variants,
+                   **self.tolerance}
         try:
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()
@@ -173,8 +183,16 @@ def _inject_fault(spec: str) -> None:
     ops._TABLE[(d.domain, d.op)] = dataclasses.replace(d, ref=ref)
 
 
+def _quiet_onnxruntime() -> None:
+    """No onnxruntime log lines from autoclust's fallback sessions: run-time errors are
+    expected (error profiles) and the fuzzer reports every one that matters."""
+    import onnxruntime
+    onnxruntime.set_default_logger_severity(4)
+
+
 def worker_loop() -> int:
     """The worker side: one JSON request per stdin line, one Outcome per line back."""
+    _quiet_onnxruntime()
     if os.environ.get(INJECT_ENV):
         _inject_fault(os.environ[INJECT_ENV])
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -184,7 +202,9 @@ def worker_loop() -> int:
         model = onnx.load(req["model"])
         with np.load(req["feeds"]) as z:
             feeds = {k: z[k] for k in z.files}
-        outcome = fuzz_check.check(model, feeds, req["variants"])
+        outcome = fuzz_check.check(model, feeds, req["variants"],
+                                   req.get("rtol", fuzz_check.RTOL),
+                                   req.get("atol", fuzz_check.ATOL))
         out.write(json.dumps(dataclasses.asdict(outcome), default=str) + "\n")
     return 0
 
@@ -208,7 +228,7 @@ def shrink_failure(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome,
     def still_fails(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> bool:
         return outcome.same_failure(checker(model, feeds, variants))
 
-    return fuzz_shrink.shrink(case.model, case.feeds, still_fails)
+    return shrink.shrink(case.model, case.feeds, still_fails)
 
 
 def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker: Checker,
@@ -225,7 +245,7 @@ def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker
     model, feeds = shrink_failure(case, variants, outcome, checker)
     folder = os.path.join(out_dir, f"case_{seed}_{index}_{outcome.kind}")
     info["shrunk_ops"] = fuzz_check.ops_of(model)
-    info["bundle"] = fuzz_shrink.write_bundle(folder, model, feeds, info)
+    info["bundle"] = repro.write_bundle(folder, model, feeds, info)
     log(f"  shrunk {info['original_nodes']} -> {len(model.graph.node)} nodes "
         f"({' '.join(info['shrunk_ops'])}): {folder}")
     return info
@@ -234,11 +254,13 @@ def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker
 def run(seed: int, cases: int | None = None, seconds: float | None = None,
         device: str | None = None, out_dir: str | None = None,
         checker: Checker | None = None, max_reports: int = 10,
-        log: Callable[[str], None] = lambda s: None,
+        log: Callable[[str], None] = lambda s: None, progress: Any = None,
         features: frozenset = fuzz_gen.ALL, per_cause: int = 2, first: int = 0) -> Summary:
     """Fuzz cases first, first+1, ... until `cases` graphs or `seconds` pass; in-process
     unless `checker` isolates. The first `per_cause` failures of each signature are shrunk
-    and reported."""
+    and reported.
+
+    `progress` (an autoclust.progress.Progress) is told about every finished graph."""
     device = device or default_device()
     check = checker or fuzz_check.check
     summary = Summary()
@@ -258,6 +280,8 @@ def run(seed: int, cases: int | None = None, seconds: float | None = None,
             summary.failures.append(_report(case, variants, outcome, check, out_dir, device,
                                             log))
         index += 1
+        if progress is not None:
+            progress.update(detail=f"{summary.failed} failed")
     return summary
 
 
@@ -265,8 +289,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="autoclust fuzz", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")
     p.add_argument("--cases", type=int, default=None, help="stop after this many graphs")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, choices=("cpu", "gpu", "interpreter"),
+    p.add_argument("--seed", type=int, default=0, help="seed of the graph generator "
+                   "(default 0); a case is reproduced from its seed and index")
+    p.add_argument("--device", default=None, choices=registry.device_names(),
                    help=f"device under test (default: ${DEVICE_ENV}, else cpu if usable)")
     p.add_argument("--out", default=None, help="write shrunk repro bundles here")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
@@ -275,6 +300,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--features", default="all", help="a preset (all, classic, values, empty, "
                    "index, int, round) or comma-separated generator groups and switches")
     p.add_argument("--in-process", action="store_true", help="no worker (faster, not isolated)")
+    p.add_argument("--log", action="store_true",
+                   help="progress lines when stderr is not a terminal (a bar when it is)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -287,17 +314,20 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.worker:
         return worker_loop()
+    _quiet_onnxruntime()
     if args.seconds is None and args.cases is None:
         args.cases = 100
     worker = None if args.in_process else Worker(args.timeout)
     device = args.device or default_device()
     print(f"autoclust fuzz: seed {args.seed}, device {device}", flush=True)
+    bar = Progress("autoclust fuzz", total=args.cases, unit="graph", log=args.log, delay=0)
     try:
         features = fuzz_gen.features_from(args.features)
         summary = run(args.seed, args.cases, args.seconds, device, args.out, worker,
-                      args.max_reports, log=lambda s: print(s, flush=True),
-                      features=features, per_cause=args.per_cause)
+                      args.max_reports, log=lambda s: bar.write(s, stream=sys.stdout),
+                      progress=bar, features=features, per_cause=args.per_cause)
     finally:
+        bar.close()
         if worker is not None:
             worker.close()
     print(summary.line())

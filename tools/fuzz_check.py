@@ -8,9 +8,10 @@ clusters to fall back (clustering fuel, exclude lists) must not change outputs.
 Every result must have onnxruntime's dtype and shape, NaN where it has NaN, the same
 infinities, and values within a per-element tolerance:
     |got - want| <= rtol * |want| + SENSITIVITY * spread + atol
-  - rtol: 1e-4 for float32, 8 float16 ulps of `want` for float16, 1e-9 for float64;
+  - rtol: 1e-4 for float32, 8 float16 ulps of `want` for float16, 1e-9 for float64
+    (`autoclust minify/bisect --rtol` set one rtol for every float dtype);
   - atol: the smallest normal number of the dtype (a denormal result may flush to 0, but
-    Softplus(-20) = 2.06e-9 must not come back as 0);
+    Softplus(-20) = 2.06e-9 must not come back as 0); `--atol` replaces it;
   - spread: how far onnxruntime's own output moves when every float input and initializer
     moves by one ulp (max over four jittered runs, fuzz_values.jitter). Outputs that
     cancellation, huge magnitudes or a discontinuity make sensitive to rounding get a
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import traceback
 import warnings
 from typing import Any
@@ -40,7 +42,10 @@ import onnx
 import onnxruntime as ort
 from autoclust.tools import fuzz_truth, fuzz_values
 
-RTOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-9}
+DTYPE_RTOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-9}
+# The defaults of check()'s and the tools' rtol/atol: None means per dtype (above).
+RTOL: float | None = None
+ATOL: float | None = None
 F16_ULPS = 8
 SENSITIVITY = 8.0
 JITTER_RUNS = 4
@@ -168,22 +173,27 @@ def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # ---- comparing ------------------------------------------------------------------------------
 
-def tolerance(want: np.ndarray, spread: np.ndarray | None) -> np.ndarray:
-    """The per-element tolerance for `want` (see the module docstring)."""
+def tolerance(want: np.ndarray, spread: np.ndarray | None, rtol: float | None = RTOL,
+              atol: float | None = ATOL) -> np.ndarray:
+    """The per-element tolerance for `want` (see the module docstring); rtol/atol None:
+    the dtype's own."""
     extra = 0.0 if spread is None else SENSITIVITY * spread
     if want.dtype.kind != "f":
         return np.zeros(want.shape) + extra
-    w64 = np.abs(want.astype(np.float64))
-    if want.dtype == np.float16:
+    w64 = np.nan_to_num(np.abs(want.astype(np.float64)), posinf=0.0)
+    if rtol is not None:
+        rel = rtol * w64
+    elif want.dtype == np.float16:
         rel = F16_ULPS * np.nan_to_num(fuzz_values.ulp(want), posinf=0.0)
     else:
-        rel = RTOL.get(want.dtype, 1e-4) * np.nan_to_num(w64, posinf=0.0)
-    return rel + extra + float(np.finfo(want.dtype).tiny)
+        rel = DTYPE_RTOL.get(want.dtype, 1e-4) * w64
+    return rel + extra + (float(np.finfo(want.dtype).tiny) if atol is None else atol)
 
 
 def compare(got: list[np.ndarray], want: list[np.ndarray],
             spread: list[np.ndarray | None] | None = None, names: list[str] | None = None,
-            arbiter: fuzz_truth.Arbiter | None = None) -> str:
+            arbiter: fuzz_truth.Arbiter | None = None, rtol: float | None = RTOL,
+            atol: float | None = ATOL) -> str:
     """'' when outputs match (dtype, shape, NaN/inf, values within tolerance), else what
     differs; names[i] says which node produced output i. The arbiter excuses elements the
     ONNX reference or a float64 run supports (tools/fuzz_truth.py)."""
@@ -196,14 +206,15 @@ def compare(got: list[np.ndarray], want: list[np.ndarray],
             return f"{label}: dtype {g.dtype}, expected {w.dtype}"
         if g.shape != w.shape:
             return f"{label}: shape {g.shape}, expected {w.shape}"
-        tol = tolerance(w, spread[i] if spread else None)
+        spread_i = spread[i] if spread else None
+        tol = tolerance(w, spread_i, rtol, atol)
         if w.dtype.kind in "fc":
             bad = ~(_distance(g, w) <= tol)
         else:  # exact unless the spread allows, and no float64 rounding of int64
             bad = (g != w) & ~((tol > 0) & (_distance(g, w) <= tol))
         if bad.any() and arbiter is not None:
-            spread_i = spread[i] if spread else None
-            bad = arbiter.excuse(i, g, w, bad, lambda x, s=spread_i: tolerance(x, s), _distance)
+            bad = arbiter.excuse(i, g, w, bad,
+                                 lambda x, s=spread_i: tolerance(x, s, rtol, atol), _distance)
         if bad.any():
             return _describe(label, g, w, tol, bad)
     return ""
@@ -216,7 +227,7 @@ def _describe(label: str, g: np.ndarray, w: np.ndarray, tol: np.ndarray,
     nan = int((np.isnan(g) != np.isnan(w)).sum()) if w.dtype.kind == "f" else 0
     what = f"; NaN differs at {nan}" if nan else ""
     return (f"{label}: {len(where)} of {w.size} elements differ{what}; first at {at}: "
-            f"got {g[at]!r}, expected {w[at]!r} (tolerance {tol[at]:.3g})")
+            f"got {g[at]!s}, expected {w[at]!s} (tolerance {tol[at]:.3g})")
 
 
 # ---- the check ------------------------------------------------------------------------------
@@ -230,10 +241,17 @@ def _producers(model: onnx.ModelProto) -> list[str]:
     return names
 
 
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _cause(exc: BaseException) -> str:
-    """The exception type and the innermost frame: one key per raising site."""
+    """The exception type and the innermost frame of this project (not NumPy's, which
+    many ops share): one key per raising site."""
     tb = traceback.extract_tb(exc.__traceback__)
-    frame = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].name}" if tb else ""
+    ours = [f for f in tb if os.path.abspath(f.filename).startswith(_OURS + os.sep)
+            and "site-packages" not in f.filename[len(_OURS):]]
+    last = (ours or tb)[-1:]
+    frame = f" at {os.path.basename(last[0].filename)}:{last[0].name}" if last else ""
     return f"{type(exc).__name__}{frame}"
 
 
@@ -265,10 +283,26 @@ def _mismatch(where: str, diff: str, flags: dict, names: list[str]) -> Outcome:
     return Outcome(MISMATCH, where, diff, flags, kind, op)
 
 
+def _generic(message: str) -> str:
+    """A message without the names of clusters, nodes and values (one key per cause)."""
+    return re.sub(r"\b(cluster_\d+|[a-z]+_\d+|n\d+)\b", "_", message)
+
+
+def _ort_failure(exc: BaseException) -> tuple[str, str]:
+    """(op type, message) of onnxruntime's run-time error."""
+    text = str(exc)
+    found = re.search(r"while running (\w+) node", text)
+    message = text.split("Status Message:")[-1].strip()[:200] or type(exc).__name__
+    return (found.group(1) if found else ""), message
+
+
 def _check_side(where: str, flags: dict, run: Any, expected: list[np.ndarray] | None,
-                raised: str, spread: list, names: list[str], model: onnx.ModelProto,
-                arbiter: fuzz_truth.Arbiter) -> tuple[Outcome | None, list[str]]:
-    """Run one side; (a failure or None, compile-failure reasons)."""
+                raised: tuple[str, str], spread: list, names: list[str], model: onnx.ModelProto,
+                arbiter: fuzz_truth.Arbiter,
+                tol: tuple[float | None, float | None]) -> tuple[Outcome | None, list[str]]:
+    """Run one side; (a failure or None, compile-failure reasons). raised: onnxruntime's
+    run-time error (op, message), or ("", "")."""
+    raised_op, raised = raised
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -282,23 +316,26 @@ def _check_side(where: str, flags: dict, run: Any, expected: list[np.ndarray] | 
                       "clear autoclust error naming the op: "), []
     if raised:
         return Outcome(MISMATCH, where, f"returned values where onnxruntime raised: {raised}",
-                       flags, "returned values where onnxruntime raised"), []
-    diff = compare(got, expected, spread, names, arbiter)
+                       flags, "returned values where onnxruntime raised", raised_op), []
+    diff = compare(got, expected, spread, names, arbiter, *tol)
     return (_mismatch(where, diff, flags, names) if diff else None), compile_failures
 
 
 def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-          variants: list[dict[str, Any]]) -> Outcome:
-    """Run every oracle and variant; the first failure found, or Outcome('ok')."""
+          variants: list[dict[str, Any]], rtol: float | None = RTOL,
+          atol: float | None = ATOL) -> Outcome:
+    """Run every oracle and variant; the first failure found, or Outcome('ok').
+
+    rtol/atol None: the per-dtype tolerances of the module docstring."""
     try:
         sess = ort_session(model)
     except Exception as exc:  # noqa: BLE001 - an invalid graph (generator or shrink step)
         return Outcome(INVALID, "onnxruntime", f"{type(exc).__name__}: {exc}")
-    expected, raised, spread = None, "", []
+    expected, raised, spread = None, ("", ""), []
     try:
         expected = sess.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - a run-time error both sides must agree on
-        raised = str(exc).split("Status Message:")[-1].strip()[:200] or type(exc).__name__
+        raised = _ort_failure(exc)
     if expected is not None:
         spread = spread_of(model, sess, feeds, expected)
     names = _producers(model)
@@ -312,12 +349,12 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     arbiter = fuzz_truth.Arbiter(model, feeds)
     for where, flags, run in sides:
         failure, compile_failures = _check_side(where, flags, run, expected, raised, spread,
-                                                names, model, arbiter)
+                                                names, model, arbiter, (rtol, atol))
         if failure is not None:
             return failure
         if compile_failures and fallback is None:
             fallback = Outcome(FALLBACK, where, "\n".join(compile_failures), flags,
-                               compile_failures[0].split(": ", 1)[-1][:80])
+                               _generic(compile_failures[0].split(": ", 1)[-1])[:100])
     return fallback or Outcome(OK)
 
 

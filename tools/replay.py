@@ -1,33 +1,41 @@
 """`autoclust replay DIR/cluster_NNNN`: rerun one dumped cluster on its own.
 
 Loads cluster_NNNN.onnx and its saved inputs (cluster_NNNN.inputs.npz, else generated
-from the model's signature), then runs it three ways: compiled on the chosen device,
-onnxruntime, and the interpreter (the NumPy reference). Prints max abs/rel error per
-output and timings; exits 1 when compiled output differs beyond tolerance. This is our
-run_hlo_module.
+from the model's signature), or a repro bundle folder (model.onnx, inputs.npz), then runs
+it three ways: compiled on the chosen device, onnxruntime, and the interpreter (the NumPy
+reference). Prints max abs/rel error per output and timings; exits 1 when compiled output
+differs beyond tolerance. This is our run_hlo_module.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import zipfile
 from typing import Any
 
 import numpy as np
 
-from autoclust.errors import ModelLoadError
+from autoclust.errors import InvalidInputError
 
 
 def resolve(path: str) -> tuple[str, str | None]:
-    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx or the .npz."""
-    base = path
-    for suffix in (".onnx", ".inputs.npz"):
-        base = base.removesuffix(suffix)
-    model = base + ".onnx"
-    if not os.path.exists(model):
-        raise ModelLoadError(f"no dumped cluster model at {model}")
-    inputs = base + ".inputs.npz"
-    return model, inputs if os.path.exists(inputs) else None
+    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx, the .npz or a bundle."""
+    from autoclust.tools.repro import resolve as resolve_target
+    return resolve_target(path)
+
+
+def read_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
+    """The saved inputs of a dumped cluster (either .npz layout), checked against `names`."""
+    from autoclust import dump
+    try:
+        feeds = dump.load_inputs(path)
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise InvalidInputError(f"cannot read saved inputs {path}: {exc}") from None
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise InvalidInputError(f"{path} lacks input(s) {', '.join(missing)} of the cluster; "
+                                f"it holds: {', '.join(feeds) or 'nothing'}")
+    return feeds
 
 
 def _timed(fn: Any, repeat: int) -> tuple[Any, float]:
@@ -56,28 +64,33 @@ def compare(name: str, got: np.ndarray, want: np.ndarray) -> tuple[float, float]
 
 
 def main(args: argparse.Namespace) -> int:
+    """autoclust replay DIR/cluster_NNNN: exit 0 when compiled matches onnxruntime, else 1."""
     from autoclust.backends import ort as ort_backend
     from autoclust.importers.onnx import import_model, load_model_proto
     from autoclust.tools.run import generate_inputs
 
-    from autoclust import dump, flags, interpreter, registry
+    from autoclust import flags, interpreter, registry
     from autoclust.compile import compile_cluster
+    from autoclust.explain import plural
 
     model_path, inputs_path = resolve(args.cluster)
-    proto = load_model_proto(model_path)
-    feeds = dump.load_inputs(inputs_path) if inputs_path else generate_inputs(proto)
     overrides = flags.parse_string(args.flags) if args.flags else {}
     if args.device:
         overrides["device"] = args.device
     f = flags.parse(**overrides)
+    proto = load_model_proto(model_path)
     graph = import_model(proto)
-    inputs = [feeds[v.name] for v in graph.inputs]
+    names = [v.name for v in graph.inputs]
+    feeds = read_inputs(inputs_path, names) if inputs_path else generate_inputs(proto)
+    inputs = [feeds[n] for n in names]
     types = [(x.dtype, x.shape) for x in inputs]
     backend = registry.get_backend(f.device)
     exe = compile_cluster(graph, types, {}, f, backend)
     compiled, t_compiled = _timed(lambda: exe.run(inputs), args.repeat)
+    if registry.policy(backend).device_memory:  # device outputs: compare on the host
+        compiled = [backend.to_host(c) for c in compiled]
     sess = ort_backend.create_session(proto, None)
-    ref, t_ort = _timed(lambda: sess.run(None, feeds), args.repeat)
+    ref, t_ort = _timed(lambda: sess.run(None, {n: feeds[n] for n in names}), args.repeat)
     interp_exe = compile_cluster(graph, types, {}, f, interpreter)
     interp = interp_exe.run(inputs)
     print(f"replay {model_path} on {f.device} "
@@ -92,6 +105,10 @@ def main(args: argparse.Namespace) -> int:
         ok = ok and close
         print(f"  {v.name}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} "
               f"(interpreter vs onnxruntime {i_abs:.3g}) {'ok' if close else 'MISMATCH'}")
-    print(f"compiled {t_compiled:.3f} ms ({getattr(exe, 'num_kernels', '?')} kernels), "
-          f"onnxruntime {t_ort:.3f} ms")
+    count = getattr(exe, "num_kernels", 0)
+    if getattr(backend, "NAME", "") == "interpreter":
+        what = f"interpreted {t_compiled:.3f} ms ({plural(count, 'node')})"
+    else:
+        what = f"compiled {t_compiled:.3f} ms ({plural(count, 'kernel')})"
+    print(f"{what}, onnxruntime {t_ort:.3f} ms")
     return 0 if ok else 1

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from autoclust import registry
+
 
 def rss_bytes() -> int:
     """Current resident set size of this process."""
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoclust.tools.soak", description=__doc__)
     p.add_argument("--runs", type=int, default=100_000)
     p.add_argument("--model", default="gelu")
-    p.add_argument("--device", default="interpreter", choices=("cpu", "gpu", "interpreter"))
+    p.add_argument("--device", default="interpreter", choices=registry.device_names())
     p.add_argument("--warmup", type=int, default=500)
     p.add_argument("--max-growth", type=float, default=0.05, help="allowed RSS growth ratio")
     args = p.parse_args(argv)

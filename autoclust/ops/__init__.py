@@ -1,13 +1,24 @@
 """The op table: every supported op defined once.
 
-An OpDef holds an op's kind, its dtype+shape rule (`infer`, symbolic-aware), its NumPy
-reference (`ref`, the semantics), which inputs decide output shapes by their *values*
-(`shape_inputs`: Reshape's shape, Expand's shape, Slice's starts/ends/axes/steps, ...),
-and whether its output shape depends on data (`data_dependent`: NonZero, Unique).
+An OpDef holds everything about an op that any part of autoclust reads:
+- `kind`, `infer` (the dtype+shape rule, symbolic-aware) and `ref` (the NumPy reference:
+  the semantics, used by constant folding, the interpreter and the tests);
+- `lower`, its lowering to kernel IR, written against autoclust.lowering.LowerCtx; library
+  ops (MatMul, Conv, ...) lower to library calls instead, and an op that is never lowered
+  says why in `refuse`;
+- `dtypes`: the dtypes compiled code supports for it (None: every COMPILABLE_TYPES dtype);
+- `shape_inputs` (inputs whose *values* decide output shapes: Reshape's shape, Slice's
+  starts, ...) and `const_inputs` (further inputs the lowering needs as constants);
+- `weight` toward --min_cluster_size, `view` (output 0 is input 0's elements in the same
+  row-major order: Reshape and friends), `cost` (relative compute cost, for recomputing
+  inlined values), `shape_of` (output depends only on input 0's shape: Shape, Size) and
+  `shape_like` (a shape computation when fed only by shape-static values);
+- `data_dependent` (output shape depends on data: NonZero, Unique).
+Other modules ask the table (`ops.get(op)`); there are no side lists of op names.
 
 Rules are written against ONE form of each op: the newest opset's. The ONNX importer
 rewrites older forms (axes/min/max/pads/split/... as attributes) into inputs before ops
-see them, so `ref` and `infer` never branch on opset.
+see them, so `ref`, `infer` and `lower` never branch on opset.
 
 Contracts:
 - `infer(ctx) -> list[(dtype, shape)]`, one entry per output; raise ShapeInferenceError
@@ -15,10 +26,10 @@ Contracts:
   (symbolic), None (unknown) dims; None for unknown rank.
 - `ref(inputs, attrs) -> list[np.ndarray]`: inputs are numpy arrays (None for omitted
   optional inputs); outputs must have exactly the dtypes onnxruntime produces.
-- Backends read `kind` and their own lowering tables keyed by op name.
+- `lower(ctx) -> kernel_ir.Expr`: the expression of output `ctx.out` at `ctx.idx`.
 
-Modules register ops on import: elementwise, reduction, normalization, layout, shape,
-library. `get(op, domain)` returns the OpDef or None.
+Modules register ops on import: elementwise, activations, reduction, normalization,
+layout, slicing, layout_index, shape, library. `get(op, domain)` returns the OpDef or None.
 """
 
 from __future__ import annotations
@@ -60,6 +71,9 @@ ALL_TYPES = NUMERIC_TYPES + (BOOL,)
 # dtypes the compiled backends support (float16 computes in float32).
 COMPILABLE_TYPES = frozenset(np.dtype(t) for t in
                              ("float16", "float32", "float64", "int32", "int64", "bool"))
+# Stored narrow, computed in int32 (the CPU backend): layout ops, casts and the quantize ops
+# take them; arithmetic on them does not compile (onnxruntime has few kernels for it).
+NARROW_INT_TYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
 
 TypeShape = tuple[np.dtype, Shape]
 Arrays = list[np.ndarray | None]  # a ref's inputs (None for an omitted optional input)
@@ -115,10 +129,19 @@ class OpDef:
     infer: InferFn
     ref: RefFn
     domain: str = ""
-    shape_inputs: tuple[int, ...] = ()   # inputs whose values decide output shapes
-    data_dependent: bool = False         # output shape depends on input data
-    groups: tuple[str, ...] = ()         # extra groups (e.g. NORMALIZATION for ReduceMean? no)
-    dtypes: frozenset | None = None      # dtypes compiled code supports; None = COMPILABLE_TYPES
+    lower: Callable[..., Any] | None = None   # kernel-IR lowering (autoclust.lowering)
+    refuse: str = ""                    # why the op is never lowered (when lower is None)
+    refuses: Callable[[Node], str | None] | None = None  # why this node's form is not lowered
+    dtypes: frozenset | None = None     # dtypes compiled code supports; None = COMPILABLE_TYPES
+    shape_inputs: tuple[int, ...] = ()  # inputs whose values decide output shapes
+    const_inputs: tuple[int, ...] = ()  # further inputs the lowering needs as constants
+    data_dependent: bool = False        # output shape depends on input data
+    weight: int | None = None           # toward --min_cluster_size; None: by kind (below)
+    view: bool = False                  # output 0 = input 0's elements, same order (Reshape)
+    cost: int = 1                       # relative compute cost (4: transcendental math)
+    shape_of: bool = False              # output depends only on input 0's shape (Shape)
+    shape_like: bool = False            # a shape computation when fed by shape values
+    groups: tuple[str, ...] = ()        # extra --ops_to_cluster groups
     doc: str = ""
 
     def group_names(self) -> set[str]:
@@ -126,6 +149,30 @@ class OpDef:
         if self.kind in FUSIBLE_KINDS:
             names.add("FUSIBLE")
         return names
+
+    @property
+    def cluster_weight(self) -> int:
+        """What one node of this op counts toward --min_cluster_size.
+
+        A normalization is a reduction plus elementwise work in one op (Softmax = max, exp,
+        sum, divide): it weighs 2, so that scale + mask + softmax (3 ops, two full tensor
+        round trips saved) is worth a cluster. Identity and Dropout weigh 0.
+        """
+        if self.weight is not None:
+            return self.weight
+        return 2 if self.kind == NORMALIZATION else 1
+
+    @property
+    def compiled_dtypes(self) -> frozenset:
+        """dtypes compiled code supports; layout ops move any stored value unchanged."""
+        if self.dtypes is not None:
+            return self.dtypes
+        return COMPILABLE_TYPES | NARROW_INT_TYPES if self.kind == LAYOUT else COMPILABLE_TYPES
+
+    @property
+    def needs_constant(self) -> tuple[int, ...]:
+        """Inputs that must be constants when the node is lowered."""
+        return tuple(sorted(set(self.shape_inputs) | set(self.const_inputs)))
 
 
 _TABLE: dict[tuple[str, str], OpDef] = {}
@@ -261,12 +308,17 @@ def run_ref(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 def _load_all() -> None:
     # Imported for their registrations; order does not matter.
     from autoclust.ops import (  # noqa: F401
+        activations,
+        contrib,
         elementwise,
         layout,
+        layout_index,
         library,
         normalization,
+        quantize,
         reduction,
         shape,
+        slicing,
     )
 
 

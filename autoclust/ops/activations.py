@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from autoclust.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops import ELEMENTWISE, InferContext, TypeShape, register
 from autoclust.ops.elementwise import (
     F64,
@@ -88,20 +89,120 @@ def _relu(x: Array) -> Any:
     return np.maximum(x, 0)
 
 
-unary("Relu", _relu, SIGNED)
-unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, alpha * x), alpha=0.01)
-unary("Elu", lambda x, alpha: np.where(x >= 0, x, alpha * (np.exp(x) - 1)), alpha=1.0)
+# ---- lowerings (formulas as onnxruntime's CPU kernels evaluate them) --------------------
+
+def _x(ctx: LowerCtx):
+    return ctx.operand(0)
+
+
+def _if_negative(x, if_neg, if_pos=None):
+    return select(op("lt", x, const(0, x.dtype)), if_neg, x if if_pos is None else if_pos)
+
+
+def _exp_minus_one(x):
+    return op("sub", op("exp", x), const(1, x.dtype))  # onnxruntime: exp(x) - 1, not expm1
+
+
+def _hard_sigmoid(x, alpha: float, beta: float):
+    y = op("add", op("mul", const(alpha, x.dtype), x), const(beta, x.dtype))
+    return op("max", const(0, x.dtype), op("min", const(1, x.dtype), y))
+
+
+def _softplus(x):
+    # max(x, 0) + log1p(exp(-|x|)): no overflow for large x, and exp(x) (not 0) far below 0
+    tail = op("log1p", op("exp", op("neg", op("abs", x))))
+    return op("add", op("max", x, const(0, x.dtype)), tail)
+
+
+def _lower_gelu(ctx: LowerCtx):
+    x = _x(ctx)
+    dt = x.dtype
+    half = op("mul", const(0.5, dt), x)
+    if ctx.attr("approximate", "none") == "tanh":
+        cube = op("mul", op("mul", x, x), x)
+        inner = op("add", x, op("mul", const(0.044715, dt), cube))
+        t = op("tanh", op("mul", const(_SQRT_2_OVER_PI, dt), inner))
+    else:
+        t = op("erf", op("mul", x, const(1 / math.sqrt(2), dt)))
+    return op("mul", half, op("add", const(1, dt), t))
+
+
+def _lower_selu(ctx: LowerCtx):
+    x = _x(ctx)
+    alpha = ctx.attr("alpha", 1.67326319217681884765625)
+    gamma = ctx.attr("gamma", 1.05070102214813232421875)
+    neg = op("mul", const(alpha, x.dtype), _exp_minus_one(x))
+    inner = select(op("gt", x, const(0, x.dtype)), x, neg)
+    return op("mul", const(gamma, x.dtype), inner)
+
+
+def _lower_celu(ctx: LowerCtx):
+    x = _x(ctx)
+    dt, alpha = x.dtype, ctx.attr("alpha", 1.0)
+    neg = op("mul", const(alpha, dt), _exp_minus_one(op("div", x, const(alpha, dt))))
+    return op("add", op("max", x, const(0, dt)), op("min", const(0, dt), neg))
+
+
+def _lower_shrink(ctx: LowerCtx):
+    # integer inputs compute in float64 and truncate back, as onnxruntime
+    x = _x(ctx)
+    xf = x if x.dtype.startswith("float") else cast(x, "float64")
+    dt = xf.dtype
+    lambd, bias = ctx.attr("lambd", 0.5), ctx.attr("bias", 0.0)
+    lo = op("add", xf, const(bias, dt))
+    hi = op("sub", xf, const(bias, dt))
+    inner = select(op("gt", xf, const(lambd, dt)), hi, const(0, dt))
+    return cast(select(op("lt", xf, const(-lambd, dt)), lo, inner), x.dtype)
+
+
+def _lower_leaky(ctx: LowerCtx):
+    x = _x(ctx)
+    return _if_negative(x, op("mul", x, const(ctx.attr("alpha", 0.01), x.dtype)))
+
+
+def _lower_elu(ctx: LowerCtx):
+    x = _x(ctx)
+    return _if_negative(x, op("mul", const(ctx.attr("alpha", 1.0), x.dtype), _exp_minus_one(x)))
+
+
+def _lower_thresholded(ctx: LowerCtx):
+    x = _x(ctx)
+    return select(op("gt", x, const(ctx.attr("alpha", 1.0), x.dtype)), x, const(0, x.dtype))
+
+
+def _lower_prelu(ctx: LowerCtx):
+    x, slope = ctx.operand(0), ctx.operand(1)
+    return _if_negative(x, op("mul", x, slope))
+
+
+unary("Relu", _relu, SIGNED, lower=lambda c: op("max", _x(c), const(0, _x(c).dtype)))
+unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, alpha * x), lower=_lower_leaky,
+      alpha=0.01)
+unary("Elu", lambda x, alpha: np.where(x >= 0, x, alpha * (np.exp(x) - 1)), lower=_lower_elu,
+      cost=4, alpha=1.0)
 unary("Selu", lambda x, alpha, gamma: gamma * np.where(x > 0, x, alpha * (np.exp(x) - 1)),
-      alpha=1.67326319217681884765625, gamma=1.05070102214813232421875)
+      lower=_lower_selu, cost=4, alpha=1.67326319217681884765625,
+      gamma=1.05070102214813232421875)
 unary("Celu", lambda x, alpha: np.maximum(x, 0) + np.minimum(0, alpha * (np.exp(x / alpha) - 1)),
+      lower=_lower_celu, cost=4, alpha=1.0)
+unary("Gelu", gelu, infer=_infer_gelu, lower=_lower_gelu, cost=4, approximate="none")
+unary("Sigmoid", lambda x: 1 / (1 + np.exp(-x)), lower=lambda c: op("sigmoid", _x(c)), cost=4)
+unary("HardSigmoid", hard_sigmoid,
+      lower=lambda c: _hard_sigmoid(_x(c), c.attr("alpha", 0.2), c.attr("beta", 0.5)),
+      alpha=0.2, beta=0.5)
+unary("HardSwish", lambda x: x * hard_sigmoid(x, 1 / 6, 0.5),
+      lower=lambda c: op("mul", _x(c), _hard_sigmoid(_x(c), 1 / 6, 0.5)))
+unary("Softplus", softplus, lower=lambda c: _softplus(_x(c)), cost=4)
+unary("Softsign", lambda x: x / (1 + np.abs(x)),
+      lower=lambda c: op("div", _x(c), op("add", const(1, _x(c).dtype), op("abs", _x(c)))))
+unary("Mish", lambda x: x * np.tanh(softplus(x)),
+      lower=lambda c: op("mul", _x(c), op("tanh", _softplus(_x(c)))), cost=4)
+unary("ThresholdedRelu", lambda x, alpha: np.where(x > alpha, x, 0), lower=_lower_thresholded,
       alpha=1.0)
-unary("Gelu", gelu, infer=_infer_gelu, approximate="none")
-unary("Sigmoid", lambda x: 1 / (1 + np.exp(-x)))
-unary("HardSigmoid", hard_sigmoid, alpha=0.2, beta=0.5)
-unary("HardSwish", lambda x: x * hard_sigmoid(x, 1 / 6, 0.5))
-unary("Softplus", softplus)
-unary("Softsign", lambda x: x / (1 + np.abs(x)))
-unary("Mish", lambda x: x * np.tanh(softplus(x)))
-unary("ThresholdedRelu", lambda x, alpha: np.where(x > alpha, x, 0), alpha=1.0)
-unary("Shrink", shrink, NUMERIC, bias=0.0, lambd=0.5)
-register("PRelu", ELEMENTWISE, _infer_prelu, _ref_prelu, dtypes=compilable(PRELU))
+unary("Shrink", shrink, NUMERIC, lower=_lower_shrink, bias=0.0, lambd=0.5)
+unary("Swish", lambda x, alpha: x / (1 + np.exp(-alpha * x)),  # opset 24: x * sigmoid(a*x)
+      lower=lambda c: op("mul", _x(c), op("sigmoid", op("mul", const(c.attr("alpha", 1.0),
+                                                                 _x(c).dtype), _x(c)))),
+      cost=4, alpha=1.0)
+register("PRelu", ELEMENTWISE, _infer_prelu, _ref_prelu, lower=_lower_prelu,
+         dtypes=compilable(PRELU))

@@ -23,6 +23,7 @@ from onnx import helper
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Shape
+from autoclust.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
 from autoclust.ops import (
     ALL_TYPES,
     BOOL,
@@ -30,6 +31,7 @@ from autoclust.ops import (
     ELEMENTWISE,
     FLOAT_TYPES,
     INT_TYPES,
+    NARROW_INT_TYPES,
     NUMERIC_TYPES,
     Attrs,
     InferContext,
@@ -118,12 +120,14 @@ def upcast(x: Array) -> Array:
 
 
 def finish(y: Any, dtype: np.dtype) -> Array:
-    """The result as an array of the output dtype."""
-    return np.asarray(y).astype(dtype, copy=False)
+    """The result as an array of the output dtype (float -> int as onnxruntime casts)."""
+    y = np.asarray(y)
+    return y.astype(dtype, copy=False) if y.dtype == dtype else cast_array(y, dtype)
 
 
 def unary(op: str, fn: Callable[..., Any], types: frozenset = FLOAT, out: np.dtype | None = None,
-          infer: InferFn | None = None, **defaults: Any) -> None:
+          infer: InferFn | None = None, lower: LowerFn | None = None, cost: int = 1,
+          shape_like: bool = False, **defaults: Any) -> None:
     """Register a one-input op: y = fn(x, **attrs) with attrs defaulting to `defaults`."""
     def ref(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         x = inputs[0]
@@ -131,12 +135,14 @@ def unary(op: str, fn: Callable[..., Any], types: frozenset = FLOAT, out: np.dty
         with np.errstate(all="ignore"):
             y = fn(upcast(x), **kw)
         return [finish(y, out if out is not None else x.dtype)]
-    register(op, ELEMENTWISE, infer or infer_rule(types, out), ref,
-             dtypes=compilable(types, {out} if out is not None else set()))
+    register(op, ELEMENTWISE, infer or infer_rule(types, out), ref, lower=lower, cost=cost,
+             shape_like=shape_like, dtypes=compilable(types, {out} if out is not None else set()))
 
 
 def binary(op: str, fn: Callable[..., Any], types: frozenset = NUMERIC,
-           out: np.dtype | None = None, infer: InferFn | None = None, **defaults: Any) -> None:
+           out: np.dtype | None = None, infer: InferFn | None = None,
+           lower: LowerFn | None = None, cost: int = 1, shape_like: bool = False,
+           **defaults: Any) -> None:
     """Register a two-input broadcasting op: z = fn(a, b, **attrs)."""
     def ref(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         a, b = inputs[0], inputs[1]
@@ -144,11 +150,12 @@ def binary(op: str, fn: Callable[..., Any], types: frozenset = NUMERIC,
         with np.errstate(all="ignore"):
             z = fn(upcast(a), upcast(b), **kw)
         return [finish(z, out if out is not None else a.dtype)]
-    register(op, ELEMENTWISE, infer or infer_rule(types, out), ref,
-             dtypes=compilable(types, {out} if out is not None else set()))
+    register(op, ELEMENTWISE, infer or infer_rule(types, out), ref, lower=lower, cost=cost,
+             shape_like=shape_like, dtypes=compilable(types, {out} if out is not None else set()))
 
 
-def variadic(op: str, fn: Callable[[list[Array]], Any], types: frozenset) -> None:
+def variadic(op: str, fn: Callable[[list[Array]], Any], types: frozenset,
+             lower: LowerFn, shape_like: bool = False) -> None:
     """Register an op over 1..N broadcasting inputs (Max, Min, Sum, Mean)."""
     def ref(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         xs = [upcast(x) for x in inputs if x is not None]
@@ -156,7 +163,8 @@ def variadic(op: str, fn: Callable[[list[Array]], Any], types: frozenset) -> Non
             y = fn(xs)
         # with one input the reduce returns that input: copy, so outputs never alias inputs
         return [np.array(y, dtype=inputs[0].dtype, copy=True)]
-    register(op, ELEMENTWISE, infer_rule(types), ref, dtypes=compilable(types))
+    register(op, ELEMENTWISE, infer_rule(types), ref, lower=lower, shape_like=shape_like,
+             dtypes=compilable(types))
 
 
 # ---- math with onnxruntime's integer semantics ---------------------------------------------
@@ -177,7 +185,11 @@ def mod(a: Array, b: Array, fmod: int = 0) -> Array:
 
 
 def power(a: Array, b: Array) -> Array:
-    """Pow: output has the base's dtype; mixed or integer operands go through float64."""
+    """Pow: output has the base's dtype. As onnxruntime: a scalar exponent of 2 or 3 is x*x
+    or x*x*x in the base's type; otherwise mixed or integer operands go through float64."""
+    if b.size == 1 and b.reshape(-1)[0] in (2, 3):
+        y = a * a
+        return y * a if b.reshape(-1)[0] == 3 else y
     if a.dtype.kind == "f" and a.dtype == b.dtype:
         return np.power(a, b)
     # onnxruntime computes static_cast<T>(std::pow(x, y)), i.e. in double, then truncates
@@ -259,9 +271,30 @@ def _infer_cast(ctx: InferContext) -> list[TypeShape]:
     return [(dt, ctx.shapes[0])]
 
 
+# Narrow integer targets of a float Cast go through int32 (onnxruntime on x86: cvttss2si).
+_VIA_INT32 = frozenset(np.dtype(t) for t in ("int8", "int16", "uint8", "uint16"))
+
+
+def cast_array(x: Array, dtype: np.dtype) -> Array:
+    """x.astype(dtype) with onnxruntime's float -> int semantics (x86): NaN and values out of
+    int32/int64 range give the type's minimum; int8/16 and uint8/16 go through int32 and
+    keep the low bits (300.0 -> uint8 44). Other conversions are NumPy's."""
+    dtype = np.dtype(dtype)
+    if x.dtype.kind != "f" or dtype.kind not in "iu" or dtype.itemsize > 8 \
+            or (dtype.kind == "u" and dtype not in _VIA_INT32):
+        with np.errstate(all="ignore"):
+            return x.astype(dtype)
+    wide = np.dtype("int64") if dtype == np.dtype("int64") else np.dtype("int32")
+    info = np.iinfo(wide)
+    xf = x.astype(np.float64)
+    ok = (xf >= info.min) & (xf < float(info.max) + 1.0)  # NaN compares false
+    y = np.where(ok, np.trunc(np.where(ok, xf, 0)), 0).astype(wide)
+    y = np.where(ok, y, info.min).astype(wide)
+    return y.astype(dtype)
+
+
 def _ref_cast(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
-    with np.errstate(all="ignore"):
-        return [inputs[0].astype(cast_target(attrs.get("to")))]
+    return [cast_array(inputs[0], cast_target(attrs.get("to")))]
 
 
 def _infer_cast_like(ctx: InferContext) -> list[TypeShape]:
@@ -269,8 +302,7 @@ def _infer_cast_like(ctx: InferContext) -> list[TypeShape]:
 
 
 def _ref_cast_like(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
-    with np.errstate(all="ignore"):
-        return [inputs[0].astype(inputs[1].dtype)]
+    return [cast_array(inputs[0], inputs[1].dtype)]
 
 
 def _infer_clip(ctx: InferContext) -> list[TypeShape]:
@@ -295,65 +327,164 @@ def _ref_clip(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
     return [np.array(y, dtype=x.dtype, copy=True)]  # no min/max: still a fresh array
 
 
+# ---- lowerings ------------------------------------------------------------------------
+
+def _int_divisor(ctx: LowerCtx, what: str) -> None:
+    """Integer Div/Mod: onnxruntime raises on a zero divisor, so compiled code checks it."""
+    if ctx.in_dtype(1)[0] not in "iu":
+        return
+    divisor = ctx.constant(1)
+    if divisor is None:
+        ctx.check(1, "nonzero", message=f"node {ctx.node.name!r} ({ctx.node.op}): integer "
+                                        f"{what} by zero")
+    elif not np.all(divisor):
+        ctx.refuse(f"integer {what} by a constant zero (onnxruntime raises)")
+
+
+def _lower_div(ctx: LowerCtx):
+    _int_divisor(ctx, "division")
+    a, b = ctx.operand(0), ctx.operand(1)
+    return op("div", a, b)
+
+
+def _lower_mod(ctx: LowerCtx):
+    _int_divisor(ctx, "modulo")
+    a, b = ctx.operand(0), ctx.operand(1)
+    fmod = ctx.attr("fmod", 0) or a.dtype.startswith("float")
+    return op("fmod" if fmod else "mod", a, b)
+
+
+def _lower_pow(ctx: LowerCtx):
+    """Pow as onnxruntime computes it: x*x and x*x*x for exponents 2 and 3, std::pow
+    otherwise (integer bases through float64, truncated). The constant exponents 1 and 0.5
+    take exact shortcuts: pow(x, 0.5) is sqrt(x + 0) except at -inf (+inf, where sqrt gives
+    NaN); the + 0 turns -0 into +0 as pow does."""
+    x, y = ctx.operand(0), ctx.operand(1)
+    dt = x.dtype
+    y_const = ctx.constant(1)  # onnxruntime's shortcuts apply to a scalar exponent only
+    c = float(y_const.reshape(-1)[0]) if y_const is not None and y_const.size == 1 else None
+    if c == 1:
+        return x
+    if c == 2:
+        return op("mul", x, x)
+    if c == 3:
+        return op("mul", op("mul", x, x), x)
+    if dt.startswith("float"):
+        if c == 0.5:
+            root = op("sqrt", op("add", x, const(0, dt)))
+            return select(op("eq", x, const(-math.inf, dt)), const(math.inf, dt), root)
+        return op("pow", x, cast(y, dt))
+    wide = op("pow", cast(x, "float64"), cast(y, "float64"))
+    return cast(wide, dt)
+
+
+def _lower_isinf(ctx: LowerCtx):
+    x = ctx.operand(0)
+    pos = op("eq", x, const(math.inf, x.dtype))
+    neg = op("eq", x, const(-math.inf, x.dtype))
+    det_pos, det_neg = ctx.attr("detect_positive", 1), ctx.attr("detect_negative", 1)
+    if det_pos and det_neg:
+        return op("or", pos, neg)
+    if det_pos:
+        return pos
+    if det_neg:
+        return neg
+    return const(False, "bool")
+
+
+def _lower_clip(ctx: LowerCtx):
+    x, lo, hi = (ctx.operands() + [None, None])[:3]
+    if lo is not None:
+        x = op("max", x, lo)
+    if hi is not None:
+        x = op("min", x, hi)
+    return x
+
+
+def _lower_mean(ctx: LowerCtx):
+    total = fold("add")(ctx)
+    return op("div", total, const(len([a for a in ctx.node.inputs if a is not None]),
+                                  total.dtype))
+
+
+def _lower_cast(ctx: LowerCtx):
+    return cast(ctx.operand(0), ctx.dtype)  # CastLike reads its input 1 for the dtype only
+
+
+def _lower_where(ctx: LowerCtx):
+    c, x, y = ctx.operands()
+    return select(c, x, y)
+
+
+def _lower_reciprocal(ctx: LowerCtx):
+    x = ctx.operand(0)
+    return op("div", const(1, x.dtype), x)
+
+
+def _lower_bit_shift(ctx: LowerCtx):
+    a, b = ctx.operand(0), ctx.operand(1)
+    return op("shl" if ctx.attr("direction") == "LEFT" else "shr", a, b)
+
+
 # ---- the table ----------------------------------------------------------------------------
 
-binary("Add", np.add)
-binary("Sub", np.subtract)
-binary("Mul", np.multiply)
-binary("Div", trunc_div)
-binary("Mod", mod, infer=_infer_mod, fmod=0)
-binary("Pow", power, POW_BASE, infer=_infer_pow)
-variadic("Max", lambda xs: functools.reduce(np.maximum, xs), NUMERIC)
-variadic("Min", lambda xs: functools.reduce(np.minimum, xs), NUMERIC)
-variadic("Sum", lambda xs: functools.reduce(np.add, xs), FLOAT)
-variadic("Mean", lambda xs: functools.reduce(np.add, xs) / len(xs), FLOAT)
+binary("Add", np.add, lower=prim("add"), shape_like=True)
+binary("Sub", np.subtract, lower=prim("sub"), shape_like=True)
+binary("Mul", np.multiply, lower=prim("mul"), shape_like=True)
+binary("Div", trunc_div, lower=_lower_div, shape_like=True)
+binary("Mod", mod, infer=_infer_mod, lower=_lower_mod, shape_like=True, fmod=0)
+binary("Pow", power, POW_BASE, infer=_infer_pow, lower=_lower_pow, cost=4)
+variadic("Max", lambda xs: functools.reduce(np.maximum, xs), NUMERIC, fold("max"), True)
+variadic("Min", lambda xs: functools.reduce(np.minimum, xs), NUMERIC, fold("min"), True)
+variadic("Sum", lambda xs: functools.reduce(np.add, xs), FLOAT, fold("add"))
+variadic("Mean", lambda xs: functools.reduce(np.add, xs) / len(xs), FLOAT, _lower_mean)
 
-unary("Neg", np.negative, SIGNED)
-unary("Abs", np.abs, NUMERIC)
-unary("Sign", np.sign, NUMERIC)
-unary("Reciprocal", np.reciprocal)
-unary("Sqrt", np.sqrt)
-unary("Exp", np.exp)
-unary("Log", np.log)
-unary("Floor", np.floor)
-unary("Ceil", np.ceil)
-unary("Round", np.round)  # half to even, as ONNX
-unary("Erf", erf)
-unary("Tanh", np.tanh)
-unary("Sin", np.sin)
-unary("Cos", np.cos)
-unary("Tan", np.tan)
-unary("Asin", np.arcsin)
-unary("Acos", np.arccos)
-unary("Atan", np.arctan)
-unary("Sinh", np.sinh)
-unary("Cosh", np.cosh)
-unary("Asinh", np.arcsinh)
-unary("Acosh", np.arccosh)
-unary("Atanh", np.arctanh)
-unary("IsNaN", np.isnan, out=BOOL)
-unary("IsInf", is_inf, out=BOOL, detect_negative=1, detect_positive=1)
+unary("Neg", np.negative, SIGNED, lower=prim("neg"), shape_like=True)
+unary("Abs", np.abs, NUMERIC, lower=prim("abs"), shape_like=True)
+unary("Sign", np.sign, NUMERIC, lower=prim("sign"))
+unary("Reciprocal", np.reciprocal, lower=_lower_reciprocal)
+unary("Sqrt", np.sqrt, lower=prim("sqrt"))
+unary("Exp", np.exp, lower=prim("exp"), cost=4)
+unary("Log", np.log, lower=prim("log"), cost=4)
+unary("Floor", np.floor, lower=prim("floor"), shape_like=True)
+unary("Ceil", np.ceil, lower=prim("ceil"), shape_like=True)
+unary("Round", np.round, lower=prim("round"))  # half to even, as ONNX
+unary("Erf", erf, lower=prim("erf"), cost=4)
+unary("Tanh", np.tanh, lower=prim("tanh"), cost=4)
+unary("Sin", np.sin, lower=prim("sin"), cost=4)
+unary("Cos", np.cos, lower=prim("cos"), cost=4)
+unary("Tan", np.tan, lower=prim("tan"), cost=4)
+unary("Asin", np.arcsin, lower=prim("asin"), cost=4)
+unary("Acos", np.arccos, lower=prim("acos"), cost=4)
+unary("Atan", np.arctan, lower=prim("atan"), cost=4)
+unary("Sinh", np.sinh, lower=prim("sinh"), cost=4)
+unary("Cosh", np.cosh, lower=prim("cosh"), cost=4)
+unary("Asinh", np.arcsinh, lower=prim("asinh"), cost=4)
+unary("Acosh", np.arccosh, lower=prim("acosh"), cost=4)
+unary("Atanh", np.arctanh, lower=prim("atanh"), cost=4)
+unary("IsNaN", np.isnan, out=BOOL, lower=prim("isnan"))
+unary("IsInf", is_inf, out=BOOL, lower=_lower_isinf, detect_negative=1, detect_positive=1)
 
-binary("Equal", np.equal, ANY, out=BOOL)
-binary("Less", np.less, out=BOOL)
-binary("Greater", np.greater, out=BOOL)
-binary("LessOrEqual", np.less_equal, out=BOOL)
-binary("GreaterOrEqual", np.greater_equal, out=BOOL)
-binary("And", np.logical_and, LOGIC)
-binary("Or", np.logical_or, LOGIC)
-binary("Xor", np.logical_xor, LOGIC)
-unary("Not", np.logical_not, LOGIC)
-binary("BitwiseAnd", np.bitwise_and, INT)
-binary("BitwiseOr", np.bitwise_or, INT)
-binary("BitwiseXor", np.bitwise_xor, INT)
-unary("BitwiseNot", np.invert, INT)
+binary("Equal", np.equal, ANY, out=BOOL, lower=prim("eq"), shape_like=True)
+binary("Less", np.less, out=BOOL, lower=prim("lt"))
+binary("Greater", np.greater, out=BOOL, lower=prim("gt"))
+binary("LessOrEqual", np.less_equal, out=BOOL, lower=prim("le"))
+binary("GreaterOrEqual", np.greater_equal, out=BOOL, lower=prim("ge"))
+binary("And", np.logical_and, LOGIC, lower=prim("and"))
+binary("Or", np.logical_or, LOGIC, lower=prim("or"))
+binary("Xor", np.logical_xor, LOGIC, lower=prim("xor"))
+unary("Not", np.logical_not, LOGIC, lower=prim("not"))
+binary("BitwiseAnd", np.bitwise_and, INT, lower=prim("bitand"))
+binary("BitwiseOr", np.bitwise_or, INT, lower=prim("bitor"))
+binary("BitwiseXor", np.bitwise_xor, INT, lower=prim("bitxor"))
+unary("BitwiseNot", np.invert, INT, lower=prim("bitnot"))
 register("BitShift", ELEMENTWISE, _infer_bit_shift,
          lambda ins, attrs: [bit_shift(ins[0], ins[1], attrs.get("direction", ""))],
-         dtypes=compilable(UINT))
+         lower=_lower_bit_shift, dtypes=compilable(UINT))
 
-register("Where", ELEMENTWISE, _infer_where, _ref_where)
-register("Cast", ELEMENTWISE, _infer_cast, _ref_cast)
-register("CastLike", ELEMENTWISE, _infer_cast_like, _ref_cast_like)
-register("Clip", ELEMENTWISE, _infer_clip, _ref_clip)
-
-from autoclust.ops import activations  # noqa: F401  (registers the activations)
+register("Where", ELEMENTWISE, _infer_where, _ref_where, lower=_lower_where, shape_like=True)
+register("Cast", ELEMENTWISE, _infer_cast, _ref_cast, lower=_lower_cast, shape_like=True,
+         dtypes=COMPILABLE_TYPES | NARROW_INT_TYPES)
+register("CastLike", ELEMENTWISE, _infer_cast_like, _ref_cast_like, lower=_lower_cast,
+         dtypes=COMPILABLE_TYPES | NARROW_INT_TYPES)
+register("Clip", ELEMENTWISE, _infer_clip, _ref_clip, lower=_lower_clip)

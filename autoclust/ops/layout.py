@@ -1,6 +1,9 @@
-"""Layout ops: data movement without arithmetic (Reshape, Transpose, Slice, Gather, Pad, ...).
+"""Layout ops that only re-index: Reshape, Squeeze, Unsqueeze, Flatten, Transpose, Expand,
+Identity, Dropout. (Slice, Split, Concat, Tile, Pad, Trilu: ops/slicing.py; Gather,
+Scatter, OneHot, DepthToSpace, ...: ops/layout_index.py.)
 
-Each op has a symbolic-aware infer rule and a NumPy reference that matches onnxruntime.
+Each op has a symbolic-aware infer rule, a NumPy reference that matches onnxruntime and a
+lowering that is an index map: the output at index idx reads its input at another index.
 Inputs listed in `shape_inputs` decide output shapes by their values; when such a value is
 unknown, infer still returns the rank where it can, with None dims.
 References return C-contiguous arrays (compiled kernels read them as dense buffers); they
@@ -9,12 +12,11 @@ may share memory with their inputs, so callers must not write into them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Shape
+from autoclust.lowering import LowerCtx, const
 from autoclust.ops import (
     BOOL,
     LAYOUT,
@@ -271,7 +273,7 @@ def _flatten_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return _dense(x.reshape(outer, inner))
 
 
-# ---- Expand, Concat, Tile ----------------------------------------------------------------
+# ---- Expand ----------------------------------------------------------------
 
 def _expand_infer(ctx: InferContext) -> list[TypeShape]:
     x, spec = ctx.shapes[0], ctx.value(1)
@@ -305,257 +307,7 @@ def _expand_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return _dense(np.broadcast_to(x, shape).copy())
 
 
-def _concat_infer(ctx: InferContext) -> list[TypeShape]:
-    shapes = [s for i, s in enumerate(ctx.shapes) if ctx.has(i)]
-    dtype = ctx.dtypes[0]
-    if any(s is None for s in shapes):
-        rank = next((len(s) for s in shapes if s is not None), None)
-        return [(dtype, _unknown_dims(rank))]
-    rank = len(shapes[0])
-    if any(len(s) != rank for s in shapes):
-        raise ctx.fail(f"inputs have different ranks: {shapes}")
-    axis = normalize_axis(int(ctx.attr("axis")), rank, ctx)
-    out: list[Dim] = []
-    for k in range(rank):
-        dims = [s[k] for s in shapes]
-        if k != axis:
-            ints = {d for d in dims if isinstance(d, int)}
-            if len(ints) > 1:
-                raise ctx.fail(f"inputs disagree on dim {k}: {shapes}")
-            out.append(_same_dim(dims))
-            continue
-        nonzero = [d for d in dims if d != 0]
-        if all(isinstance(d, int) for d in dims):
-            out.append(sum(dims))
-        else:
-            out.append(nonzero[0] if len(nonzero) == 1 else None)
-    return [(dtype, tuple(out))]
-
-
-def _concat_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    xs = [x for x in inputs if x is not None]
-    axis = _axis("Concat", attrs["axis"], xs[0].ndim)
-    try:
-        return _dense(np.concatenate(xs, axis=axis))
-    except ValueError:
-        raise _fail("Concat", f"cannot concatenate {[x.shape for x in xs]} on axis "
-                              f"{axis}") from None
-
-
-def _tile_infer(ctx: InferContext) -> list[TypeShape]:
-    x, reps = ctx.shapes[0], ctx.value(1)
-    if x is None or reps is None:
-        return [(ctx.dtypes[0], _unknown_dims(None if x is None else len(x)))]
-    r = _ints(reps)
-    if len(r) != len(x):
-        raise ctx.fail(f"repeats {r} do not match rank of {x}")
-    dims = [d * k if isinstance(d, int) else (d if k == 1 else (0 if k == 0 else None))
-            for d, k in zip(x, r)]
-    return [(ctx.dtypes[0], tuple(dims))]
-
-
-def _tile_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, r = inputs[0], _ints(inputs[1])
-    if len(r) != x.ndim or min(r, default=0) < 0:
-        raise _fail("Tile", f"bad repeats {r} for shape {x.shape}")
-    return _dense(np.tile(x, r))
-
-
-# ---- Slice -------------------------------------------------------------------------------
-
-def _slice_params(starts: list[int], ends: list[int], axes: list[int] | None,
-                  steps: list[int] | None, rank: int) -> list[tuple[int, int, int, int]]:
-    """(axis, start, end, step) per sliced axis, raw (unclamped)."""
-    axes = list(range(len(starts))) if axes is None else axes
-    steps = [1] * len(starts) if steps is None else steps
-    if not len(starts) == len(ends) == len(axes) == len(steps):
-        raise _fail("Slice", f"starts {starts}, ends {ends}, axes {axes}, steps {steps} "
-                             "differ in length")
-    norm = [_axis("Slice", a, rank) for a in axes]
-    if len(set(norm)) != len(norm):
-        raise _fail("Slice", f"repeated axes {axes}")
-    if 0 in steps:
-        raise _fail("Slice", f"steps {steps} contain 0")
-    return list(zip(norm, starts, ends, steps))
-
-
-def _clamp_slice(dim: int, start: int, end: int, step: int) -> tuple[int, int, int]:
-    """ONNX clamping: returns (start, end, length) with end == -1 meaning 'past index 0'."""
-    start = start + dim if start < 0 else start
-    end = end + dim if end < 0 else end
-    if step > 0:
-        start, end = min(max(start, 0), dim), min(max(end, 0), dim)
-        n = max(0, -(-(end - start) // step))
-    else:
-        start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
-        n = max(0, -(-(start - end) // -step))
-    return start, end, n
-
-
-def _slice_dim(dim: Dim, start: int, end: int, step: int) -> Dim:
-    if isinstance(dim, int):
-        return _clamp_slice(dim, start, end, step)[2]
-    # Whole-axis slices (x[0:INT_MAX], x[::-1]) keep the symbol; anything else is unknown.
-    if step == 1 and (start == 0 or start <= -_BIG - 1) and end >= _BIG:
-        return dim
-    if step == -1 and start >= _BIG and end <= -_BIG - 1:
-        return dim
-    return None
-
-
-def _slice_inputs(get: Any) -> tuple[list[int] | None, ...]:
-    vals = [get(i) for i in range(1, 5)]
-    return tuple(None if v is None else _ints(v) for v in vals)
-
-
-def _slice_infer(ctx: InferContext) -> list[TypeShape]:
-    x = ctx.shapes[0]
-    if x is None:
-        return [(ctx.dtypes[0], None)]
-    starts, ends, axes, steps = _slice_inputs(ctx.value)
-    unknown_axes = ctx.has(3) and axes is None
-    unknown_steps = ctx.has(4) and steps is None
-    if starts is None or ends is None or unknown_axes or unknown_steps:
-        return [(ctx.dtypes[0], (None,) * len(x))]
-    try:
-        params = _slice_params(starts, ends, axes, steps, len(x))
-    except ShapeInferenceError as exc:
-        raise _refail(ctx, exc) from None
-    out = list(x)
-    for axis, start, end, step in params:
-        out[axis] = _slice_dim(x[axis], start, end, step)
-    return [(ctx.dtypes[0], tuple(out))]
-
-
-def _slice_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = inputs[0]
-    starts, ends, axes, steps = _slice_inputs(
-        lambda i: inputs[i] if i < len(inputs) else None)
-    index = [slice(None)] * x.ndim
-    for axis, start, end, step in _slice_params(starts, ends, axes, steps, x.ndim):
-        s, e, _ = _clamp_slice(x.shape[axis], start, end, step)
-        index[axis] = slice(s, None if e < 0 else e, step)
-    return _dense(x[tuple(index)])
-
-
-# ---- Split -------------------------------------------------------------------------------
-
-def _split_sizes(dim: Dim, split: list[int] | None, n: int | None) -> list[Dim]:
-    if split is not None:
-        if isinstance(dim, int) and sum(split) != dim:
-            raise _fail("Split", f"split {split} does not sum to dim {dim}")
-        return list(split)
-    if n is None or n <= 0:
-        raise _fail("Split", "neither split nor num_outputs given")
-    if not isinstance(dim, int):
-        return [None] * n
-    chunk = -(-dim // n)  # opset 18: equal chunks, the last one smaller
-    sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(n)]
-    if n > dim or chunk * (n - 1) >= dim:  # onnxruntime rejects empty chunks
-        raise _fail("Split", f"cannot split dim {dim} into {n} outputs")
-    return sizes
-
-
-def _split_infer(ctx: InferContext) -> list[TypeShape]:
-    x = ctx.shapes[0]
-    split = ctx.value(1)
-    n = ctx.attr("num_outputs")
-    if split is None and ctx.has(1):
-        n = _static_len(ctx, 1)
-    if split is None and n is None:
-        raise ctx.fail("cannot count outputs: no num_outputs and no split of known length")
-    if x is None:
-        return [(ctx.dtypes[0], None)] * (n if split is None else len(_ints(split)))
-    axis = normalize_axis(int(ctx.attr("axis", 0)), len(x), ctx)
-    try:
-        sizes = _split_sizes(x[axis], None if split is None else _ints(split), n)
-    except ShapeInferenceError as exc:
-        raise _refail(ctx, exc) from None
-    return [(ctx.dtypes[0], x[:axis] + (s,) + x[axis + 1:]) for s in sizes]
-
-
-def _split_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = inputs[0]
-    split = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
-    axis = _axis("Split", attrs.get("axis", 0), x.ndim)
-    sizes = _split_sizes(x.shape[axis], None if split is None else _ints(split),
-                         attrs.get("num_outputs"))
-    bounds = np.cumsum([0] + sizes)
-    return _dense(*(np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=axis)
-                    for i in range(len(sizes))))
-
-
-# ---- Pad ---------------------------------------------------------------------------------
-
-def _pad_pairs(pads: list[int], axes: list[int] | None, rank: int) -> list[tuple[int, int]]:
-    """(begin, end) per axis of the data, from pads and the optional axes input."""
-    axes = list(range(rank)) if axes is None else [_axis("Pad", a, rank) for a in axes]
-    if len(pads) != 2 * len(axes):
-        raise _fail("Pad", f"pads {pads} must have 2 x {len(axes)} entries")
-    pairs = [(0, 0)] * rank
-    for k, a in enumerate(axes):
-        pairs[a] = (pads[k], pads[k + len(axes)])
-    return pairs
-
-
-def _pad_infer(ctx: InferContext) -> list[TypeShape]:
-    x, pads = ctx.shapes[0], ctx.value(1)
-    axes = ctx.value(3)
-    if x is None or pads is None or (ctx.has(3) and axes is None):
-        return [(ctx.dtypes[0], _unknown_dims(None if x is None else len(x)))]
-    try:
-        pairs = _pad_pairs(_ints(pads), None if axes is None else _ints(axes), len(x))
-    except ShapeInferenceError as exc:
-        raise _refail(ctx, exc) from None
-    out = []
-    for d, (b, e) in zip(x, pairs):
-        if isinstance(d, int):
-            out.append(d + b + e)
-        else:
-            out.append(d if b == e == 0 else None)
-    return [(ctx.dtypes[0], tuple(out))]
-
-
-def _pad_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, pads = inputs[0], _ints(inputs[1])
-    value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
-    axes = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
-    pairs = _pad_pairs(pads, None if axes is None else _ints(axes), x.ndim)
-    mode = attrs.get("mode", "constant")
-    # Negative pads crop; crop first, then pad what remains.
-    crop = tuple(slice(-min(b, 0), x.shape[i] + min(e, 0)) for i, (b, e) in enumerate(pairs))
-    x = x[crop]
-    widths = [(max(b, 0), max(e, 0)) for b, e in pairs]
-    if mode == "constant":
-        fill = x.dtype.type(0) if value is None else np.asarray(value).reshape(-1)[0]
-        return _dense(np.pad(x, widths, mode="constant", constant_values=fill))
-    if mode not in ("reflect", "edge", "wrap"):
-        raise _fail("Pad", f"unknown mode {mode!r}")
-    if x.size == 0 and any(w != (0, 0) for w in widths):
-        raise _fail("Pad", f"mode {mode} cannot pad an empty tensor {x.shape}")
-    return _dense(np.pad(x, widths, mode=mode))
-
-
-# ---- Trilu, Identity, Dropout, DepthToSpace, SpaceToDepth ---------------------------------
-
-def _trilu_infer(ctx: InferContext) -> list[TypeShape]:
-    x = ctx.shapes[0]
-    if x is not None and len(x) < 2:
-        raise ctx.fail(f"input of shape {x} has rank < 2")
-    return [(ctx.dtypes[0], x)]
-
-
-def _trilu_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = inputs[0]
-    k = int(np.asarray(inputs[1]).reshape(-1)[0]) if len(inputs) > 1 and \
-        inputs[1] is not None else 0
-    rows, cols = x.shape[-2:]
-    if attrs.get("upper", 1):
-        zero = np.tri(rows, cols, k - 1, dtype=bool)  # below diagonal k: j - i < k
-    else:
-        zero = ~np.tri(rows, cols, k, dtype=bool)     # above diagonal k: j - i > k
-    return _dense(np.where(zero, np.zeros((), x.dtype), x))
-
+# ---- Identity, Dropout ----
 
 def _identity_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return _dense(inputs[0])
@@ -571,81 +323,45 @@ def _dropout_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return _dense(x, np.ones(x.shape, dtype=bool))
 
 
-def _block(ctx_or_attrs: Any) -> int:
-    attrs = ctx_or_attrs.attrs if isinstance(ctx_or_attrs, InferContext) else ctx_or_attrs
-    b = int(attrs.get("blocksize", 0))
-    if b <= 0:
-        raise _fail("DepthToSpace", f"blocksize {b} must be positive")
-    return b
+# ---- lowerings ---------------------------------------------------------------------------
+
+def _lower_view(ctx: LowerCtx):
+    """Reshape, Squeeze, Unsqueeze, Flatten: the input read as the output's shape."""
+    return ctx.view(0, ctx.shape, ctx.idx)
 
 
-def _depth_to_space_infer(ctx: InferContext) -> list[TypeShape]:
-    x, b = ctx.shapes[0], _block(ctx)
-    if x is None:
-        return [(ctx.dtypes[0], (None,) * 4)]
-    if len(x) != 4:
-        raise ctx.fail(f"input of shape {x} is not 4-D")
-    n, c, h, w = x
-    if isinstance(c, int) and c % (b * b):
-        raise ctx.fail(f"channels {c} not divisible by blocksize^2 = {b * b}")
-
-    def scale(d: Dim, f: int) -> Dim:
-        return d * f if isinstance(d, int) else None
-    c_out = c // (b * b) if isinstance(c, int) else None
-    return [(ctx.dtypes[0], (n, c_out, scale(h, b), scale(w, b)))]
+def _lower_transpose(ctx: LowerCtx):
+    perm = _perm(ctx.node.attrs, len(ctx.in_shape(0)))
+    idx_in = [None] * len(perm)
+    for j, p in enumerate(perm):
+        idx_in[p] = ctx.idx[j]
+    return ctx.value(0, tuple(idx_in))
 
 
-def _depth_to_space_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, b = inputs[0], _block(attrs)
-    n, c, h, w = x.shape
-    if attrs.get("mode", "DCR") == "DCR":
-        y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
-    else:
-        y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
-    return _dense(y.reshape(n, c // (b * b), h * b, w * b))
+def _lower_expand(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    lead = len(ctx.shape) - len(shape)
+    return ctx.value(0, tuple(ctx.zero() if d == 1 else ctx.idx[k + lead]
+                              for k, d in enumerate(shape)))
 
 
-def _space_to_depth_infer(ctx: InferContext) -> list[TypeShape]:
-    x, b = ctx.shapes[0], _block(ctx)
-    if x is None:
-        return [(ctx.dtypes[0], (None,) * 4)]
-    if len(x) != 4:
-        raise ctx.fail(f"input of shape {x} is not 4-D")
-    n, c, h, w = x
-    for d in (h, w):
-        if isinstance(d, int) and d % b:
-            raise ctx.fail(f"spatial dims of {x} not divisible by blocksize {b}")
-    c_out = c * b * b if isinstance(c, int) else None
-    h_out = h // b if isinstance(h, int) else None
-    w_out = w // b if isinstance(w, int) else None
-    return [(ctx.dtypes[0], (n, c_out, h_out, w_out))]
+def _lower_dropout(ctx: LowerCtx):
+    if ctx.out == 0:  # inference: the data itself (clustering refuses training mode)
+        return ctx.value(0, ctx.idx)
+    return const(True, "bool")
 
 
-def _space_to_depth_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, b = inputs[0], _block(attrs)
-    n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b)
-    # DCR: the block offset is the outer part of the new channel; CRD (opset 26+): inner.
-    perm = (0, 1, 3, 5, 2, 4) if attrs.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
-    return _dense(y.transpose(perm).reshape(n, c * b * b, h // b, w // b))
-
-
-register("Reshape", LAYOUT, _reshape_infer, _reshape_ref, shape_inputs=(1,))
-register("Transpose", LAYOUT, _transpose_infer, _transpose_ref)
-register("Squeeze", LAYOUT, _squeeze_infer, _squeeze_ref, shape_inputs=(1,))
-register("Unsqueeze", LAYOUT, _unsqueeze_infer, _unsqueeze_ref, shape_inputs=(1,))
-register("Flatten", LAYOUT, _flatten_infer, _flatten_ref)
-register("Expand", LAYOUT, _expand_infer, _expand_ref, shape_inputs=(1,))
-register("Concat", LAYOUT, _concat_infer, _concat_ref)
-register("Tile", LAYOUT, _tile_infer, _tile_ref, shape_inputs=(1,))
-register("Slice", LAYOUT, _slice_infer, _slice_ref, shape_inputs=(1, 2, 3, 4))
-register("Split", LAYOUT, _split_infer, _split_ref, shape_inputs=(1,))
-register("Pad", LAYOUT, _pad_infer, _pad_ref, shape_inputs=(1, 3))
-register("Trilu", LAYOUT, _trilu_infer, _trilu_ref)
-register("Identity", LAYOUT, same_as_input(0), _identity_ref)
-register("Dropout", LAYOUT, _dropout_infer, _dropout_ref)
-register("DepthToSpace", LAYOUT, _depth_to_space_infer, _depth_to_space_ref)
-register("SpaceToDepth", LAYOUT, _space_to_depth_infer, _space_to_depth_ref)
-
-# Gather/Scatter/OneHot live next door; imported here so the op table loads them.
-from autoclust.ops import layout_index  # noqa: F401
+register("Reshape", LAYOUT, _reshape_infer, _reshape_ref, shape_inputs=(1,), lower=_lower_view,
+         view=True, shape_like=True)
+register("Transpose", LAYOUT, _transpose_infer, _transpose_ref, lower=_lower_transpose)
+register("Squeeze", LAYOUT, _squeeze_infer, _squeeze_ref, shape_inputs=(1,), lower=_lower_view,
+         view=True, shape_like=True)
+register("Unsqueeze", LAYOUT, _unsqueeze_infer, _unsqueeze_ref, shape_inputs=(1,),
+         lower=_lower_view, view=True, shape_like=True)
+register("Flatten", LAYOUT, _flatten_infer, _flatten_ref, lower=_lower_view, view=True)
+register("Expand", LAYOUT, _expand_infer, _expand_ref, shape_inputs=(1,), lower=_lower_expand,
+         shape_like=True)
+register("Identity", LAYOUT, same_as_input(0), _identity_ref, lower=lambda c: c.value(0, c.idx),
+         view=True, weight=0, shape_like=True)
+# weight 0: inference Dropout is removed by simplify; training Dropout is never clustered.
+register("Dropout", LAYOUT, _dropout_infer, _dropout_ref, lower=_lower_dropout, weight=0)

@@ -1,16 +1,23 @@
 """Indexing layout ops: Gather, GatherElements, GatherND, ScatterElements, ScatterND, OneHot,
-ReverseSequence.
+ReverseSequence, DepthToSpace, SpaceToDepth.
 
-Split from layout.py to keep modules short; layout.py imports it so the table loads it.
-Negative indices count from the end, as ONNX allows; out-of-range ones raise.
+Negative indices count from the end, as ONNX allows; out-of-range ones raise (the
+reference raises InvalidInputError; compiled code checks the index buffer before the
+kernel runs and clamps every data-dependent position, so no load leaves its buffer).
+Gathers lower to loads whose position along the gathered axis comes from the index data;
+DepthToSpace and SpaceToDepth compute their positions from the output index.
+Scatters write to data-dependent positions: they are never compiled.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Dim
+from autoclust.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops import (
     LAYOUT,
     Arrays,
@@ -80,7 +87,11 @@ def _gather_elements_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x, idx = inputs
     axis = _axis("GatherElements", attrs.get("axis", 0), x.ndim)
     idx = _check_index(idx, x.shape[axis], "GatherElements")
-    return [dense(np.take_along_axis(x, idx, axis=axis))]
+    # out[i][j][k] = x[i][idx[i][j][k]][k] (axis 1): indices may be smaller than x on the
+    # other dims, so index explicitly rather than with take_along_axis (which broadcasts).
+    grid = list(np.indices(idx.shape, sparse=True))
+    grid[axis] = idx
+    return [dense(x[tuple(grid)])]
 
 
 def _gather_nd_infer(ctx: InferContext) -> list[TypeShape]:
@@ -219,10 +230,184 @@ def _reverse_sequence_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return [dense(np.take_along_axis(x, src, axis=t_axis))]
 
 
-register("Gather", LAYOUT, _gather_infer, _gather_ref)
-register("GatherElements", LAYOUT, _gather_elements_infer, _gather_elements_ref)
-register("GatherND", LAYOUT, _gather_nd_infer, _gather_nd_ref)
-register("ScatterElements", LAYOUT, _scatter_infer, _scatter_elements_ref)
-register("ScatterND", LAYOUT, _scatter_infer, _scatter_nd_ref)
-register("OneHot", LAYOUT, _one_hot_infer, _one_hot_ref, shape_inputs=(1,))
-register("ReverseSequence", LAYOUT, _reverse_sequence_infer, _reverse_sequence_ref)
+# ---- DepthToSpace, SpaceToDepth ----------------------------------------------------------
+
+def _block(ctx_or_attrs: Any) -> int:
+    attrs = ctx_or_attrs.attrs if isinstance(ctx_or_attrs, InferContext) else ctx_or_attrs
+    b = int(attrs.get("blocksize", 0))
+    if b <= 0:
+        raise ShapeInferenceError(f"(DepthToSpace): blocksize {b} must be positive")
+    return b
+
+
+def _depth_to_space_infer(ctx: InferContext) -> list[TypeShape]:
+    x, b = ctx.shapes[0], _block(ctx)
+    if x is None:
+        return [(ctx.dtypes[0], (None,) * 4)]
+    if len(x) != 4:
+        raise ctx.fail(f"input of shape {x} is not 4-D")
+    n, c, h, w = x
+    if isinstance(c, int) and c % (b * b):
+        raise ctx.fail(f"channels {c} not divisible by blocksize^2 = {b * b}")
+
+    def scale(d: Dim, f: int) -> Dim:
+        return d * f if isinstance(d, int) else None
+    c_out = c // (b * b) if isinstance(c, int) else None
+    return [(ctx.dtypes[0], (n, c_out, scale(h, b), scale(w, b)))]
+
+
+def _depth_to_space_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    x, b = inputs[0], _block(attrs)
+    n, c, h, w = x.shape
+    if attrs.get("mode", "DCR") == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return _dense1(y.reshape(n, c // (b * b), h * b, w * b))
+
+
+def _space_to_depth_infer(ctx: InferContext) -> list[TypeShape]:
+    x, b = ctx.shapes[0], _block(ctx)
+    if x is None:
+        return [(ctx.dtypes[0], (None,) * 4)]
+    if len(x) != 4:
+        raise ctx.fail(f"input of shape {x} is not 4-D")
+    n, c, h, w = x
+    for d in (h, w):
+        if isinstance(d, int) and d % b:
+            raise ctx.fail(f"spatial dims of {x} not divisible by blocksize {b}")
+    c_out = c * b * b if isinstance(c, int) else None
+    h_out = h // b if isinstance(h, int) else None
+    w_out = w // b if isinstance(w, int) else None
+    return [(ctx.dtypes[0], (n, c_out, h_out, w_out))]
+
+
+def _space_to_depth_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    x, b = inputs[0], _block(attrs)
+    n, c, h, w = x.shape
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    # DCR: the block offset is the outer part of the new channel; CRD (opset 26+): inner.
+    perm = (0, 1, 3, 5, 2, 4) if attrs.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    return _dense1(y.transpose(perm).reshape(n, c * b * b, h // b, w // b))
+
+
+
+
+def _dense1(a: np.ndarray) -> list[np.ndarray]:
+    return [dense(a)]
+
+
+# ---- lowerings ----------------------------------------------------------------------------
+
+def _index_at(ctx: LowerCtx, i: int, idx: tuple, dim: int,
+              column: tuple[int, int] | None = None) -> Any:
+    """Index input i at idx as an int64 position in [0, dim): negative ones count from the
+    end; out-of-range data is reported by a check before the kernel and clamped here."""
+    ctx.check(i, "range", -dim, dim - 1,
+              f"node {ctx.node.name!r} ({ctx.node.op}): index out of range "
+              f"[{-dim}, {dim - 1}] in input {ctx.input(i).name!r}", column)
+    pos = cast(ctx.value(i, idx), "int64")
+    pos = select(op("lt", pos, const(0, "int64")), op("add", pos, const(dim, "int64")), pos)
+    return op("max", op("min", pos, const(dim - 1, "int64")), const(0, "int64"))
+
+
+def _lower_gather(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    axis = normalize_axis(int(ctx.attr("axis", 0)), len(shape))
+    r = len(ctx.in_shape(1))
+    pos = _index_at(ctx, 1, ctx.idx[axis:axis + r], shape[axis])
+    idx = ctx.idx[:axis] + (ctx.zero(),) + ctx.idx[axis + r:]
+    return ctx.gather(0, idx, {axis: pos})
+
+
+def _lower_gather_elements(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    axis = normalize_axis(int(ctx.attr("axis", 0)), len(shape))
+    pos = _index_at(ctx, 1, ctx.idx, shape[axis])
+    return ctx.gather(0, ctx.idx[:axis] + (ctx.zero(),) + ctx.idx[axis + 1:], {axis: pos})
+
+
+def _lower_gather_nd(ctx: LowerCtx):
+    shape, ishape = ctx.in_shape(0), ctx.in_shape(1)
+    b, k = int(ctx.attr("batch_dims", 0)), ishape[-1]
+    lead = ctx.idx[:len(ishape) - 1]
+    dyn = {b + j: _index_at(ctx, 1, lead + (ctx.at(j),), shape[b + j], (j, k))
+           for j in range(k)}
+    idx = ctx.idx[:b] + tuple(ctx.zero() for _ in range(k)) + ctx.idx[len(ishape) - 1:]
+    return ctx.gather(0, idx, dyn)
+
+
+def _lower_one_hot(ctx: LowerCtx):
+    depth = int(ctx.ints(1)[0])
+    axis = normalize_axis(int(ctx.attr("axis", -1)), len(ctx.shape))
+    where = ctx.idx[:axis] + ctx.idx[axis + 1:]
+    hot = cast(ctx.value(0, where), "int64")
+    hot = select(op("lt", hot, const(0, "int64")), op("add", hot, const(depth, "int64")), hot)
+    on = op("eq", ctx.index(ctx.idx[axis]), hot)  # out-of-range indices: all off
+    return select(on, ctx.value(2, (ctx.at(1),)), ctx.value(2, (ctx.at(0),)))
+
+
+def _lower_reverse_sequence(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    b_axis = normalize_axis(int(ctx.attr("batch_axis", 1)), len(shape))
+    t_axis = normalize_axis(int(ctx.attr("time_axis", 0)), len(shape))
+    steps = shape[t_axis]
+    ctx.check(1, "range", 0, steps, f"node {ctx.node.name!r} (ReverseSequence): "
+                                    f"sequence_lens must lie in [0, {steps}]")
+    n = cast(ctx.value(1, (ctx.idx[b_axis],)), "int64")
+    t = ctx.index(ctx.idx[t_axis])
+    src = select(op("lt", t, n), op("sub", op("sub", n, const(1, "int64")), t), t)
+    src = op("max", op("min", src, const(steps - 1, "int64")), const(0, "int64"))
+    idx = ctx.idx[:t_axis] + (ctx.zero(),) + ctx.idx[t_axis + 1:]
+    return ctx.gather(0, idx, {t_axis: src})
+
+
+def _divmod(e, n: int) -> tuple:
+    return op("div", e, const(n, "int64")), op("mod", e, const(n, "int64"))
+
+
+def _lower_depth_to_space(ctx: LowerCtx):
+    b = _block(ctx.node.attrs)
+    c_out = ctx.shape[1]
+    h, i = _divmod(ctx.index(ctx.idx[2]), b)
+    w, j = _divmod(ctx.index(ctx.idx[3]), b)
+    block = op("add", op("mul", i, const(b, "int64")), j)
+    c = ctx.index(ctx.idx[1])
+    if ctx.attr("mode", "DCR") == "DCR":  # x[n, (i*b + j)*C' + c, h, w]
+        ch = op("add", op("mul", block, const(c_out, "int64")), c)
+    else:  # CRD: x[n, c*b*b + i*b + j, h, w]
+        ch = op("add", op("mul", c, const(b * b, "int64")), block)
+    idx = (ctx.idx[0], ctx.zero(), ctx.zero(), ctx.zero())
+    return ctx.gather(0, idx, {1: ch, 2: h, 3: w})
+
+
+def _lower_space_to_depth(ctx: LowerCtx):
+    b = _block(ctx.node.attrs)
+    c_in = ctx.in_shape(0)[1]
+    oc = ctx.index(ctx.idx[1])
+    if ctx.attr("mode", "DCR") == "CRD":  # oc = c*b*b + i*b + j
+        c, block = _divmod(oc, b * b)
+    else:  # DCR: oc = (i*b + j)*C + c
+        block, c = _divmod(oc, c_in)
+    i, j = _divmod(block, b)
+    hh = op("add", op("mul", ctx.index(ctx.idx[2]), const(b, "int64")), i)
+    ww = op("add", op("mul", ctx.index(ctx.idx[3]), const(b, "int64")), j)
+    idx = (ctx.idx[0], ctx.zero(), ctx.zero(), ctx.zero())
+    return ctx.gather(0, idx, {1: c, 2: hh, 3: ww})
+
+
+_SCATTER = "scatters write to data-dependent positions: they run in onnxruntime"
+
+register("Gather", LAYOUT, _gather_infer, _gather_ref, lower=_lower_gather, shape_like=True)
+register("GatherElements", LAYOUT, _gather_elements_infer, _gather_elements_ref,
+         lower=_lower_gather_elements)
+register("GatherND", LAYOUT, _gather_nd_infer, _gather_nd_ref, lower=_lower_gather_nd)
+register("ScatterElements", LAYOUT, _scatter_infer, _scatter_elements_ref, refuse=_SCATTER)
+register("ScatterND", LAYOUT, _scatter_infer, _scatter_nd_ref, refuse=_SCATTER)
+register("OneHot", LAYOUT, _one_hot_infer, _one_hot_ref, shape_inputs=(1,), lower=_lower_one_hot)
+register("ReverseSequence", LAYOUT, _reverse_sequence_infer, _reverse_sequence_ref,
+         lower=_lower_reverse_sequence)
+register("DepthToSpace", LAYOUT, _depth_to_space_infer, _depth_to_space_ref,
+         lower=_lower_depth_to_space)
+register("SpaceToDepth", LAYOUT, _space_to_depth_infer, _space_to_depth_ref,
+         lower=_lower_space_to_depth)

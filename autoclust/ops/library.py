@@ -28,6 +28,9 @@ from autoclust.ops import (
 
 F32 = np.dtype("float32")
 MATMUL_TYPES = FLOAT_TYPES + tuple(np.dtype(t) for t in ("int32", "int64", "uint32", "uint64"))
+# What compiled library calls take (float16 computes in float32); MaxPool's Indices are int64.
+GEMM_COMPILED = frozenset(FLOAT_TYPES + (np.dtype("int32"), np.dtype("int64")))
+WINDOW_COMPILED = frozenset(FLOAT_TYPES)
 POOL_TYPES = FLOAT_TYPES + (np.dtype("int8"), np.dtype("uint8"))
 
 
@@ -78,8 +81,47 @@ def _matmul_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
         return [np.matmul(_work(a), _work(b)).astype(a.dtype)]
 
 
-register("MatMul", LIBRARY, _infer_matmul, _matmul_ref,
+register("MatMul", LIBRARY, _infer_matmul, _matmul_ref, dtypes=GEMM_COMPILED,
          doc="MatMul(A, B): numpy matmul semantics (1-D operands, batch broadcasting).")
+
+
+def _swap_last(shape: Shape, flag: Any) -> Shape:
+    if shape is None or not flag or len(shape) < 2:
+        return shape
+    return tuple(shape[:-2]) + (shape[-1], shape[-2])
+
+
+def _infer_fused_matmul(ctx: InferContext) -> list[TypeShape]:
+    if ctx.attr("transBatchA", 0) or ctx.attr("transBatchB", 0):
+        raise ctx.fail("transBatchA/transBatchB are not supported")
+    for i in (0, 1):
+        s = ctx.shapes[i]
+        if s is not None and len(s) < 2:
+            raise ctx.fail(f"input {i} must have rank >= 2, got {s}")
+    shapes = [_swap_last(ctx.shapes[0], ctx.attr("transA", 0)),
+              _swap_last(ctx.shapes[1], ctx.attr("transB", 0))]
+    sub = InferContext("FusedMatMul", ctx.dtypes[:2], shapes, [None, None], {}, [True, True],
+                       ctx.node_name)
+    _check_dtypes(ctx, (0, 1), FLOAT_TYPES)
+    return _infer_matmul(sub)
+
+
+def _fused_matmul_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+    a, b = _work(inputs[0]), _work(inputs[1])
+    if attrs.get("transA", 0):
+        a = np.swapaxes(a, -1, -2)
+    if attrs.get("transB", 0):
+        b = np.swapaxes(b, -1, -2)
+    with np.errstate(all="ignore"):
+        y = np.matmul(a, b) * np.asarray(attrs.get("alpha", 1.0), a.dtype)
+    return [y.astype(inputs[0].dtype)]
+
+
+# onnxruntime's contrib op: what its optimizer makes of MatMul(A, Transpose(B)) and a scale,
+# and what our cluster optimizer does too (passes/simplify.py): no transposed copy.
+register("FusedMatMul", LIBRARY, _infer_fused_matmul, _fused_matmul_ref,
+         domain="com.microsoft", dtypes=frozenset(FLOAT_TYPES),
+         doc="FusedMatMul(A, B) = alpha * op(A) @ op(B); transA, transB swap the last dims.")
 
 
 def _infer_gemm(ctx: InferContext) -> list[TypeShape]:
@@ -118,7 +160,7 @@ def _gemm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     return [y.astype(inputs[0].dtype)]
 
 
-register("Gemm", LIBRARY, _infer_gemm, _gemm_ref,
+register("Gemm", LIBRARY, _infer_gemm, _gemm_ref, dtypes=GEMM_COMPILED,
          doc="Gemm(A, B, C?) = alpha * A' @ B' + beta * C.")
 
 
@@ -247,7 +289,7 @@ def _conv_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     return [y.astype(inputs[0].dtype)]
 
 
-register("Conv", LIBRARY, _infer_conv, _conv_ref,
+register("Conv", LIBRARY, _infer_conv, _conv_ref, dtypes=WINDOW_COMPILED,
          doc="Conv(X, W, B?): 1-D/2-D/3-D, group, strides, dilations, pads, auto_pad.")
 
 
@@ -331,7 +373,7 @@ def _convt_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     return [np.ascontiguousarray(y).astype(inputs[0].dtype)]
 
 
-register("ConvTranspose", LIBRARY, _infer_convt, _convt_ref,
+register("ConvTranspose", LIBRARY, _infer_convt, _convt_ref, dtypes=WINDOW_COMPILED,
          doc="ConvTranspose(X, W, B?): strides, dilations, pads, output_padding/shape, group.")
 
 
@@ -408,8 +450,9 @@ def _windows_fixed(xp: np.ndarray, kernel: Sequence[int], attrs: dict[str, Any],
 
 
 register("MaxPool", LIBRARY, _infer_pool, _maxpool_ref,
+         dtypes=WINDOW_COMPILED | {np.dtype("int64")},
          doc="MaxPool(X) -> (Y, Indices?): kernel_shape, strides, pads, dilations, ceil_mode.")
-register("AveragePool", LIBRARY, _infer_pool, _avgpool_ref,
+register("AveragePool", LIBRARY, _infer_pool, _avgpool_ref, dtypes=WINDOW_COMPILED,
          doc="AveragePool(X): kernel_shape, strides, pads, ceil_mode, count_include_pad.")
 
 
@@ -430,8 +473,10 @@ def _global_pool_ref(fn: Any):
 
 
 register("GlobalAveragePool", LIBRARY, _infer_global_pool, _global_pool_ref(np.mean),
+         dtypes=WINDOW_COMPILED,
          doc="GlobalAveragePool(X): mean over all spatial dims, kept as size 1.")
 register("GlobalMaxPool", LIBRARY, _infer_global_pool, _global_pool_ref(np.max),
+         dtypes=WINDOW_COMPILED,
          doc="GlobalMaxPool(X): max over all spatial dims, kept as size 1.")
 
 
@@ -495,5 +540,5 @@ def _einsum_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     return [np.asarray(y).astype(inputs[0].dtype)]
 
 
-register("Einsum", LIBRARY, _infer_einsum, _einsum_ref,
+register("Einsum", LIBRARY, _infer_einsum, _einsum_ref, dtypes=GEMM_COMPILED,
          doc="Einsum(inputs...): equation attr, numpy einsum semantics incl. '...'.")

@@ -7,11 +7,13 @@ Hardmax picks the first maximum; onnxruntime's Hardmax of a row holding NaN is n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from autoclust.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops import (
     FLOAT_TYPES,
     NORMALIZATION,
@@ -82,8 +84,45 @@ def _hardmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
             == idx).astype(x.dtype)
 
 
-for _op, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax)):
-    register(_op, NORMALIZATION, _infer_axis_op, _floating_ref(_fn),
+def _loader(ctx: LowerCtx, ct: str, i: int = 0) -> Callable:
+    """idx -> input i at idx in compute dtype ct."""
+    return lambda ix: cast(ctx.value(i, ix), ct)
+
+
+def _axis_row(ctx: LowerCtx) -> tuple[tuple[int, ...], int, dict, str]:
+    """(input shape, normalized axis, kept index, compute dtype) of a one-axis row op."""
+    shape = ctx.in_shape(0)
+    rank = len(shape)
+    axis = int(ctx.attr("axis", -1))
+    axis = axis + rank if axis < 0 else axis
+    kept = {d: ctx.idx[d] for d in range(rank) if d != axis}
+    return shape, axis, kept, compute_dtype(ctx.in_dtype(0))
+
+
+def _lower_softmax(ctx: LowerCtx):
+    shape, axis, kept, ct = _axis_row(ctx)
+    load = _loader(ctx, ct)
+    m = ctx.reduce("max", shape, [axis], kept, load, ct)
+    s = ctx.reduce("sum", shape, [axis], kept, lambda ix: op("exp", op("sub", load(ix), m)), ct)
+    shifted = op("sub", load(ctx.idx), m)
+    if ctx.node.op == "LogSoftmax":
+        return op("sub", shifted, op("log", s))
+    # One division per row, a multiply per element.
+    return op("mul", op("exp", shifted), op("div", const(1, ct), s))
+
+
+def _lower_hardmax(ctx: LowerCtx):
+    shape, axis, kept, ct = _axis_row(ctx)
+    first = ctx.reduce("argmax", shape, [axis], kept, _loader(ctx, ct), "int64")
+    hit = op("eq", ctx.index(ctx.idx[axis]), first)
+    return select(hit, const(1, ct), const(0, ct))
+
+
+for _op, _fn, _lower in (("Softmax", _softmax, _lower_softmax),
+                         ("LogSoftmax", _log_softmax, _lower_softmax),
+                         ("Hardmax", _hardmax, _lower_hardmax)):
+    register(_op, NORMALIZATION, _infer_axis_op, _floating_ref(_fn), lower=_lower,
+             cost=4 if _op != "Hardmax" else 1,
              doc=f"{_op}(x) along one axis (opset 13 form, axis=-1).")
 
 
@@ -120,8 +159,96 @@ def _layer_norm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     return [y.astype(x.dtype), mean.astype(stash), inv_std.astype(stash)]
 
 
+def moments(ctx: LowerCtx, shape: tuple[int, ...], axes: list[int], kept: dict,
+            load: Callable, ct: str, eps: float | None) -> tuple:
+    """(mean, 1/sqrt(var + eps)) of the row, the variance in two passes for accuracy."""
+    n = math.prod(shape[a] for a in axes)
+    mean = op("div", ctx.reduce("sum", shape, axes, kept, load, ct), const(n, ct))
+    sq = ctx.reduce("sum", shape, axes, kept,
+                    lambda ix: _square(op("sub", load(ix), mean)), ct)
+    var = op("div", sq, const(n, ct))
+    root = op("sqrt", var if eps is None else op("add", var, const(eps, ct)))
+    return mean, op("div", const(1, ct), root)
+
+
+def _square(e):
+    return op("mul", e, e)
+
+
+def _lower_layer_norm(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    rank = len(shape)
+    axis = int(ctx.attr("axis", -1))
+    axis = axis + rank if axis < 0 else axis
+    axes = list(range(axis, rank))
+    ct = compute_dtype(ctx.in_dtype(0))
+    if ctx.attr("stash_type", 1) == 1 and ct != "float64":
+        ct = "float32"
+    kept = {d: ctx.idx[d] for d in range(axis)}
+    load = _loader(ctx, ct)
+    mean, inv = moments(ctx, shape, axes, kept, load, ct, ctx.attr("epsilon", 1e-5))
+    if ctx.out == 1:
+        return cast(mean, ctx.dtype)
+    if ctx.out == 2:
+        return cast(inv, ctx.dtype)
+    lead = len(shape)
+    y = op("mul", op("sub", load(ctx.idx), mean), inv)
+    y = op("mul", y, _broadcast(ctx, 1, lead, ct))
+    if ctx.has(2):
+        y = op("add", y, _broadcast(ctx, 2, lead, ct))
+    return y
+
+
+def _broadcast(ctx: LowerCtx, i: int, rank: int, ct: str):
+    """Input i broadcast to x's shape (rank `rank`), at idx, in ct."""
+    shape = ctx.in_shape(i)
+    lead = rank - len(shape)
+    idx = tuple(ctx.zero() if d == 1 else ctx.idx[k + lead] for k, d in enumerate(shape))
+    return cast(ctx.value(i, idx), ct)
+
+
 register("LayerNormalization", NORMALIZATION, _infer_layer_norm, _layer_norm_ref,
+         lower=_lower_layer_norm,
          doc="LayerNormalization(X, Scale, B?) -> (Y, Mean?, InvStdDev?) (opset 17).")
+
+
+# ---- RMSNormalization (opset 23) -------------------------------------------------------------
+
+def _infer_rms_norm(ctx: InferContext) -> list[TypeShape]:
+    _check_float(ctx, (0, 1))
+    if ctx.shapes[0] is not None:
+        normalize_axis(int(ctx.attr("axis", -1)), len(ctx.shapes[0]), ctx)
+    return [(ctx.dtypes[0], ctx.shapes[0])]
+
+
+def _rms_norm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+    x, scale = inputs[0], inputs[1]
+    axes = tuple(range(normalize_axis(int(attrs.get("axis", -1)), x.ndim), x.ndim))
+    ct = np.promote_types(F32 if attrs.get("stash_type", 1) == 1 else x.dtype, x.dtype)
+    with np.errstate(all="ignore"):
+        xs = x.astype(ct)
+        rms = np.sqrt(np.mean(xs * xs, axis=axes, keepdims=True) +
+                      np.asarray(attrs.get("epsilon", 1e-5), ct))
+        return [(xs / rms * scale.astype(ct)).astype(x.dtype)]
+
+
+def _lower_rms_norm(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    rank = len(shape)
+    axis = normalize_axis(int(ctx.attr("axis", -1)), rank)
+    axes = list(range(axis, rank))
+    ct = "float64" if ctx.in_dtype(0) == "float64" else "float32"
+    load = _loader(ctx, ct)
+    n = math.prod(shape[a] for a in axes)
+    sq = ctx.reduce("sum", shape, axes, {d: ctx.idx[d] for d in range(axis)},
+                    lambda ix: _square(load(ix)), ct)
+    eps = const(ctx.attr("epsilon", 1e-5), ct)
+    rms = op("sqrt", op("add", op("div", sq, const(n, ct)), eps))
+    return op("mul", op("div", load(ctx.idx), rms), _broadcast(ctx, 1, rank, ct))
+
+
+register("RMSNormalization", NORMALIZATION, _infer_rms_norm, _rms_norm_ref,
+         lower=_lower_rms_norm, doc="RMSNormalization(X, scale): X / rms(X) * scale (opset 23).")
 
 
 # ---- BatchNorm / InstanceNorm / GroupNorm --------------------------------------------------
@@ -181,14 +308,45 @@ def _infer_channel_norm(n_params: int) -> Callable[[InferContext], list[TypeShap
     return infer
 
 
+def _channel(ctx: LowerCtx, i: int, ct: str):
+    """Per-channel parameter input i ([C] or [1]) at the channel (dim 1) of idx."""
+    c = ctx.idx[1] if ctx.in_shape(i)[0] != 1 else ctx.zero()
+    return cast(ctx.value(i, (c,)), ct)
+
+
+def _lower_batch_norm(ctx: LowerCtx):
+    ct = compute_dtype(ctx.dtype)
+    scale, bias, mean, var = (_channel(ctx, i, ct) for i in range(1, 5))
+    eps = const(ctx.attr("epsilon", 1e-5), ct)
+    inv = op("div", const(1, ct), op("sqrt", op("add", var, eps)))
+    y = op("mul", op("sub", _loader(ctx, ct)(ctx.idx), mean), op("mul", inv, scale))
+    return op("add", y, bias)
+
+
+def _lower_channel_norm(ctx: LowerCtx):
+    """InstanceNormalization (groups = C) and GroupNormalization: statistics per (n, group)
+    over x read as [N, G, C/G * spatial] (an affine view in the refined row domain)."""
+    shape = ctx.in_shape(0)
+    ct = compute_dtype(ctx.dtype)
+    groups = shape[1] if ctx.node.op == "InstanceNormalization" else int(ctx.attr("num_groups"))
+    vshape = (shape[0], groups, math.prod(shape[1:]) // groups)
+    ctx.rows(vshape, [2])
+    vidx = ctx.reindex(ctx.idx, shape, vshape)
+    load = lambda ix: cast(ctx.view(0, vshape, ix), ct)
+    mean, inv = moments(ctx, vshape, [2], {0: vidx[0], 1: vidx[1]}, load, ct,
+                        ctx.attr("epsilon", 1e-5))
+    y = op("mul", op("sub", _loader(ctx, ct)(ctx.idx), mean), inv)
+    return op("add", op("mul", y, _channel(ctx, 1, ct)), _channel(ctx, 2, ct))
+
+
 register("BatchNormalization", NORMALIZATION, _infer_channel_norm(4),
-         _floating_ref(_batch_norm),
+         _floating_ref(_batch_norm), lower=_lower_batch_norm,
          doc="BatchNormalization(X, scale, B, mean, var), inference form (opset 15).")
 register("InstanceNormalization", NORMALIZATION, _infer_channel_norm(2),
-         _floating_ref(_instance_norm),
+         _floating_ref(_instance_norm), lower=_lower_channel_norm,
          doc="InstanceNormalization(input, scale, B): per (n, c) statistics.")
 register("GroupNormalization", NORMALIZATION, _infer_channel_norm(2),
-         _floating_ref(_group_norm),
+         _floating_ref(_group_norm), lower=_lower_channel_norm,
          doc="GroupNormalization(X, scale[C], bias[C]) with num_groups (opset 21).")
 
 
@@ -229,7 +387,32 @@ def _infer_mvn(ctx: InferContext) -> list[TypeShape]:
     return [(ctx.dtypes[0], shape)]
 
 
-register("LpNormalization", NORMALIZATION, _infer_lp, _floating_ref(_lp_norm),
+def _lower_lp(ctx: LowerCtx):
+    shape, axis, kept, ct = _axis_row(ctx)
+    load = _loader(ctx, ct)
+    if int(ctx.attr("p", 2)) == 1:
+        norm = ctx.reduce("sum", shape, [axis], kept, lambda ix: op("abs", load(ix)), ct)
+    else:
+        norm = op("sqrt", ctx.reduce("sum", shape, [axis], kept,
+                                     lambda ix: _square(load(ix)), ct))
+    zero = op("eq", norm, const(0, ct))  # onnxruntime leaves an all-zero slice at zero
+    return select(zero, const(0, ct), op("div", load(ctx.idx), norm))
+
+
+def _lower_mvn(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    rank = len(shape)
+    axes = sorted({int(a) + rank if int(a) < 0 else int(a)
+                   for a in ctx.attr("axes", [0, 2, 3])})
+    ct = compute_dtype(ctx.dtype)
+    load = _loader(ctx, ct)
+    kept = {d: ctx.idx[d] for d in range(rank) if d not in axes}
+    mean, inv = moments(ctx, shape, axes, kept, load, ct, None)
+    return op("mul", op("sub", load(ctx.idx), mean), inv)
+
+
+register("LpNormalization", NORMALIZATION, _infer_lp, _floating_ref(_lp_norm), lower=_lower_lp,
          doc="LpNormalization(x): x / ||x||_p along axis (p in 1, 2).")
 register("MeanVarianceNormalization", NORMALIZATION, _infer_mvn, _floating_ref(_mvn),
+         lower=_lower_mvn,
          doc="MeanVarianceNormalization(x): (x - mean) / std over axes (default [0, 2, 3]).")

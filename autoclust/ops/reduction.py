@@ -9,8 +9,11 @@ Semantics follow onnxruntime 1.31 where the spec leaves room:
 - NaN in Max/Min/ArgMax/ArgMin: onnxruntime folds `acc = x if x > acc else acc` from the
   first element, so a NaN propagates only when it is the first reduced element; otherwise
   it is skipped.
-- integer Mean truncates toward zero (C++ division); integer L2/LogSum/LogSumExp compute in
-  float and truncate; float16 computes in float32 and rounds once.
+- integer Sum, Mean, Prod, L1 and SumSquare accumulate in float64 and convert back with
+  saturation, as onnxruntime 1.31 does: int32 [2^30, 2^30, 2^30] sums to 2147483647, an
+  int64 sum beyond 2^53 loses its low bits, the integer mean truncates toward zero;
+  integer L2/LogSum/LogSumExp compute in float and truncate; float16 computes in float32
+  and rounds once.
 - TopK breaks ties by lower index and puts NaN last; the order among several NaNs and the
   order of sorted=0 outputs are onnxruntime implementation details we do not copy (the
   reference always returns sorted outputs).
@@ -18,12 +21,14 @@ Semantics follow onnxruntime 1.31 where the spec leaves room:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
+from autoclust.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops import (
     DATA_DEPENDENT,
     FLOAT_TYPES,
@@ -112,13 +117,10 @@ def _max_min(x: np.ndarray, axes: tuple, is_max: bool) -> np.ndarray:
     return np.min(x, axis=axes, keepdims=True, initial=info.max)
 
 
-def _int_mean(x: np.ndarray, axes: tuple) -> np.ndarray:
-    s = np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
-    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
-    if n == 0:
-        return s
-    q = np.abs(s) // n  # C++ integer division truncates toward zero
-    return (np.sign(s) * q).astype(x.dtype)
+def saturate(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """float64 -> integer dtype, truncating toward zero and clamping to the dtype's range."""
+    info = np.iinfo(dtype)
+    return np.clip(np.trunc(y), info.min, info.max).astype(dtype)
 
 
 def _float_mean(x: np.ndarray, axes: tuple) -> np.ndarray:
@@ -155,6 +157,8 @@ def _float_ops() -> dict[str, Callable[[np.ndarray, tuple], np.ndarray]]:
 
 
 _REDUCE_FNS = _float_ops()
+# Integer ops that accumulate in float64 and saturate back (module docstring).
+_SATURATING = ("ReduceSum", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceSumSquare")
 # Integer ops computed in float64 and truncated (onnxruntime casts the float result).
 _VIA_FLOAT = ("ReduceL2", "ReduceLogSum")
 
@@ -167,22 +171,106 @@ def _reduce_ref(op: str) -> Callable[[Arrays, dict[str, Any]], list[np.ndarray]]
         axes = _ref_axes(x, inputs[1] if len(inputs) > 1 else None, attrs)
         with np.errstate(all="ignore"):
             if x.dtype == np.float16:
-                y = fn(x.astype(np.float32), axes)
-            elif x.dtype.kind in "iu" and op == "ReduceMean":
-                y = _int_mean(x, axes)
+                y = fn(x.astype(np.float32), axes).astype(x.dtype)
+            elif x.dtype.kind in "iu" and op in _SATURATING:
+                y = saturate(fn(x.astype(np.float64), axes), x.dtype)
             elif x.dtype.kind in "iu" and op in _VIA_FLOAT:
-                y = fn(x.astype(np.float64), axes)
+                y = fn(x.astype(np.float64), axes).astype(x.dtype)
             else:
-                y = fn(x, axes)
-            y = y.astype(x.dtype)
+                y = fn(x, axes).astype(x.dtype)
         if not attrs.get("keepdims", 1):
             y = y.reshape([d for i, d in enumerate(y.shape) if i not in axes])
         return [y]
     return ref
 
 
+# ---- ReduceX lowering ---------------------------------------------------------------------
+
+# op -> (phase kind, element transform, finish(result, count)): sum(x), max(x), sum(|x|), ...
+_LOWER: dict[str, tuple] = {
+    "ReduceSum": ("sum", None, None),
+    "ReduceMean": ("sum", None, lambda r, n: op("div", r, const(n, r.dtype)) if n else r),
+    "ReduceMax": ("max", None, None),
+    "ReduceMin": ("min", None, None),
+    "ReduceProd": ("prod", None, None),
+    "ReduceL1": ("sum", lambda e: op("abs", e), None),
+    "ReduceL2": ("sum", lambda e: op("mul", e, e), lambda r, n: op("sqrt", r)),
+    "ReduceLogSum": ("sum", None, lambda r, n: op("log", r)),
+    "ReduceSumSquare": ("sum", lambda e: op("mul", e, e), None),
+}
+
+
+def reduce_axes(ctx: LowerCtx, rank: int) -> list[int]:
+    """Sorted reduced axes of a ReduceX node ([] for a no-op reduction)."""
+    axes = ctx.ints(1)
+    if not axes:
+        return [] if ctx.attr("noop_with_empty_axes", 0) else list(range(rank))
+    return sorted({a + rank if a < 0 else a for a in axes})
+
+
+def kept_index(idx: tuple, rank: int, axes: list[int], keepdims: bool) -> dict:
+    """Map each kept dim of the reduced input to its index in the output."""
+    kept_dims = [d for d in range(rank) if d not in axes]
+    if keepdims:
+        return {d: idx[d] for d in kept_dims}
+    return dict(zip(kept_dims, idx))
+
+
+def _accumulate_dtype(op_name: str, dtype: str) -> str:
+    if dtype[0] in "iu" and op_name in _SATURATING + _VIA_FLOAT:
+        return "float64"
+    return compute_dtype(dtype)
+
+
+def _lower_reduce(ctx: LowerCtx):
+    shape, dtype = ctx.in_shape(0), ctx.in_dtype(0)
+    rank, name = len(shape), ctx.node.op
+    ct = _accumulate_dtype(name, dtype)
+    axes = reduce_axes(ctx, rank)
+
+    def load(ix: tuple):
+        return cast(ctx.value(0, ix), ct)
+
+    if name == "ReduceLogSumExp":
+        if not axes:  # log(exp(x - x)) + x, as the reference: x itself
+            return _finish_int(load(ctx.idx), name, dtype)
+        kept = kept_index(ctx.idx, rank, axes, ctx.attr("keepdims", 1))
+        return _finish_int(log_sum_exp(ctx, shape, axes, kept, load, ct), name, dtype)
+    kind, pre, finish = _LOWER[name]
+    element = load if pre is None else (lambda ix: pre(load(ix)))
+    if not axes:  # a no-op reduction (or a 0-d input) applies the element transform only
+        r = element(ctx.idx)
+        return _finish_int(finish(r, 1) if finish else r, name, dtype)
+    kept = kept_index(ctx.idx, rank, axes, ctx.attr("keepdims", 1))
+    r = ctx.reduce(kind, shape, axes, kept, element, ct)
+    if finish:
+        r = finish(r, math.prod(shape[a] for a in axes))
+    return _finish_int(r, name, dtype)
+
+
+def _finish_int(r, op_name: str, dtype: str):
+    if dtype[0] in "iu" and op_name in _SATURATING:
+        return op("cast_sat", r, dtype=dtype)
+    return cast(r, dtype) if r.dtype != compute_dtype(dtype) else r
+
+
+def finite_max(ctx: LowerCtx, shape: tuple, axes: list[int], kept: dict, load, ct: str):
+    """The row maximum, or 0 when it is +-inf (so that x - max never gives inf - inf)."""
+    m = ctx.reduce("max", shape, axes, kept, load, ct)
+    return select(op("eq", op("abs", m), const(math.inf, ct)), const(0, ct), m)
+
+
+def log_sum_exp(ctx: LowerCtx, shape: tuple, axes: list[int], kept: dict, load, ct: str):
+    """log(sum(exp(x - m))) + m over the row, m its finite maximum."""
+    m = finite_max(ctx, shape, axes, kept, load, ct)
+    s = ctx.reduce("sum", shape, axes, kept, lambda ix: op("exp", op("sub", load(ix), m)), ct)
+    return op("add", op("log", s), m)
+
+
 for _op in _REDUCE_FNS:
     register(_op, REDUCTION, _infer_reduce, _reduce_ref(_op), shape_inputs=(1,),
+             lower=_lower_reduce, cost=4 if _op in ("ReduceLogSumExp", "ReduceLogSum") else 1,
+             shape_like=_op == "ReduceProd",
              doc=f"{_op}(data, axes?) with keepdims and noop_with_empty_axes (opset 18).")
 
 
@@ -226,9 +314,24 @@ def _arg_ref(is_max: bool) -> Callable[[Arrays, dict[str, Any]], list[np.ndarray
     return ref
 
 
-register("ArgMax", REDUCTION, _infer_arg, _arg_ref(True),
+def _lower_arg(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    rank = len(shape)
+    if rank == 0:
+        return const(0, "int64")
+    axis = int(ctx.attr("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    kind = "argmax" if ctx.node.op == "ArgMax" else "argmin"
+    if ctx.attr("select_last_index", 0):
+        kind += "_last"
+    kept = kept_index(ctx.idx, rank, [axis], ctx.attr("keepdims", 1))
+    ct = compute_dtype(ctx.in_dtype(0))
+    return ctx.reduce(kind, shape, [axis], kept, lambda ix: cast(ctx.value(0, ix), ct), "int64")
+
+
+register("ArgMax", REDUCTION, _infer_arg, _arg_ref(True), lower=_lower_arg,
          doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.")
-register("ArgMin", REDUCTION, _infer_arg, _arg_ref(False),
+register("ArgMin", REDUCTION, _infer_arg, _arg_ref(False), lower=_lower_arg,
          doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.")
 
 
@@ -250,24 +353,47 @@ def _infer_cumsum(ctx: InferContext) -> list[TypeShape]:
     return [(ctx.dtypes[0], ctx.shapes[0])]
 
 
-def _cumsum_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+def _scan_ref(fn: Callable, identity: int) -> Callable:
+    def ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
+        return [_scan(fn, identity, inputs, attrs)]
+    return ref
+
+
+def _scan(fn: Callable, identity: int, inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
+    """CumSum / CumProd: running fn along axis; exclusive, reverse."""
     x = inputs[0]
     axis = normalize_axis(int(inputs[1].ravel()[0]), x.ndim)
     work = x.astype(np.float32) if x.dtype == np.float16 else x
     if attrs.get("reverse", 0):
         work = np.flip(work, axis)
     with np.errstate(all="ignore"):
-        y = np.cumsum(work, axis=axis, dtype=work.dtype)
-    if attrs.get("exclusive", 0):
-        # [a, b, c] -> [0, a, a+b]
-        y = np.concatenate([np.zeros_like(np.take(y, [0], axis=axis)),
-                            np.take(y, np.arange(y.shape[axis] - 1), axis=axis)], axis=axis)
+        y = fn(work, axis=axis, dtype=work.dtype)
+    if attrs.get("exclusive", 0) and y.shape[axis]:
+        # [a, b, c] -> [identity, a, a+b]
+        first = np.full_like(np.take(y, [0], axis=axis), identity)
+        y = np.concatenate([first, np.take(y, np.arange(y.shape[axis] - 1), axis=axis)],
+                           axis=axis)
     if attrs.get("reverse", 0):
         y = np.flip(y, axis)
-    return [np.ascontiguousarray(y).astype(x.dtype)]
+    return np.ascontiguousarray(y).astype(x.dtype)
 
 
-register("CumSum", REDUCTION, _infer_cumsum, _cumsum_ref, shape_inputs=(1,),
+def _lower_scan(ctx: LowerCtx):
+    shape = ctx.in_shape(0)
+    axis = ctx.ints(1)[0]
+    axis = axis + len(shape) if axis < 0 else axis
+    ct = compute_dtype(ctx.in_dtype(0))
+    kind = "sum" if ctx.node.op == "CumSum" else "prod"
+    return ctx.scan(kind, shape, axis, lambda ix: cast(ctx.value(0, ix), ct), ct,
+                    exclusive=bool(ctx.attr("exclusive", 0)),
+                    reverse=bool(ctx.attr("reverse", 0)))
+
+
+register("CumProd", REDUCTION, _infer_cumsum, _scan_ref(np.cumprod, 1), shape_inputs=(1,),
+         lower=_lower_scan,
+         doc="CumProd(x, axis): running product along axis; exclusive, reverse (opset 26).")
+register("CumSum", REDUCTION, _infer_cumsum, _scan_ref(np.cumsum, 0), shape_inputs=(1,),
+         lower=_lower_scan,
          doc="CumSum(x, axis): running sum along axis; exclusive, reverse attrs.")
 
 
@@ -313,4 +439,5 @@ def _topk_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 
 register("TopK", DATA_DEPENDENT, _infer_topk, _topk_ref, shape_inputs=(1,),
+         refuse="TopK's output depends on the data (sorting): it runs in onnxruntime",
          doc="TopK(X, K) -> (values, int64 indices); axis, largest, sorted.")

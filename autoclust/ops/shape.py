@@ -1,18 +1,22 @@
 """Shape computations (Shape, Size, ConstantOfShape, Range, EyeLike) and data-dependent ops
 (NonZero, Unique).
 
-`SHAPE_LIKE_OPS` names the ops that, fed only by small int tensors derived from shapes, are
-shape computations: clustering pulls them into their consumer's cluster and constant
-folding evaluates them once shapes are concrete.
+Ops registered with `shape_like=True` (here and in the other modules: Gather, Concat,
+Reshape, Cast, Add, ...) are shape computations when fed only by values that follow from
+shapes: clustering pulls them into their consumer's cluster and constant folding evaluates
+them once shapes are concrete. Once folded they never reach a kernel; their lowerings
+cover the rest (ConstantOfShape of a big shape, a Range too long to fold).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
+from autoclust.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops import (
     DATA_DEPENDENT,
     INT64,
@@ -25,12 +29,6 @@ from autoclust.ops import (
     normalize_axis,
     register,
 )
-
-SHAPE_LIKE_OPS: frozenset[str] = frozenset({
-    "Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Cast", "Add",
-    "Sub", "Mul", "Div", "Equal", "Where", "ConstantOfShape", "Range", "Reshape", "Identity",
-    "ReduceProd", "Max", "Min", "Neg", "Abs", "Expand", "Tile", "Mod", "Floor", "Ceil",
-})
 
 
 def _tensor_attr(value: Any) -> np.ndarray:
@@ -197,11 +195,61 @@ def _unique_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return [y if y.flags.c_contiguous else y.copy(order="C")] + as64
 
 
-register("Shape", SHAPE, _shape_infer, _shape_ref)
-register("Size", SHAPE, lambda ctx: [(INT64, ())], _size_ref)
+# ---- lowerings ----------------------------------------------------------------------------
+
+def _lower_shape(ctx: LowerCtx):
+    """The shape as a select chain over the output position (folding normally gets there
+    first: Shape of a concrete shape is a constant)."""
+    dims = ctx.in_shape(0)
+    values = [dims[i] for i in _shape_range(ctx.node.attrs, len(dims))]
+    if not values:
+        return const(0, "int64")
+    pos = ctx.index(ctx.idx[0])
+    e = const(values[-1], "int64")
+    for k in range(len(values) - 2, -1, -1):
+        e = select(op("eq", pos, const(k, "int64")), const(values[k], "int64"), e)
+    return e
+
+
+def _lower_constant_of_shape(ctx: LowerCtx):
+    value = _fill_value(ctx.node.attrs)
+    return const(value.item(), value.dtype.name)
+
+
+def _lower_range(ctx: LowerCtx):
+    """start + i*delta for integers; floats accumulate sequentially (value += delta), as
+    onnxruntime does, through a scan: element 0 is start, every later one is delta."""
+    start, delta = (np.asarray(ctx.constant(i)).reshape(()) for i in (0, 2))
+    dt = ctx.dtype
+    pos = ctx.index(ctx.idx[0])
+    if dt[0] in "iu":
+        step = op("mul", cast(pos, dt), const(delta.item(), dt))
+        return op("add", const(start.item(), dt), step)
+
+    def element(ix: tuple):
+        first = op("eq", ctx.index(ix[0]), const(0, "int64"))
+        return select(first, const(start.item(), dt), const(delta.item(), dt))
+    return ctx.scan("sum", ctx.shape, 0, element, dt)
+
+
+def _lower_eye_like(ctx: LowerCtx):
+    k = int(ctx.attr("k", 0))
+    diff = op("sub", ctx.index(ctx.idx[1]), ctx.index(ctx.idx[0]))
+    return select(op("eq", diff, const(k, "int64")), const(1, ctx.dtype), const(0, ctx.dtype))
+
+
+_DATA = "the output's shape depends on the data: it runs in onnxruntime"
+
+register("Shape", SHAPE, _shape_infer, _shape_ref, lower=_lower_shape, shape_of=True,
+         shape_like=True)
+register("Size", SHAPE, lambda ctx: [(INT64, ())], _size_ref, shape_of=True, shape_like=True,
+         lower=lambda c: const(math.prod(c.in_shape(0)), "int64"))
 register("ConstantOfShape", SHAPE, _constant_of_shape_infer, _constant_of_shape_ref,
-         shape_inputs=(0,))
-register("Range", SHAPE, _range_infer, _range_ref, shape_inputs=(0, 1, 2))
-register("EyeLike", SHAPE, _eye_like_infer, _eye_like_ref)
-register("NonZero", DATA_DEPENDENT, _non_zero_infer, _non_zero_ref, data_dependent=True)
-register("Unique", DATA_DEPENDENT, _unique_infer, _unique_ref, data_dependent=True)
+         shape_inputs=(0,), lower=_lower_constant_of_shape, shape_like=True)
+register("Range", SHAPE, _range_infer, _range_ref, shape_inputs=(0, 1, 2), lower=_lower_range,
+         shape_like=True)
+register("EyeLike", SHAPE, _eye_like_infer, _eye_like_ref, lower=_lower_eye_like)
+register("NonZero", DATA_DEPENDENT, _non_zero_infer, _non_zero_ref, data_dependent=True,
+         refuse=_DATA)
+register("Unique", DATA_DEPENDENT, _unique_infer, _unique_ref, data_dependent=True,
+         refuse=_DATA)

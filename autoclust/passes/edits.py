@@ -50,10 +50,10 @@ def detach(graph: Graph, node: Node) -> int:
 
 
 def replace_node(graph: Graph, node: Node, op: str, inputs: list[Value | None],
-                 attrs: dict[str, Any] | None = None) -> Node:
+                 attrs: dict[str, Any] | None = None, domain: str = "") -> Node:
     """Put `op(inputs)` in `node`'s place, producing the same output Values."""
     index = detach(graph, node)
-    new = Node(op, inputs, node.outputs, attrs, node.name, "")
+    new = Node(op, inputs, node.outputs, attrs, node.name, domain)
     return graph.add_node(new, index)
 
 

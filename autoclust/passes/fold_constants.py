@@ -26,13 +26,12 @@ from autoclust.passes.edits import detach, set_constant
 MAX_FOLD_ELEMENTS = 1 << 20
 # Outputs up to this size fold even when larger than their inputs (shape tensors, masks).
 SMALL_ELEMENTS = 1024
-_SHAPE_OF = ("Shape", "Size")
 
 
-def _inputs_of(graph: Graph, node: Node, known: dict[str, np.ndarray]
+def _inputs_of(graph: Graph, node: Node, opdef: ops.OpDef, known: dict[str, np.ndarray]
                ) -> list[np.ndarray | None] | None:
     """Input arrays when every present input is known, else None."""
-    if node.op in _SHAPE_OF and node.domain in ("", "ai.onnx"):
+    if opdef.shape_of:
         v = node.inputs[0]
         if v is not None and v.is_static():
             # A zero-strided view: Shape/Size read only .shape, so nothing is allocated.
@@ -65,10 +64,10 @@ def evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray] | None = Non
         return None
     if any(hasattr(a, "SerializeToString") for a in node.attrs.values()):
         return None  # a graph-valued attribute (If/Loop body)
-    arrays = _inputs_of(graph, node, known or {})
+    arrays = _inputs_of(graph, node, opdef, known or {})
     if arrays is None:
         return None
-    input_size = 0 if node.op in _SHAPE_OF else sum(a.size for a in arrays if a is not None)
+    input_size = 0 if opdef.shape_of else sum(a.size for a in arrays if a is not None)
     may_grow = opdef.kind == ops.LIBRARY
     for v in node.outputs:
         if v.is_static() and _too_big(int(np.prod(v.shape)), input_size, max_elements, may_grow):

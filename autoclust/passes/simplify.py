@@ -6,14 +6,14 @@ One guard for every rule, in `_apply`: the result must have exactly the output's
 shape. So `x*1 -> x` never fires when the 1 broadcasts x to a bigger shape, `Cast -> x`
 only fires when the dtype is unchanged, and `Expand/Reshape -> x` only when nothing changes.
 Rewrites are exact: no reassociation, no rounding change (Div becomes Mul only by an exact
-power-of-two reciprocal; Pow(x, 0.5) becomes Sqrt(x) only for x known >= 0, since
-pow(-inf, 0.5) is +inf but sqrt(-inf) is NaN).
+power-of-two reciprocal). Strength reductions an op's lowering already does on constant
+inputs (Pow by 1, 2, 3 or 0.5) are not repeated here: each identity is written once, in
+the op table (autoclust/ops/elementwise.py, Pow's lowering).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -22,12 +22,12 @@ from autoclust.errors import AutoclustError
 from autoclust.ir import Graph, Node, Value
 from autoclust.passes.edits import new_constant, replace_node
 
-Rewrite = tuple[str, list[Value | None], dict[str, Any]]
+Rewrite = tuple  # (op, inputs, attrs) or (op, inputs, attrs, domain)
 Result = Value | Rewrite | None
 Rule = Callable[[Graph, Node], Result]
 
-RESHAPES = ("Reshape", "Squeeze", "Unsqueeze", "Flatten")
-NON_NEGATIVE_OPS = ("Abs", "Relu", "Exp", "Sqrt", "Sigmoid", "Softplus")
+# View ops (OpDef.view): the output is the input's elements in the same order.
+VIEWS = tuple(d.op for d in ops.all_ops() if d.view and not d.domain)
 
 
 def _is(graph: Graph, v: Value | None, c: float) -> bool:
@@ -41,15 +41,6 @@ def _made_by(v: Value | None, *op_names: str) -> Node | None:
     return p if p is not None and p.domain in ("", "ai.onnx") and p.op in op_names else None
 
 
-def _non_negative(graph: Graph, v: Value) -> bool:
-    a = graph.constant_value(v)
-    if a is not None:
-        return bool(np.all(a >= 0))
-    p = v.producer
-    return _made_by(v, *NON_NEGATIVE_OPS) is not None or (
-        _made_by(v, "Mul") is not None and p.inputs[0] is p.inputs[1])
-
-
 def _div_exact(graph: Graph, n: Node) -> Result:
     x, c = n.inputs[0], graph.constant_value(n.inputs[1])
     if c is None or x.dtype is None or x.dtype.kind != "f" or c.size == 0:
@@ -59,13 +50,6 @@ def _div_exact(graph: Graph, n: Node) -> Result:
     ok = np.isfinite(c) & np.isfinite(r) & (np.abs(np.frexp(c)[0]) == 0.5)
     ok &= np.abs(np.frexp(r)[0]) == 0.5  # 1/c is itself a normal power of two: exact
     return ("Mul", [x, new_constant(graph, r, "reciprocal")], {}) if ok.all() else None
-
-
-def _pow_half(graph: Graph, n: Node) -> Result:
-    x = n.inputs[0]
-    if _is(graph, n.inputs[1], 0.5) and _non_negative(graph, x):
-        return ("Sqrt", [x], {})
-    return None
 
 
 def _perm(n: Node) -> list[int] | None:
@@ -93,7 +77,7 @@ def _transpose_transpose(graph: Graph, n: Node) -> Result:
 
 
 def _reshape_chain(graph: Graph, n: Node) -> Result:
-    inner = _made_by(n.inputs[0], *RESHAPES)
+    inner = _made_by(n.inputs[0], *VIEWS)
     out = n.outputs[0]
     if inner is None or not out.is_static() or 0 in out.shape:
         return None  # a 0 in a Reshape target means "copy", so keep those as they are
@@ -108,6 +92,48 @@ def _dropout(graph: Graph, n: Node) -> Result:
     if training is not None and not _is(graph, training, False):
         return None
     return n.inputs[0]
+
+
+def _last_two_swapped(node: Node | None) -> Value | None:
+    """The input of a Transpose that swaps only the last two dims, else None."""
+    if node is None:
+        return None
+    perm = _perm(node)
+    if perm is None or len(perm) < 2:
+        return None
+    r = len(perm)
+    return node.inputs[0] if perm == list(range(r - 2)) + [r - 1, r - 2] else None
+
+
+def _matmul_of_transpose(graph: Graph, n: Node) -> Result:
+    """MatMul reading a transposed operand reads it in place: the library call does."""
+    a, b = n.inputs[0], n.inputs[1]
+    if n.outputs[0].dtype is None or n.outputs[0].dtype.kind != "f":
+        return None
+    ta = _last_two_swapped(_made_by(a, "Transpose"))
+    tb = _last_two_swapped(_made_by(b, "Transpose"))
+    if ta is None and tb is None:
+        return None
+    attrs = {"transA": int(ta is not None), "transB": int(tb is not None)}
+    return ("FusedMatMul", [ta or a, tb or b], attrs, "com.microsoft")
+
+
+def _scaled_matmul(graph: Graph, n: Node) -> Result:
+    """Mul(MatMul(a, b), c) with a scalar c -> FusedMatMul(a, b, alpha=c): the product is
+    scaled once either way, so the result is the same to the bit (float32 only: alpha is
+    a float32 attribute, and an existing alpha is never combined with c)."""
+    for mm, c in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
+        p = None if mm is None else mm.producer
+        value = graph.constant_value(c)
+        if (p is None or (p.op, p.domain) not in (("MatMul", ""), ("FusedMatMul",
+                                                                  "com.microsoft"))
+                or len(mm.uses) != 1 or mm in graph.outputs or value is None
+                or value.size != 1 or mm.dtype != np.float32 or value.dtype != np.float32
+                or p.attrs.get("alpha", 1.0) != 1.0):
+            continue
+        attrs = {**p.attrs, "alpha": float(value.reshape(()))}
+        return ("FusedMatMul", list(p.inputs), attrs, "com.microsoft")
+    return None
 
 
 def _neg_neg(graph: Graph, n: Node) -> Result:
@@ -128,19 +154,16 @@ RULES: list[tuple[str, Rule]] = [
     ("Sub", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 0) else None),  # x-0 -> x
     ("Div", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 1) else None),  # x/1 -> x
     ("Div", _div_exact),  # x/4 -> x*0.25 (powers of two only)
-    ("Pow", lambda g, n: n.inputs[0] if _is(g, n.inputs[1], 1) else None),  # x**1 -> x
-    ("Pow", lambda g, n: ("Mul", [n.inputs[0]] * 2, {}) if _is(g, n.inputs[1], 2)
-     else None),  # x**2 -> x*x
-    ("Pow", _pow_half),  # x**0.5 -> sqrt(x) for x >= 0
     ("Transpose", _transpose_identity),  # Transpose(x, perm=[0,1,..]) -> x
     ("Transpose", _transpose_transpose),  # Transpose(Transpose(x)) -> Transpose(x) or x
-    *[(op, _forward(0)) for op in RESHAPES],  # Reshape(x) to x's own shape -> x
-    *[(op, _reshape_chain) for op in RESHAPES],  # Reshape(Reshape(x)) -> Reshape(x) or x
+    *[(op, _forward(0)) for op in VIEWS],  # Reshape(x) to x's own shape -> x, Identity(x) -> x
+    *[(op, _reshape_chain) for op in VIEWS],  # Reshape(Reshape(x)) -> Reshape(x) or x
     ("Cast", _forward(0)),  # Cast(x: T, to=T) -> x
     ("CastLike", _forward(0)),  # CastLike(x: T, y: T) -> x
-    ("Identity", _forward(0)),  # Identity(x) -> x
     ("Dropout", _dropout),  # Dropout(x) -> x (inference)
     ("Neg", _neg_neg),  # -(-x) -> x
+    ("MatMul", _matmul_of_transpose),  # MatMul(a, Transpose(b)) -> FusedMatMul(a, b, transB)
+    ("Mul", _scaled_matmul),  # MatMul(a, b) * c -> FusedMatMul(a, b, alpha=c)
     ("Expand", _forward(0)),  # Expand(x, shape) -> x when nothing broadcasts
 ]
 
@@ -162,16 +185,16 @@ def _apply(graph: Graph, node: Node, result: Value | Rewrite) -> bool:
         graph.replace_all_uses(out, result)
         graph.remove_node(node)
         return True
-    op, inputs, attrs = result
+    op, inputs, attrs, domain = (*result, "")[:4]
     if len(node.outputs) != 1:
         return False
     try:
-        types = ops.infer_node(Node(op, inputs, [Value("_")], attrs, node.name), graph)
+        types = ops.infer_node(Node(op, inputs, [Value("_")], attrs, node.name, domain), graph)
     except (AutoclustError, ValueError, TypeError, IndexError):
         return False
     if len(types) != 1 or not _same_type(types[0], out):
         return False
-    replace_node(graph, node, op, inputs, attrs)
+    replace_node(graph, node, op, inputs, attrs, domain)
     return True
 
 

@@ -5,7 +5,6 @@ indices start <= i0 < stop (so threads can split i0), which loads its buffer poi
 from `bufs` and calls `k.body` whose pointer arguments are noalias (vectorization needs
 it). Addresses are GEPs. Reductions accumulate in entry-block allocas (SROA turns them
 into registers) with the `reassoc` fast-math flag so the loop vectorizer can split them.
-`k.par(bufs, n, threads)` runs `k` on libgomp's threads (GOMP_parallel), splitting n.
 
 Speed: float ops carry `contract` (FMA), divisions by loop-invariant values `arcp` (one
 reciprocal per row instead of a vdivps per element), every function prefers 512-bit
@@ -17,18 +16,22 @@ from __future__ import annotations
 
 import math
 
-from autoclust.backends.cpu import mathops
-from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, if_then
+from autoclust.backends.cpu import mathops, vectorize
+from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
 from llvmlite import ir
 
 from autoclust import kernel_ir as kir
 
-I8, I32 = ir.IntType(8), ir.IntType(32)
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 PTR = ir.PointerType()
+# Narrow integers are stored narrow and computed in int32 (as float16 is in float32): loads
+# widen (sign- or zero-extend), stores truncate, and casts to them wrap (mathops.cast).
+NARROW_INTS = {"int8": I8, "uint8": I8, "int16": I16, "uint16": I16}
 STORAGE = {"float16": ir.HalfType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": I8}
+           "int32": I32, "int64": I64, "bool": I8, **NARROW_INTS}
 COMPUTE = {"float16": ir.FloatType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": ir.IntType(1)}
+           "int32": I32, "int64": I64, "bool": ir.IntType(1),
+           **{name: I32 for name in NARROW_INTS}}
 REDUCE_FLAGS = ("reassoc", "contract")
 VECTOR_BITS = 512
 NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
@@ -86,6 +89,9 @@ class KernelEmitter:
         k = self.kernel
         inner_ranges = [(_i64(0), _i64(d)) for d in k.shape[len(k.shape) - k.n_inner:]]
         self.reduced: list[ir.Value] = []
+        if k.scan:
+            self._scan(inner_ranges)
+            return
         self.stash = _plan_stash(k, self.dtypes)
         for phase, red in enumerate(k.reductions):
             self.reduced.append(self._reduction(red, inner_ranges, phase))
@@ -105,7 +111,76 @@ class KernelEmitter:
                 for s in elem_stores:
                     self._store(s)
 
+    def _scan(self, inner_ranges: list) -> None:
+        """A scan kernel: one running phase; every store runs inside its loop and reads
+        the running value (before the element for an exclusive scan, after it otherwise).
+        A reversed scan walks the inner index from its end."""
+        k, b = self.kernel, self.b
+        red = k.reductions[0]
+        ty = COMPUTE[red.dtype]
+        acc = entry_alloca(b, ty, "scan")
+        b.store(_reduce_init(red.kind, red.dtype, ty), acc)
+        self.stash = {}
+        with for_nest(b, inner_ranges, "s") as inner:
+            if red.reverse and inner:
+                last = _i64(inner_ranges[0][1].constant - 1)
+                inner = [b.sub(last, inner[0], flags=["nsw"])] + inner[1:]
+            self.iv = self.outer + inner
+            self.memo = {}
+            old = b.load(acc)
+            new = self._combine(red.kind, old, self.value(red.expr), red.dtype)
+            b.store(new, acc)
+            self.reduced = [old if red.scan == "exclusive" else new]
+            for s in k.stores:
+                self._store(s)
+
     def _reduction(self, red: kir.Reduction, inner_ranges: list, phase: int) -> ir.Value:
+        if self._vector_phase(red, inner_ranges, phase):
+            return self._vector_reduction(red, inner_ranges)
+        return self._scalar_reduction(red, inner_ranges, phase)
+
+    def _vector_phase(self, red: kir.Reduction, inner_ranges: list, phase: int) -> bool:
+        """Float max/min phases over rows of at least one vector, with a simple expression
+        and nothing stashed in them, are emitted as vector code (vectorize.py)."""
+        if red.kind not in ("max", "min") or red.dtype not in ("float32", "float64"):
+            return False
+        if not inner_ranges or inner_ranges[-1][1].constant < vectorize.lanes(red.dtype):
+            return False
+        if any(key[0] == phase for key in self.stash):
+            return False
+        return vectorize.supported(red.expr, len(self.kernel.shape) - 1)
+
+    def _vector_reduction(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
+        b = self.b
+        v = vectorize.lanes(red.dtype)
+        ty = COMPUTE[red.dtype]
+        vx = vectorize.VectorExprs(self, v)
+        init = _reduce_init(red.kind, red.dtype, ty)
+        acc = entry_alloca(b, ir.VectorType(ty, v), "vacc")
+        b.store(ir.Constant(ir.VectorType(ty, v), [init.constant] * v), acc)
+        tail = entry_alloca(b, ty, "acc")
+        b.store(init, tail)
+        n = inner_ranges[-1][1].constant
+        chunks = n // v
+        name = "llvm.maxnum" if red.kind == "max" else "llvm.minnum"
+        with for_nest(b, inner_ranges[:-1], "r") as prefix:
+            with for_nest(b, [(_i64(0), _i64(chunks))], "vr") as (t,):
+                self.iv = self.outer + prefix + [b.mul(t, _i64(v), flags=["nsw"])]
+                self.memo, vx.memo = {}, {}
+                x = vx.value(red.expr)
+                x = vx.intrinsic(name, [x, ir.Constant(x.type, [init.constant] * v)])
+                b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
+            with for_nest(b, [(_i64(chunks * v), _i64(n))], "vt") as (i,):
+                self.iv = self.outer + prefix + [i]
+                self.memo = {}
+                b.store(self._combine(red.kind, b.load(tail), self.value(red.expr),
+                                      red.dtype), tail)
+        result = self.math.intrinsic(b, name, [vx.horizontal(b.load(acc), red.kind),
+                                               b.load(tail)], fastmath=("nnan",))
+        return self._nan_first(red, inner_ranges, result)
+
+    def _scalar_reduction(self, red: kir.Reduction, inner_ranges: list,
+                          phase: int) -> ir.Value:
         b = self.b
         arg = red.kind.startswith("arg")
         ty = COMPUTE[red.expr.dtype] if arg else COMPUTE[red.dtype]
@@ -128,15 +203,19 @@ class KernelEmitter:
                 take = self._arg_better(red.kind, x, old, red.expr.dtype)
                 b.store(b.select(take, x, old), acc)
                 b.store(b.select(take, inner[-1] if inner else _i64(0), b.load(pos)), pos)
-        result = b.load(pos if arg else acc)
+        return self._nan_first(red, inner_ranges, b.load(pos if arg else acc))
+
+    def _nan_first(self, red: kir.Reduction, inner_ranges: list, result: ir.Value) -> ir.Value:
+        """onnxruntime: a max/min/arg* row's NaN is skipped unless it is the first element."""
         nonempty = all(stop.constant > 0 for _, stop in inner_ranges)
         if red.kind in NAN_FIRST_KINDS and is_float(red.expr.dtype) and nonempty:
-            # onnxruntime: NaN is skipped unless it is the row's first element.
+            b = self.b
             self.iv = self.outer + [_i64(0)] * len(inner_ranges)
             self.memo = {}
             first = self.value(red.expr)
             first_nan = b.fcmp_unordered("uno", first, first)
-            result = b.select(first_nan, _i64(0) if arg else first, result)
+            result = b.select(first_nan, _i64(0) if red.kind.startswith("arg") else first,
+                              result)
         return result
 
     def _combine(self, kind: str, acc: ir.Value, x: ir.Value, dtype: str) -> ir.Value:
@@ -150,7 +229,10 @@ class KernelEmitter:
             # the call is truthfully `nnan`. Not a plain llvm.maxnum reduction: LLVM 22
             # vectorizes that with a NaN-checking scheme that drops elements for some trip
             # counts (11, 14, 15 measured; tests/test_cpu_backend.py). The price: max/min
-            # rows are not vectorized (softmax's max phase).
+            # rows are not vectorized (softmax's max phase). Tried and rejected: sanitizing
+            # with maxnum(x, -inf) instead of this select lets LLVM vectorize the nnan
+            # reduction, but LLVM 22 then drops elements behind an Exp (the trip-count test
+            # fails) and aborts ("VPlan cost model ... disagreed") on softmax rows of 75.
             neutral = ir.Constant(x.type, float("-inf") if kind == "max" else float("inf"))
             x = b.select(b.fcmp_unordered("uno", x, x), neutral, x)
             name = "llvm.maxnum" if kind == "max" else "llvm.minnum"
@@ -165,7 +247,8 @@ class KernelEmitter:
         return self.b.icmp_signed(cmp, x, best)
 
     # ---- stores, loads and expressions -----------------------------------------------------
-    def _address(self, buf: int, index: kir.Affine, clamps: tuple = ()) -> ir.Value:
+    def _address(self, buf: int, index: kir.Affine, clamps: tuple = (),
+                 dyn: tuple = ()) -> ir.Value:
         b = self.b
         off = _i64(index.const)
         ivs = list(self.iv)
@@ -176,6 +259,10 @@ class KernelEmitter:
             if c:
                 term = iv if c == 1 else b.mul(iv, _i64(c), flags=["nsw"])
                 off = b.add(off, term, flags=["nsw"])
+        for e, stride in dyn:  # data-dependent positions (gathers), clamped by the lowering
+            pos = self.value(e)
+            term = pos if stride == 1 else b.mul(pos, _i64(stride), flags=["nsw"])
+            off = b.add(off, term, flags=["nsw"])
         return b.gep(self.ptr[buf], [off], inbounds=True,
                      source_etype=STORAGE[self.dtypes[buf]])
 
@@ -187,6 +274,8 @@ class KernelEmitter:
             v = b.fptrunc(v, STORAGE[dtype])
         elif dtype == "bool":
             v = b.zext(v, I8)
+        elif dtype in NARROW_INTS:
+            v = b.trunc(v, STORAGE[dtype])
         b.store(v, self._address(s.buf, s.index))
 
     def value(self, e: kir.Expr) -> ir.Value:
@@ -210,15 +299,19 @@ class KernelEmitter:
                     off = b.add(off, b.mul(iv, _i64(c)))
             return off
         if isinstance(e, kir.Load):
-            v = b.load(self._address(e.buf, e.index, e.clamps), typ=STORAGE[e.dtype])
+            v = b.load(self._address(e.buf, e.index, e.clamps, e.dyn), typ=STORAGE[e.dtype])
             if e.dtype == "float16":
                 return b.fpext(v, COMPUTE["float16"])
             if e.dtype == "bool":
                 return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+            if e.dtype in NARROW_INTS:
+                return (b.zext if e.dtype.startswith("u") else b.sext)(v, I32)
             return v
         args = [self.value(a) for a in e.args]
         if e.name == "cast":
             return self.math.cast(b, args[0], e.args[0].dtype, e.dtype)
+        if e.name == "cast_sat":  # float64 accumulator -> integer, saturating
+            return self.math.intrinsic_ret(b, "llvm.fptosi.sat", COMPUTE[e.dtype], args[0])
         arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
         flags = self.flags
         if e.name == "div" and "fast" not in flags and self._invariant(e.args[1]):
@@ -232,7 +325,9 @@ class KernelEmitter:
         got = self.invariant.get(key)
         if got is None:
             last = len(self.kernel.shape) - 1
-            if isinstance(e, (kir.Load, kir.Index)):
+            if isinstance(e, kir.Load):
+                got = e.index.coeffs[last] == 0 and all(self._invariant(x) for x, _ in e.dyn)
+            elif isinstance(e, kir.Index):
                 got = e.index.coeffs[last] == 0
             elif isinstance(e, kir.Op):
                 got = all(self._invariant(a) for a in e.args)
@@ -254,7 +349,7 @@ def _loop_order(k: kir.Kernel) -> list[int]:
     order = list(range(rank - k.n_inner))
     if k.n_inner or k.reductions or rank < 3:
         return order
-    indices = [e.index for e in _walk(k) if isinstance(e, kir.Load)] + \
+    indices = [e.index for e in kir.kernel_exprs(k) if isinstance(e, kir.Load)] + \
         [s.index for s in k.stores]
 
     def strided(d: int) -> int:
@@ -265,12 +360,10 @@ def _loop_order(k: kir.Kernel) -> list[int]:
     return order + [best]
 
 
-# Ops that cost far more than storing and reloading a value that sits in L1/L2
-COSTLY = frozenset({"exp", "log", "tanh", "erf", "sigmoid", "pow", "sin", "cos", "tan"})
-
-
 def _costly(e: kir.Expr) -> bool:
-    return isinstance(e, kir.Op) and (e.name in COSTLY or any(_costly(a) for a in e.args))
+    """Whether e computes a primitive that costs far more than storing and reloading a
+    value that sits in L1/L2 (kernel_ir.COSTLY)."""
+    return isinstance(e, kir.Op) and (e.name in kir.COSTLY or any(_costly(a) for a in e.args))
 
 
 def _subexprs(e: kir.Expr, out: set) -> set:
@@ -290,9 +383,9 @@ def _plan_stash(k: kir.Kernel, dtypes: dict[int, str]) -> dict:
     Only for float32/float64 outputs (exact round trip), output buffers that the kernel
     does not read, and store maps that move along every inner dim (each element once).
     """
-    if not k.reductions:
+    if not k.reductions or k.scan:
         return {}
-    loaded = {e.buf for e in _walk(k) if isinstance(e, kir.Load)}
+    loaded = kir.loaded_buffers(k)
     inner = range(len(k.shape) - k.n_inner, len(k.shape))
     phases = [_subexprs(r.expr, set()) for r in k.reductions]
     plan: dict = {}
@@ -346,85 +439,34 @@ def _i64(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
 
 
-def _exprs(k: kir.Kernel) -> list:
-    return [r.expr for r in k.reductions] + [s.expr for s in k.stores]
-
-
-def _walk(k: kir.Kernel):
-    seen: set = set()
-    stack = _exprs(k)
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if isinstance(e, kir.Op):
-            stack.extend(e.args)
-
-
 def _buffers_of(k: kir.Kernel) -> set[int]:
-    bufs = {s.buf for s in k.stores}
-    bufs |= {e.buf for e in _walk(k) if isinstance(e, kir.Load)}
-    return bufs
+    return {s.buf for s in k.stores} | kir.loaded_buffers(k)
 
 
 def _buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
-    out = {e.buf: e.dtype for e in _walk(k) if isinstance(e, kir.Load)}
+    out = {e.buf: e.dtype for e in kir.kernel_exprs(k) if isinstance(e, kir.Load)}
     for s in k.stores:
         out[s.buf] = s.expr.dtype
     return out
 
 
-def emit_parallel(module: ir.Module, name: str) -> None:
-    """`name.par(bufs, n, threads)`: run kernel `name` over [0, n) on libgomp threads."""
-    fnty = ir.FunctionType(ir.VoidType(), [PTR, I64, I64])
-    kernel = module.get_global(name)
-    gomp = _declare(module, "GOMP_parallel",
-                    ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
-    tid_fn = _declare(module, "omp_get_thread_num", ir.FunctionType(I32, []))
-    nt_fn = _declare(module, "omp_get_num_threads", ir.FunctionType(I32, []))
-    ctx_ty = ir.LiteralStructType([PTR, I64])
-    worker = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), f"{name}.omp")
-    b = ir.IRBuilder(worker.append_basic_block("entry"))
-    bufs = b.load(b.gep(worker.args[0], [I32(0), I32(0)], source_etype=ctx_ty), typ=PTR)
-    n = b.load(b.gep(worker.args[0], [I32(0), I32(1)], source_etype=ctx_ty), typ=I64)
-    tid = b.sext(b.call(tid_fn, []), I64)
-    nt = b.sext(b.call(nt_fn, []), I64)
-    chunk = b.sdiv(b.add(n, b.sub(nt, _i64(1))), nt)
-    start = b.mul(tid, chunk)
-    stop = b.select(b.icmp_signed("<", b.add(start, chunk), n), b.add(start, chunk), n)
-    with if_then(b, b.icmp_signed("<", start, stop)):
-        b.call(kernel, [bufs, start, stop])
-    b.ret_void()
-    par = ir.Function(module, fnty, f"{name}.par")
-    b = ir.IRBuilder(par.append_basic_block("entry"))
-    ctx = b.alloca(ctx_ty)
-    b.store(par.args[0], b.gep(ctx, [I32(0), I32(0)]))
-    b.store(par.args[1], b.gep(ctx, [I32(0), I32(1)]))
-    b.call(gomp, [worker, ctx, b.trunc(par.args[2], I32), I32(0)])
-    b.ret_void()
-
-
-def _declare(module: ir.Module, name: str, fnty: ir.FunctionType) -> ir.Function:
-    try:
-        return module.get_global(name)
-    except KeyError:
-        return ir.Function(module, fnty, name)
-
-
-def build_module(kernels: list[kir.Kernel], fast_math: bool, parallel: set[str]) -> ir.Module:
-    """One LLVM module holding every kernel of a cluster (and parallel launchers)."""
+def build_module(kernels: list[kir.Kernel], fast_math: bool) -> ir.Module:
+    """One LLVM module holding the given kernels."""
     module = ir.Module(name="autoclust")
     wide = set()
     for k in kernels:
         KernelEmitter(module, k, fast_math).emit()
-        if k.name in parallel:
-            emit_parallel(module, k.name)
         if not k.reductions:
             wide.add(k.name)
     for fn in module.functions:
-        if not fn.is_declaration and fn.name.split(".")[0] in wide:
+        if fn.is_declaration:
+            continue
+        # `arcp` is for x / c -> x * (1/c) with 1/c hoisted out of the loop. Without this
+        # attribute x86 also turns 1/sqrt(v) into vrsqrt14 plus a Newton step, which is
+        # 1-2 ulp off and gives NaN for v = inf (LayerNorm over a row holding 1e20 must
+        # give zeros, as onnxruntime does).
+        set.add(fn.attributes, '"reciprocal-estimates"="none"')
+        if fn.name.split(".")[0] in wide:
             # LLVM's Intel server tuning caps vectors at 256 bits; elementwise kernels are
             # FMA-heavy streams where 512 bits measured 1.3-1.5x faster (GELU, the math
             # chain). Not on row kernels: there LLVM 22's loop vectorizer asserts ("VPlan

@@ -2,31 +2,82 @@
 
 Buffer pointers live in one ctypes array that every kernel receives; a run only writes
 the input and output slots, then makes one ctypes call per kernel (CFUNCTYPE releases
-the GIL). Temps live in slots allocated once; outputs are fresh arrays every run.
+the GIL). Temps live in slots allocated once; outputs are fresh arrays every run. Check
+thunks (index ranges, integer divisors) run in NumPy before the kernels that rely on them
+and raise InvalidInputError naming the node.
 
 Large kernels are split over threads by `Splitter`: the outer loop is cut into chunks that
 the calling thread and `threads - 1` helper threads claim from a shared counter. The
 caller never waits for a helper to start, only for chunks a helper has already claimed.
-Measured on the loaded 2-core build machine, a libgomp region (`k.par`) cost 4-8 ms per
-kernel because its end barrier waits until the OS schedules the second thread; the
-claim-based split costs the caller ~10 us and degrades to one thread when no core is free.
+Measured on the loaded 2-core build machine, a libgomp region cost 4-8 ms per kernel
+because its end barrier waits until the OS schedules the second thread; the claim-based
+split costs the caller ~10 us and degrades to one thread when no core is free.
+Consecutive native steps (unsplit kernels and generated GEMMs) run through one call of
+a small native driver, so a small cluster costs one ctypes call, not one per kernel.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import queue
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from autoclust import kernel_ir as kir
-from autoclust import ops
+from autoclust.errors import InvalidInputError
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+# The native driver: driver(fns, bufs, bounds, count) calls fns[i](bufs[i], bounds[2i],
+# bounds[2i + 1]) for i < count, so a run of native steps costs one ctypes call.
+DRIVER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_int64)
+PARALLEL_FLOPS = 1 << 20  # generated GEMMs split over threads from 4x this many flops
+
+
+class Native(NamedTuple):
+    """A native step: fn(bufs, start, stop), run by the driver with its neighbours."""
+
+    fn: int
+    bufs: int
+    start: int
+    stop: int
+
+
+def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
+    """Runs of consecutive Native steps become one driver call; other steps stay."""
+    from autoclust.backends.cpu import jit
+    out: list[Callable[[], None]] = []
+    run: list[Native] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        n = len(run)
+        fns = (ctypes.c_void_p * n)(*[r.fn for r in run])
+        bufs = (ctypes.c_void_p * n)(*[r.bufs for r in run])
+        bounds = (ctypes.c_int64 * (2 * n))(*[v for r in run for v in (r.start, r.stop)])
+        keep.extend((fns, bufs, bounds))
+        driver = DRIVER_FN(jit.driver_address())
+        args = (ctypes.addressof(fns), ctypes.addressof(bufs), ctypes.addressof(bounds), n)
+        out.append(lambda: driver(*args))
+        run.clear()
+
+    for step in steps:
+        if isinstance(step, Native):
+            run.append(step)
+        else:
+            flush()
+            out.append(step)
+    flush()
+    return out
 
 
 def _address(a: np.ndarray) -> int:
@@ -113,33 +164,42 @@ class Executable:
     """run(inputs in graph.inputs order) -> outputs in graph.outputs order."""
 
     def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: set[str],
-                 threads: int, engine: object, dumps: dict[str, str],
-                 constants: dict[int, np.ndarray], library: object = None,
-                 min_chunk_work: int = 1 << 16, use_gomp: bool = False,
-                 bindings: dict[str, tuple[str, tuple[int, ...]]] | None = None):
+                 threads: int, engine: object, dumps: dict[str, str], library: object = None,
+                 min_chunk_work: int = 1 << 16, gemms: dict | None = None):
         self.program = program
+        constants = program.constants
         self.engine = engine  # keeps the code alive
         self.dumps = dumps
-        self.num_kernels = len(program.thunks)
+        self.num_kernels = sum(1 for t in program.thunks if not isinstance(t, kir.Check))
         self.buffers = {b.id: b for b in program.buffers}
         self._lock = threading.Lock()
         self._ptrs = (ctypes.c_void_p * max(1, len(program.buffers)))()
         self._ptrs_addr = ctypes.addressof(self._ptrs)
         self._arrays: list[np.ndarray | None] = [None] * len(program.buffers)
-        # Kernels sharing code (see bindings) get their own pointer array: kernel -> (function,
-        # buffer ids in the function's slot order). _set keeps those arrays current.
-        self._bindings = bindings or {}
+        # Kernels sharing code (Program.sharing) get their own pointer array: kernel ->
+        # (function, buffer ids in the function's slot order). _set keeps them current.
+        self._bindings = program.sharing
         self._site_slots: dict[int, list[tuple[ctypes.Array, int]]] = {}
         self._sites: list[ctypes.Array] = []  # keeps the per-kernel arrays alive
         self._library = library
         self._fixed(constants)
         self._constants = constants
         self._min_chunk_work = min_chunk_work
-        self._use_gomp = use_gomp
         self.split: set[str] = set()  # kernels split over threads (names)
-        self._steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
-        self._steps = [s for s in self._steps if s is not None]
+        self._gemms = {id(t): g for t, g in (gemms or {}).items()}
+        steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
+        # (thunk, step) for `profile`: the same steps one by one, without the driver
+        self._ungrouped = [(t, s) for t, s in zip(program.thunks, steps) if s is not None]
+        self._steps = group_native([s for s in steps if s is not None], self._sites)
         self._outputs = [b for b in program.buffers if b.role == "output"]
+        self._last_inputs: dict[int, weakref.ref] = {}
+        # per graph output: (buffer, copy?) -- a copy when it is not an output buffer of its
+        # own (an input or constant passed through) or an earlier output is the same buffer
+        seen: set[int] = set()
+        self._handout = []
+        for bid in program.outputs:
+            self._handout.append((bid, self.buffers[bid].role != "output" or bid in seen))
+            seen.add(bid)
 
     def _fixed(self, constants: dict[int, np.ndarray]) -> None:
         slot_bytes: dict[int, int] = {}
@@ -163,48 +223,69 @@ class Executable:
         for site, j in self._site_slots.get(bid, ()):
             site[j] = addr
 
-    def _entry(self, name: str) -> tuple[str, int]:
-        """(function name, address of its pointer array) for kernel `name`."""
-        if name not in self._bindings:
-            return name, self._ptrs_addr
-        fn_name, ids = self._bindings[name]
+    def _site(self, ids: tuple[int, ...]) -> int:
+        """Address of a pointer array holding buffers `ids` in order (kept current by _set)."""
         site = (ctypes.c_void_p * max(1, len(ids)))()
         for j, bid in enumerate(ids):
             site[j] = self._ptrs[bid]
             self._site_slots.setdefault(bid, []).append((site, j))
         self._sites.append(site)
-        return fn_name, ctypes.addressof(site)
+        return ctypes.addressof(site)
+
+    def _entry(self, name: str) -> tuple[str, int]:
+        """(function name, address of its pointer array) for kernel `name`."""
+        if name not in self._bindings:
+            return name, self._ptrs_addr
+        fn_name, ids = self._bindings[name]
+        return fn_name, self._site(ids)
 
     def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
-              threads: int) -> Callable[[], None] | None:
+              threads: int) -> Native | Callable[[], None] | None:
         if isinstance(t, kir.Kernel):
-            if any(d == 0 for d in t.shape):
+            if t.empty:
                 return None
-            n0 = t.shape[0]
             fn_name, bufs = self._entry(t.name)
-            if t.name in parallel and self._use_gomp:
-                self.split.add(t.name)
-                fn = KERNEL_FN(addrs[f"{fn_name}.par"])
-                return lambda: fn(bufs, n0, threads)
-            fn = KERNEL_FN(addrs[fn_name])
-            bounds = chunk_bounds(n0, t.work, threads, self._min_chunk_work)
-            if t.name in parallel and len(bounds) > 1:
-                self.split.add(t.name)
-                run = splitter(threads).run
-                return lambda: run(fn, bufs, bounds)
-            return lambda: fn(bufs, 0, n0)
-        if isinstance(t, kir.LibraryCall):
-            return self._library_step(t, threads, self._constants)
-        if t.op == "Concat" and getattr(t, "domain", "") in ("", "ai.onnx"):
-            return self._concat_step(t)
-        return lambda: self._reference(t)
+            return self._native(t.name, addrs[fn_name], bufs, t.shape[0], t.work,
+                                t.name in parallel, threads)
+        if isinstance(t, kir.Check):
+            return self._check_step(t)
+        gemm = self._gemms.get(id(t))
+        if gemm is not None:  # a generated GEMM: a native kernel over output rows
+            name, spec = gemm
+            ids = tuple(b for b in t.inputs if b is not None) + t.outputs
+            big = threads > 1 and spec.flops >= 4 * PARALLEL_FLOPS and spec.rows > 1
+            return self._native(name, addrs[name], self._site(ids), spec.rows,
+                                int(spec.flops // 2), big, threads)
+        return self._library_step(t, threads, self._constants)
 
-    def _concat_step(self, t: kir.RefCall) -> Callable[[], None]:
-        """Concat straight into its output buffer (the reference allocates, then copies)."""
-        arrays, ins, out = self._arrays, t.inputs, t.outputs[0]
-        axis = int(dict(t.attrs)["axis"])
-        return lambda: np.concatenate([arrays[b] for b in ins if b is not None], axis=axis,
-                                       out=arrays[out])
+    def _native(self, name: str, addr: int, bufs: int, n0: int, work: int, split: bool,
+                threads: int) -> Native | Callable[[], None]:
+        """A native step over outer rows [0, n0), or its split over threads."""
+        bounds = chunk_bounds(n0, work, threads, self._min_chunk_work)
+        if split and len(bounds) > 1:
+            self.split.add(name)
+            fn = KERNEL_FN(addr)
+            run = splitter(threads).run
+            return lambda: run(fn, bufs, bounds)
+        return Native(addr, bufs, 0, n0)
+
+    def _check_step(self, t: kir.Check) -> Callable[[], None]:
+        arrays = self._arrays
+
+        def check() -> None:
+            x = arrays[t.buf]
+            if t.column is not None:
+                x = x.reshape(-1)[t.column[0]::t.column[1]]
+            if not x.size:
+                return
+            if t.kind == "nonzero":
+                bad = not x.all()
+            else:
+                bad = x.min() < t.lo or x.max() > t.hi
+            if bad:
+                raise InvalidInputError(t.message)
+
+        return check
 
     def _library_step(self, t: kir.LibraryCall, threads: int,
                       constants: dict[int, np.ndarray]) -> Callable[[], None]:
@@ -214,46 +295,68 @@ class Executable:
         return lambda: fn([None if b is None else arrays[b] for b in ins],
                           [arrays[b] for b in outs])
 
-    def _reference(self, t: kir.LibraryCall | kir.RefCall) -> None:
-        args = [None if b is None else self._arrays[b] for b in t.inputs]
-        domain = getattr(t, "domain", "")
-        if t.op == "Gemm" and args[0].ndim > 2:  # a MatMul with its bias folded in
-            args[0] = args[0].reshape(-1, args[0].shape[-1])
-        with np.errstate(all="ignore"):
-            results = ops.get(t.op, domain).ref(args, dict(t.attrs))
-        for b, r in zip(t.outputs, results):
-            np.copyto(self._arrays[b], np.asarray(r).reshape(self.buffers[b].shape),
-                      casting="unsafe")
-
-    def _output_array(self, b: kir.Buffer) -> np.ndarray:
-        """The last run's output array when nobody else holds it any more, else a new one.
+    def _bind_outputs(self) -> None:
+        """Point the output buffers at the last run's arrays where the caller has dropped
+        them, else at new ones.
 
         A new 64 MB array page-faults on first touch (~15 ms of a 40 ms GELU run); an array
         the caller has dropped is safe to refill. References when dropped: our slot, `old`
         and getrefcount's argument. A view the caller kept counts too (its .base).
         """
-        old = self._arrays[b.id]
-        if old is not None and sys.getrefcount(old) == 3 and old.shape == tuple(b.shape):
-            return old
-        return np.empty(b.shape, b.dtype)
+        for b in self._outputs:
+            old = self._arrays[b.id]
+            if old is None or sys.getrefcount(old) != 3:
+                self._set(b.id, np.empty(b.shape, b.dtype))
+
+    def _bind_input(self, bid: int, x: np.ndarray) -> None:
+        """Bind a caller's array; the address of the array bound last time is reused.
+
+        Reading an array's address costs ~0.9 us (it builds __array_interface__); callers
+        feeding the same arrays again (benchmarks, servers with preallocated inputs) skip
+        it. A weak reference tells whether it is still the same, live object.
+        """
+        if type(x) is not np.ndarray or not x.flags.c_contiguous:
+            x = np.array(x, order="C")  # not np.ascontiguousarray: it turns 0-d into (1,)
+        ref = self._last_inputs.get(bid)
+        if ref is not None and ref() is x:
+            self._arrays[bid] = x
+            return
+        self._set(bid, x)
+        self._last_inputs[bid] = weakref.ref(x)
+
+    def profile(self, inputs: list[np.ndarray], repeat: int = 5) -> list[tuple[str, float]]:
+        """(thunk text, median ms) per thunk over `repeat` runs, each thunk timed alone
+        (native steps called one by one, not through the driver): `autoclust bench
+        --profile` prints this beside onnxruntime's own profile."""
+        times: list[list[float]] = [[] for _ in self._ungrouped]
+        with self._lock:
+            for bid, x in zip(self.program.inputs, inputs):
+                self._bind_input(bid, x)
+            self._bind_outputs()
+            for _ in range(max(repeat, 1)):
+                for k, (_, step) in enumerate(self._ungrouped):
+                    fn = step if not isinstance(step, Native) else \
+                        functools.partial(KERNEL_FN(step.fn), step.bufs, step.start, step.stop)
+                    t0 = time.perf_counter()
+                    fn()
+                    times[k].append(time.perf_counter() - t0)
+            for bid in self.program.inputs:
+                self._arrays[bid] = None
+        names = {b.id: b.name for b in self.program.buffers}
+        return [(kir.format_thunk(t, names).splitlines()[0], float(np.median(ts)) * 1e3)
+                for (t, _), ts in zip(self._ungrouped, times)]
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run the cluster; outputs are arrays the caller owns (reused once it drops them)."""
         with self._lock:
+            arrays = self._arrays
             for bid, x in zip(self.program.inputs, inputs):
-                # not np.ascontiguousarray: it turns 0-d arrays into shape (1,)
-                self._set(bid, x if x.flags.c_contiguous else np.ascontiguousarray(x))
-            for b in self._outputs:
-                self._set(b.id, self._output_array(b))
+                self._bind_input(bid, x)
+            self._bind_outputs()
             for step in self._steps:
                 step()
-            outs, handed = [], set()
-            for bid in self.program.outputs:
-                arr = self._arrays[bid]
-                if self.buffers[bid].role != "output" or bid in handed:
-                    arr = np.array(arr, copy=True)
-                handed.add(bid)
-                outs.append(arr)
+            outs = [np.array(arrays[bid], copy=True) if copy else arrays[bid]
+                    for bid, copy in self._handout]
             for bid in self.program.inputs:
-                self._arrays[bid] = None  # do not keep the caller's arrays alive
+                arrays[bid] = None  # do not keep the caller's arrays alive
             return outs

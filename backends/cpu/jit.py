@@ -33,9 +33,6 @@ def target_machine() -> llvm.TargetMachine:
         if tm is None:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
-            gomp = ctypes.util.find_library("gomp")
-            if gomp:
-                llvm.load_library_permanently(gomp)
             llvm.load_library_permanently(ctypes.util.find_library("m"))
             tm = _new_target_machine()
             _state["tm"] = tm
@@ -47,10 +44,6 @@ def _new_target_machine() -> llvm.TargetMachine:
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
                                         features=llvm.get_host_cpu_features().flatten(),
                                         opt=3, jit=True)
-
-
-def has_openmp() -> bool:
-    return bool(ctypes.util.find_library("gomp"))
 
 
 def version_key() -> str:
@@ -146,3 +139,42 @@ def load_object(obj: bytes | list[bytes], names: list[str]
     if missing:
         raise autoclust.errors.CompileError(f"compiled code lacks functions {missing}")
     return engine, addrs
+
+
+_DRIVER_IR = """
+define void @autoclust_drive(ptr noalias %fns, ptr noalias %bufs, ptr noalias %bounds,
+                             i64 %count) {
+entry:
+  br label %head
+head:
+  %i = phi i64 [ 0, %entry ], [ %next, %body ]
+  %more = icmp slt i64 %i, %count
+  br i1 %more, label %body, label %done
+body:
+  %fp = getelementptr ptr, ptr %fns, i64 %i
+  %f = load ptr, ptr %fp
+  %bp = getelementptr ptr, ptr %bufs, i64 %i
+  %b = load ptr, ptr %bp
+  %j = shl i64 %i, 1
+  %sp = getelementptr i64, ptr %bounds, i64 %j
+  %start = load i64, ptr %sp
+  %ep = getelementptr i64, ptr %sp, i64 1
+  %stop = load i64, ptr %ep
+  call void %f(ptr %b, i64 %start, i64 %stop)
+  %next = add i64 %i, 1
+  br label %head
+done:
+  ret void
+}
+"""
+
+
+def driver_address() -> int:
+    """Address of `autoclust_drive(fns, bufs, bounds, count)`, compiled once per process:
+    it calls fns[i](bufs[i], bounds[2i], bounds[2i + 1]) for i < count."""
+    with LLVM_LOCK:
+        if "driver" not in _state:
+            obj, _, _ = kernel_object(cache.make_key(_DRIVER_IR, version_key()),
+                                      lambda: _DRIVER_IR, "", False)
+            _state["driver"] = load_object(obj, ["autoclust_drive"])
+        return _state["driver"][1]["autoclust_drive"]

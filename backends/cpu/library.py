@@ -41,6 +41,7 @@ Measured on the 2-core znver4 build machine (noisy: other jobs share it), 2 thre
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,7 +50,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from autoclust import kernel_ir as kir
 from autoclust import ops
@@ -61,17 +62,18 @@ Arrays = Sequence[np.ndarray | None]
 RunFn = Callable[[Arrays, Sequence[np.ndarray]], None]
 
 F16, F32, F64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
-FLOATS = (F16, F32, F64)
 INTS = tuple(np.dtype(t) for t in ("int32", "int64"))
-OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
+OPS = ("MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
        "GlobalAveragePool", "GlobalMaxPool", "Einsum")
 # dtypes onnxruntime's CPU kernels take (float16 excluded: we compute it in float32).
 MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
+              "FusedMatMul": (F32,),
               "MaxPool": (F32, F64), "Conv": (F32,), "ConvTranspose": (F32,),
               "AveragePool": (F32,), "GlobalAveragePool": (F32,), "GlobalMaxPool": (F32,)}
 SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
 POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
 OPSET = 18
+CONTRIB = ("FusedMatMul",)  # ops of onnxruntime's com.microsoft domain
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
 
@@ -103,20 +105,11 @@ class LibraryFn:
 
 # ---- public API -----------------------------------------------------------------------------
 
-def supported(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | None]
-              ) -> str | None:
-    """None when make_call handles this op and these input types, else the reason why not."""
+def supported(op: str, attrs: dict[str, Any]) -> str | None:
+    """None when make_call implements op with these attributes, else the reason why not
+    (dtypes are the op table's business: OpDef.dtypes)."""
     if op not in OPS:
-        return f"{op} is not a library call"
-    present = [t for t in in_types if t is not None]
-    if not present:
-        return f"{op} has no inputs"
-    dtype = np.dtype(present[0][0])
-    allowed = FLOATS + INTS if op in ("MatMul", "Gemm", "Einsum") else FLOATS
-    if dtype not in allowed:
-        return f"{op} on {dtype} is not supported (only {', '.join(map(str, allowed))})"
-    if any(np.dtype(t[0]) != dtype for t in present):
-        return f"{op} inputs have mixed dtypes {[str(t[0]) for t in present]}"
+        return f"{op} is not a library call of the CPU backend"
     if op in ("Conv", "ConvTranspose", "MaxPool", "AveragePool") and \
             attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID", "SAME_UPPER",
                                                     "SAME_LOWER"):
@@ -129,7 +122,7 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
               constants: dict[int, np.ndarray] | None = None,
               impl: str | None = None) -> LibraryFn:
     """Build the fastest LibraryFn for op on these types; impl forces "mlas" or "numpy"."""
-    why = supported(op, attrs, in_types)
+    why = supported(op, attrs)
     if why is not None:
         raise UnsupportedOpError(why)
     in_types = [None if t is None else (np.dtype(t[0]), tuple(t[1])) for t in in_types]
@@ -142,13 +135,15 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
         if impl not in builders:
             raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation {impl!r} "
                                      f"is not available (have {sorted(builders)})")
+        if impl == "mlas":  # forced: onnxruntime's refusal is the caller's error
+            builders["mlas"] = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
         return LibraryFn(op, impl, builders[impl](), "forced")
     key = (op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
            tuple(sorted(constants)))
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
     choice, note = _DECISIONS[key]
-    return LibraryFn(op, choice, builders[choice](), note)
+    return _build(op, choice, builders, note)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
@@ -216,14 +211,40 @@ def _candidates(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
                                          in_types, out_types)
     else:
         found["ref"] = lambda: _ref_run(op, attrs)
-    if dtype in MLAS_TYPES.get(op, ()):
-        try:
-            sess = _session(op, attrs, in_types, out_types, threads, constants)
-        except Exception:  # noqa: BLE001 - onnxruntime refusing a case means "no mlas"
-            sess = None
-        if sess is not None:
-            found["mlas"] = lambda: _bound_runner(sess, in_types, out_types, constants)
+    if dtype in MLAS_TYPES.get(op, ()):  # built only when chosen (see _build)
+        found["mlas"] = lambda: _bound_runner(
+            _session(op, attrs, in_types, out_types, threads, constants), in_types,
+            out_types, constants)
     return found
+
+
+def _forced_mlas(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
+                 threads: int, constants: dict[int, np.ndarray]) -> Callable:
+    try:
+        sess = _session(op, attrs, in_types, out_types, threads, constants)
+    except Exception as exc:  # noqa: BLE001 - turned into our error below
+        raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation 'mlas' is "
+                                 f"not available: onnxruntime refused it ({exc})") from None
+    return lambda: _bound_runner(sess, in_types, out_types, constants)
+
+
+def _build(op: str, choice: str, builders: dict[str, Callable], note: str) -> LibraryFn:
+    """The chosen implementation; onnxruntime refusing a case means the other one."""
+    try:
+        return LibraryFn(op, choice, builders[choice](), note)
+    except Exception as exc:
+        if choice != "mlas":
+            raise
+        other = "numpy" if "numpy" in builders else "ref"
+        return LibraryFn(op, other, builders[other](), f"mlas refused: {exc}"[:120])
+
+
+# Single-node sessions, reused by every call of the same op, attributes, dtypes and ranks
+# on the same constant arrays: their dims are symbolic, so a new sequence length or batch
+# size reuses them (and their prepacked weights) instead of building 96 sessions again for
+# BERT-base. Bounded: the least recently used session goes (and frees its weights).
+_SESSIONS: collections.OrderedDict = collections.OrderedDict()
+MAX_SESSIONS = 256
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
@@ -245,6 +266,8 @@ def _flops(op: str, attrs: dict[str, Any], in_types: list, out_types: list) -> f
     w_shape = in_types[1][1] if len(in_types) > 1 and in_types[1] is not None else ()
     if op == "MatMul":
         return 2.0 * out_size * x_shape[-1]
+    if op == "FusedMatMul":
+        return 2.0 * out_size * x_shape[-2 if attrs.get("transA", 0) else -1]
     if op == "Gemm":
         return 2.0 * out_size * x_shape[0 if attrs.get("transA", 0) else 1]
     if op == "Conv":
@@ -262,27 +285,59 @@ def _flops(op: str, attrs: dict[str, Any], in_types: list, out_types: list) -> f
 
 def _session(op: str, attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
              constants: dict[int, np.ndarray]) -> ort.InferenceSession:
-    """A single-node onnxruntime session for op; constant inputs become initializers."""
-    names, graph_inputs, inits = [], [], []
+    """The single-node onnxruntime session for op (cached in _SESSIONS)."""
+    key = (op, _freeze(attrs), tuple(None if t is None else (t[0], len(t[1]), i in constants
+                                                             and t[1]) for i, t in
+                                     enumerate(in_types)),
+           tuple((t[0], len(t[1])) for t in out_types), threads,
+           tuple((i, id(c)) for i, c in sorted(constants.items())))
+    hit = _SESSIONS.get(key)
+    if hit is not None and all(hit[1][i] is c for i, c in constants.items()):
+        _SESSIONS.move_to_end(key)
+        return hit[0]
+    sess = _new_session(op, attrs, in_types, out_types, threads, constants)
+    _SESSIONS[key] = (sess, dict(constants))  # holding the arrays keeps their ids unique
+    if len(_SESSIONS) > MAX_SESSIONS:
+        _SESSIONS.popitem(last=False)
+    return sess
+
+
+def _new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
+                 threads: int, constants: dict[int, np.ndarray]) -> ort.InferenceSession:
+    """A single-node onnxruntime session for op, its non-constant dims symbolic.
+
+    Constants travel as external initializers (OrtValues over our arrays), not inside the
+    serialized model: building, checking and serializing a 768x3072 weight into a model
+    took ~80 ms, handing it over takes nothing (MLAS then prepacks it, ~5-15 ms)."""
+    names, graph_inputs, inits, external = [], [], [], {}
     for i, t in enumerate(in_types):
         if t is None:
             names.append("")
             continue
         names.append(f"in{i}")
+        elem = helper.np_dtype_to_tensor_dtype(t[0])
         if i in constants:
-            value = np.ascontiguousarray(constants[i], t[0])
-            inits.append(numpy_helper.from_array(value, f"in{i}"))
+            stub = onnx.TensorProto(name=f"in{i}", data_type=elem, dims=list(t[1]),
+                                    data_location=onnx.TensorProto.EXTERNAL)
+            stub.external_data.add(key="location", value=f"in{i}")
+            inits.append(stub)
+            value = np.ascontiguousarray(constants[i], t[0]).reshape(t[1])
+            external[f"in{i}"] = ort.OrtValue.ortvalue_from_numpy(value)
         else:
-            elem = helper.np_dtype_to_tensor_dtype(t[0])
-            graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, list(t[1])))
+            dims = [f"in{i}_{k}" for k in range(len(t[1]))]
+            graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, dims))
     outs = [f"out{j}" for j in range(len(out_types))]
-    node = helper.make_node(op, names, outs, **attrs)
-    out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(d), list(s))
+    node = helper.make_node(op, names, outs, domain="com.microsoft" if op in CONTRIB else "",
+                            **attrs)
+    out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(d),
+                                              [f"{o}_{k}" for k in range(len(s))])
                 for o, (d, s) in zip(outs, out_types)]
     graph = helper.make_graph([node], f"library_{op}", graph_inputs, out_info, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    imports = [helper.make_opsetid("", OPSET)]
+    if op in CONTRIB:
+        imports.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14
-    onnx.checker.check_model(model)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = max(threads, 0)
@@ -291,9 +346,13 @@ def _session(op: str, attrs: dict[str, Any], in_types: list, out_types: list, th
     # Spinning threads steal the cores our own kernels run on between calls.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if external:
+        so.add_external_initializers(list(external), list(external.values()))
     # Not ort.InferenceSession: under the hook that is autoclust's own session class.
-    return ort_backend.ORIGINAL_SESSION(model.SerializeToString(), so,
+    sess = ort_backend.ORIGINAL_SESSION(model.SerializeToString(), so,
                                         providers=["CPUExecutionProvider"])
+    sess._autoclust_keep = external  # the session reads the initializers in place
+    return sess
 
 
 def _bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
@@ -349,6 +408,8 @@ def _numpy_matmul(attrs: dict[str, Any], in_types: list, out_types: list) -> Run
     m, k, n = a2[-2], a2[-1], b2[-1]
     out_batch = np.broadcast_shapes(a2[:-2], b2[:-2])
     nb = math.prod(out_batch)
+    if nb * m * n * k == 0:  # K = 0 sums nothing: zeros (an empty output needs nothing)
+        return lambda ins, outs: outs[0].fill(0)
     if in_types[0][0] in INTS or (nb > 1 and m * n * k < 4096):
         # Integers never reach BLAS; tiny stacked problems are cheaper in one ufunc call.
         return lambda ins, outs: np.matmul(ins[0], ins[1], out=outs[0])
@@ -586,7 +647,22 @@ def _ref_run(op: str, attrs: dict[str, Any]) -> RunFn:
     return run
 
 
+def _numpy_fused_matmul(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
+    alpha = attrs.get("alpha", 1.0)
+    trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
+
+    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
+        a = np.swapaxes(ins[0], -1, -2) if trans_a else ins[0]
+        b = np.swapaxes(ins[1], -1, -2) if trans_b else ins[1]
+        np.matmul(a, b, out=outs[0])
+        if alpha != 1.0:
+            np.multiply(outs[0], np.asarray(alpha, outs[0].dtype), out=outs[0])
+
+    return run
+
+
 NUMPY_BUILDERS: dict[str, Callable[[dict, list, list], RunFn]] = {
+    "FusedMatMul": _numpy_fused_matmul,
     "MatMul": _numpy_matmul,
     "Gemm": _numpy_gemm,
     "Conv": _numpy_conv,

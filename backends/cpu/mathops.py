@@ -1,8 +1,10 @@
 """Kernel IR primitives -> LLVM instructions: a table from primitive name to emitter.
 
-exp, log, tanh, sigmoid and erf go to mathlib (branch-free, vectorizable); the rarer
-transcendentals to LLVM intrinsics or libm. Integer division and remainder never trap: a zero divisor
-is replaced by 1 (the result is then unspecified, as in onnxruntime).
+exp, log, log1p, tanh, sigmoid and erf go to mathlib (branch-free, vectorizable); the rarer
+transcendentals to LLVM intrinsics or libm. Integer division and remainder never trap: a
+zero divisor is replaced by 1 (a Check thunk has already rejected zero divisors, as
+onnxruntime raises on them). Float -> int casts follow onnxruntime on x86: NaN and values
+out of range give the integer type's minimum ("cast_sat" saturates instead).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from autoclust.backends.cpu import mathlib
 from llvmlite import binding as llvm
 from llvmlite import ir
 
-MATHLIB_OPS = ("exp", "log", "tanh", "sigmoid", "erf")
+MATHLIB_OPS = ("exp", "log", "log1p", "tanh", "sigmoid", "erf")
 INTRINSIC_UNARY = {"sqrt": "llvm.sqrt", "floor": "llvm.floor", "ceil": "llvm.ceil",
                    "round": "llvm.roundeven", "sin": "llvm.sin", "cos": "llvm.cos",
                    "abs": "llvm.fabs", "tan": "llvm.tan"}
@@ -80,6 +82,9 @@ class MathOps:
         x = args[0]
         if name == "select":
             return b.select(args[0], args[1], args[2])
+        if name == "trap":  # the testing-only fault injector: abort when this code runs
+            b.call(self._fn("llvm.trap", ir.VoidType(), []), [])
+            return x
         if _is_float(x.type):
             return self._float(b, name, args, flags)
         return self._int(b, name, args)
@@ -88,7 +93,8 @@ class MathOps:
                flags: tuple) -> ir.Value:
         x = args[0]
         y = args[1] if len(args) > 1 else None
-        simple = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv}
+        simple = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv,
+                  "div_exact": b.fdiv}
         if name in simple:
             return simple[name](x, y, flags=flags)
         if name == "neg":
@@ -173,11 +179,16 @@ class MathOps:
         return b.select(fix, b.add(r, y), r)
 
     def cast(self, b: ir.IRBuilder, x: ir.Value, src: str, dst: str) -> ir.Value:
-        """Convert between compute types; float16 rounds through half."""
-        from autoclust.backends.cpu.codegen import COMPUTE
+        """Convert between compute types; float16 rounds through half; narrow integers
+        (computed in int32) wrap as onnxruntime's Cast does (through int32, low bits)."""
+        from autoclust.backends.cpu.codegen import COMPUTE, NARROW_INTS
         ty = COMPUTE[dst]
         if src == dst:
             return x
+        if dst in NARROW_INTS:
+            wide = self.cast(b, x, src, "int32")
+            low = b.trunc(wide, NARROW_INTS[dst])
+            return (b.zext if dst.startswith("u") else b.sext)(low, ty)
         if dst == "bool":
             if _is_float(x.type):
                 return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0))
@@ -191,11 +202,23 @@ class MathOps:
             else:
                 v = b.sitofp(x, store_ty)
             return b.fpext(v, ty) if dst == "float16" else v
-        if _is_float(x.type):  # saturating: NaN/out-of-range never become poison
-            return self.intrinsic_ret(b, "llvm.fptosi.sat", ty, x)
+        if _is_float(x.type):
+            return self.float_to_int(b, x, ty)
         if x.type.width < ty.width:
             return b.zext(x, ty) if src == "bool" else b.sext(x, ty)
         return b.trunc(x, ty) if x.type.width > ty.width else x
+
+    def float_to_int(self, b: ir.IRBuilder, x: ir.Value, ty: ir.IntType) -> ir.Value:
+        """onnxruntime's Cast on x86 (cvttss2si): truncate toward zero; NaN and values
+        outside int32 (int64 for 64-bit targets) give its minimum; narrower targets go
+        through int32 and keep the low bits (300.0 -> int8 44)."""
+        wide = ty if ty.width == 64 else ir.IntType(32)
+        low = float(-(1 << (wide.width - 1)))
+        ok = b.and_(b.fcmp_ordered(">=", x, ir.Constant(x.type, low)),
+                    b.fcmp_ordered("<", x, ir.Constant(x.type, -low)))
+        v = self.intrinsic_ret(b, "llvm.fptosi.sat", wide, x)  # in range: plain truncation
+        v = b.select(ok, v, ir.Constant(wide, -(1 << (wide.width - 1))))
+        return b.trunc(v, ty) if ty.width < wide.width else v
 
     def intrinsic_ret(self, b: ir.IRBuilder, name: str, ret: ir.Type, x: ir.Value) -> ir.Value:
         fn = self._fn(f"{name}.{_suffix(ret)}.{_suffix(x.type)}", ret, [x.type])

@@ -13,12 +13,15 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from autoclust.backends.ort import values
+from onnxruntime.capi import onnxruntime_pybind11_state as _C
 
+from autoclust import errors
 from autoclust.errors import ModelLoadError
 
 # The hook replaces onnxruntime.InferenceSession in user programs; our own sessions must
 # always be onnxruntime's class.
-ORIGINAL_SESSION = ort.InferenceSession
+ORIGINAL_SESSION = getattr(ort.InferenceSession, "_autoclust_original", ort.InferenceSession)
 
 _COPIED_OPTIONS = (
     "graph_optimization_level", "intra_op_num_threads", "inter_op_num_threads",
@@ -57,7 +60,45 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
                                 provider_options=provider_options)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph/...
         where = model if isinstance(model, str) else "model bytes"
-        raise ModelLoadError(f"onnxruntime could not load {where}: {exc}") from None
+        raise load_error(f"onnxruntime could not load {where}: {exc}", exc) from None
+
+
+# ---- errors: ours, and also the type onnxruntime raises for the same mistake ------------
+
+# onnxruntime's exception types (pybind11-registered, in onnxruntime_pybind11_state).
+InvalidArgument = _C.InvalidArgument
+Fail = _C.Fail
+
+
+def input_error(message: str) -> errors.InvalidInputError:
+    """A bad feed: InvalidInputError that is also onnxruntime's InvalidArgument."""
+    return errors.also(errors.InvalidInputError, InvalidArgument)(message)
+
+
+def load_error(message: str, ort_exc: BaseException | None) -> ModelLoadError:
+    """ModelLoadError that is also the type onnxruntime raised loading the same model
+    (InvalidProtobuf, NoSuchFile, InvalidGraph, Fail, TypeError, ...)."""
+    kind = type(ort_exc) if ort_exc is not None else None
+    if kind is None or not (kind.__module__.startswith("onnxruntime")
+                            or kind in (TypeError, ValueError, RuntimeError)):
+        return ModelLoadError(message)
+    return errors.also(ModelLoadError, kind)(message)
+
+
+def load_error_like_onnxruntime(source: Any, message: str) -> ModelLoadError:
+    """For a model autoclust could not read: our message, typed as onnxruntime's error for
+    the same source (onnxruntime is asked to load it; None when it can)."""
+    try:
+        ORIGINAL_SESSION(source, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - its exception type is what we want
+        return load_error(message, exc)
+    return ModelLoadError(message)
+
+
+def terminated_error(where: str) -> errors.RunTerminatedError:
+    """What run() raises when RunOptions.terminate is set: onnxruntime's Fail and message."""
+    return errors.also(errors.RunTerminatedError, Fail)(
+        f"Exiting due to terminate flag being set to true (autoclust: stopped before {where})")
 
 
 class Segment:
@@ -71,7 +112,12 @@ class Segment:
         # Feeds and fetches go by name, so any order the caller keeps works.
         self.input_names = input_names or [i.name for i in self.session.get_inputs()]
         self.output_names = output_names or [o.name for o in self.session.get_outputs()]
+        # bfloat16, float8, int4, ...: onnxruntime takes and returns them only as OrtValues.
+        self.ort_values = values.needs_ort_values(self.session)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
         """Run with inputs in input_names order; outputs in output_names order."""
-        return self.session.run(self.output_names, dict(zip(self.input_names, inputs)))
+        feeds = dict(zip(self.input_names, inputs))
+        if self.ort_values:
+            return values.run(self.session, self.output_names, feeds, run_options)
+        return self.session.run(self.output_names, feeds, run_options)

@@ -1,0 +1,112 @@
+"""The GPU backend: kernel IR -> CUDA C -> NVRTC (through CuPy) -> an Executable.
+
+    exe = backends.gpu.compile(program, flags)   # needs CuPy and a CUDA GPU
+    outs = exe.run([x, y])                       # CuPy arrays out
+    files = backends.gpu.render(program, flags)  # {".cu", ".kernels.txt"}: no CuPy, no GPU
+
+Rendering (source.py, kernels.py, cstyle.py, prelude.py) is plain Python; CuPy is
+imported only by `compile`, `require_device` and the value movers, so the CPU path and
+`autoclust compile --device gpu` never import it. Library calls (library.py): MatMul,
+Gemm, FusedMatMul through cuBLAS, Einsum through CuPy. Values stay in device memory
+between GPU steps (POLICY.device_memory); the runtime copies them for onnxruntime
+segments. A plan whose every step runs here, with no cuBLAS call, replays as one CUDA
+graph per input signature (graphs.py, --cuda_graphs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autoclust.backends.gpu import device, library, source
+from autoclust.backends.gpu.launch import choose
+
+from autoclust import kernel_ir as kir
+from autoclust import ops
+from autoclust.flags import Flags
+from autoclust.ir import Graph, Node
+from autoclust.registry import Policy
+
+NAME = "gpu"
+# Conv and pooling: CuPy 14 has no cuDNN (library.py), so they stay in onnxruntime on the
+# host, and with them the epilogues onnxruntime fuses into a Conv (as on the CPU). Bias
+# Adds fold into a Gemm call only when no loop kernel reads the sum: a fused epilogue
+# adds the bias for free, inside the Gemm it costs a pre-fill of the output.
+POLICY = Policy(
+    leave_to_onnxruntime=frozenset(library.NO_CUDNN),
+    onnxruntime_epilogues=frozenset({"BatchNormalization", "Relu", "LeakyRelu", "Clip",
+                                     "Sigmoid", "Tanh", "HardSigmoid", "Add"}),
+    fold_bias="alone",
+    device_memory=True,
+)
+
+to_device = device.to_device
+to_host = device.to_host
+is_device = device.is_device
+
+__all__ = ["NAME", "POLICY", "capture", "compile", "compile_many", "is_device", "render", "require_device",
+           "to_device", "to_host", "why_not"]
+
+
+def why_not(node: Node, graph: Graph) -> str | None:
+    """None when this backend can run `node`; Conv and pooling are left to onnxruntime by
+    POLICY (and refused at compile time under --must_compile: no cuDNN in CuPy 14)."""
+    narrow = [v.dtype.name for v in (*node.inputs, *node.outputs)
+              if v is not None and v.dtype in ops.NARROW_INT_TYPES]
+    if narrow:  # the CPU backend computes them in int32; cstyle.py has no such types yet
+        return f"{narrow[0]} values are not rendered for CUDA yet"
+    d = ops.get(node.op, node.domain)
+    if d is None or d.kind != ops.LIBRARY or node.op in library.NO_CUDNN:
+        return None
+    return library.supported(node.op)
+
+
+def require_device() -> None:
+    """DeviceUnavailableError naming what is missing (CuPy, a GPU) on this machine."""
+    device.cupy()
+
+
+def _launch_text(program: kir.Program, rendered: source.Rendered) -> str:
+    return kir.format_program(program) + rendered.launch_text(program)
+
+
+def render(program: kir.Program, flags: Flags) -> dict[str, str]:
+    """The CUDA C of a Program and its launches, without CuPy or a GPU."""
+    rendered = source.render_program(program, "cuda")
+    return {".cu": rendered.source, ".kernels.txt": _launch_text(program, rendered)}
+
+
+def compile(program: kir.Program, flags: Flags) -> Any:
+    """Render, compile with NVRTC for this device, and bind a Program's buffers."""
+    return compile_many([program], flags)[0]
+
+
+def compile_many(programs: list[kir.Program], flags: Flags,
+                 choose_launch: Any = choose) -> list[Any]:
+    """Executables of several Programs sharing one module (one NVRTC compile); tests pass
+    choose_launch to force launch strategies."""
+    from autoclust.backends.gpu import nvrtc
+    from autoclust.backends.gpu.executable import Executable
+    device.cupy()
+    rendered = [source.render_program(p, "cuda", choose_launch) for p in programs]
+    text = source.module_source(rendered)
+    needs_code = any(r.kernels or r.checks for r in rendered)
+    module = nvrtc.load(text, flags.cache_dir) if needs_code else None
+    ptx = ""
+    if flags.dump_to and needs_code:
+        ptx = nvrtc.compile_source(text, "ptx").decode(errors="replace")
+    out = []
+    for p, r in zip(programs, rendered):
+        exe = Executable(p, r, module, flags.allow_tf32)
+        exe.dumps = {".cu": text, ".kernels.txt": _launch_text(p, r)}
+        if ptx:
+            exe.dumps[".ptx"] = ptx
+        out.append(exe)
+    return out
+
+
+def capture(runtime: Any) -> Any:
+    """A whole-run CUDA graph replayer for `runtime` (None when --cuda_graphs is off)."""
+    if not runtime.flags.cuda_graphs:
+        return None
+    from autoclust.backends.gpu.graphs import GraphRunner
+    return GraphRunner(runtime)

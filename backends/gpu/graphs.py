@@ -1,0 +1,148 @@
+"""Whole runs replayed as CUDA graphs (as torch.compile's "reduce-overhead" mode).
+
+A plan qualifies when every step is a GPU cluster (no onnxruntime segment, no fallback,
+no shape-deciding input) and no cluster calls cuBLAS (CuPy 14 refuses cuBLAS calls during
+stream capture). Per input signature (names, dtypes, shapes):
+
+    run 1      eager: every cluster compiles for the signature
+    run 2      capture: static device inputs, outputs and temps; one graph of every launch
+    run 3...   replay: copy the feeds into the static inputs, launch the graph, read the
+               check flags, hand out copies of the static outputs
+
+At most MAX_GRAPHS signatures are captured; `--cuda_graphs=false` turns this off, and so
+does --check_numerics (it inspects every cluster's outputs). `GraphRunner.reason` says
+why a plan does not qualify.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from autoclust.backends.gpu import device
+
+MAX_GRAPHS = 8
+
+
+class _Captured:
+    """One signature's graph: its static inputs and the static arrays it writes."""
+
+    def __init__(self, graph: Any, inputs: dict[str, Any], outputs: dict[str, Any],
+                 exes: list[Any]):
+        self.graph = graph
+        self.inputs = inputs
+        self.outputs = outputs
+        self.exes = exes
+
+
+class GraphRunner:
+    """runtime.DeviceRun asks run(feeds) first: an env of the run, or None (run eagerly)."""
+
+    def __init__(self, runtime: Any):
+        self.runtime = runtime
+        self.graphs: dict[tuple, _Captured] = {}
+        self.seen: dict[tuple, int] = {}
+        self.replays = 0
+        self.reason = self._structural_reason()
+        self._lock = threading.Lock()
+
+    def _structural_reason(self) -> str:
+        from autoclust.runtime import ClusterRunner
+        rt = self.runtime
+        if rt.flags.check_numerics:
+            return "--check_numerics inspects every cluster's outputs"
+        for r in rt.runners:
+            if not isinstance(r, ClusterRunner):
+                return f"{r.name} runs in onnxruntime"
+            if r.shape_value_index:
+                return f"{r.name} has shape-deciding inputs"
+        return ""
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any] | None:
+        if self.reason:
+            return None
+        sig = tuple(sorted((n, str(x.dtype), tuple(x.shape)) for n, x in feeds.items()))
+        with self._lock:
+            g = self.graphs.get(sig)
+            if g is None:
+                self.seen[sig] = self.seen.get(sig, 0) + 1
+                if self.seen[sig] < 2 or len(self.graphs) >= MAX_GRAPHS:
+                    return None
+                g = self._capture(feeds)
+                if g is None:
+                    return None
+                self.graphs[sig] = g
+            return self._replay(g, feeds)
+
+    # ---- capture -------------------------------------------------------------------------
+    def _walk(self, env: dict[str, Any], prepared: list | None) -> tuple[list, list] | None:
+        """Walk the steps binding each cluster's executable for its inputs: (executables,
+        their output arrays). With `prepared`, launch into those outputs (the capture)."""
+        rt = self.runtime
+        exes, outs_all = [], []
+        for i, (runner, (_, in_names, out_names, _)) in enumerate(zip(rt.runners, rt.steps)):
+            if not runner.on_device():
+                self.reason = f"{runner.name} falls back to onnxruntime"
+                return None
+            args = [env[n] for n in in_names]
+            exe = runner.cache.get(runner.signature(args))
+            if exe is None or not getattr(exe, "capturable", False):
+                if exe is not None:
+                    self.reason = f"{runner.name} calls cuBLAS (not capturable in CuPy 14)"
+                return None
+            outs = exe.prepare() if prepared is None else prepared[i]
+            if prepared is not None:
+                exe.launch(args, outs)
+            exes.append(exe)
+            outs_all.append(outs)
+            env.update(zip(out_names, outs))
+        return exes, outs_all
+
+    def _static_env(self, feeds: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        cp = device.cupy()
+        inputs = {n: cp.empty(x.shape, dtype=x.dtype) for n, x in feeds.items()}
+        env = {n: cp.asarray(v) for n, v in self.runtime.defaults.items()}
+        env.update(inputs)
+        return env, inputs
+
+    def _capture(self, feeds: dict[str, Any]) -> _Captured | None:
+        cp = device.cupy()
+        env, inputs = self._static_env(feeds)
+        walked = self._walk(dict(env), None)  # bind executables, allocate outputs
+        if walked is None:
+            return None
+        exes, prepared = walked
+        stream = cp.cuda.Stream(non_blocking=True)
+        with contextlib.ExitStack() as locks:
+            for exe in exes:
+                locks.enter_context(exe._lock)
+            try:
+                with stream:
+                    stream.begin_capture()
+                    try:
+                        self._walk(env, prepared)
+                    finally:
+                        graph = stream.end_capture()
+            except Exception as exc:  # noqa: BLE001 - any capture failure: run eagerly
+                self.reason = f"CUDA graph capture failed: {type(exc).__name__}: {exc}"
+                return None
+        outputs = {n: env[n] for n in self.runtime.output_names}
+        return _Captured(graph, inputs, outputs, exes)
+
+    def _replay(self, g: _Captured, feeds: dict[str, Any]) -> dict[str, Any]:
+        cp = device.cupy()
+        for name, x in feeds.items():
+            cp.copyto(g.inputs[name], device.to_device(x))
+        with contextlib.ExitStack() as locks:
+            for exe in g.exes:
+                locks.enter_context(exe._lock)
+            g.graph.launch()
+            for exe in g.exes:
+                exe.finish()
+            # the graph rewrites its outputs next replay: the caller gets copies
+            env = {n: y.copy() for n, y in g.outputs.items()}
+        for r in self.runtime.compiled_clusters():
+            r.runs += 1
+        self.replays += 1
+        return env

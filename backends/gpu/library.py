@@ -1,0 +1,162 @@
+"""Library calls of the GPU backend: MatMul, Gemm, FusedMatMul through cuBLAS, Einsum.
+
+Float MatMul/Gemm/FusedMatMul are cuBLAS gemmStridedBatchedEx calls planned by gemm.py
+(batched and broadcast MatMuls included) writing straight into the output buffer. float32
+computes in full float32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32, so results match the CPU)
+unless --allow_tf32; float16 multiplies on the tensor cores with float32 accumulation
+(CUBLAS_COMPUTE_32F) and rounds once; float64 in float64. Gemm's C is written into the
+output first (scaled by beta) and accumulated with beta = 1. Integer MatMul and Einsum go
+through CuPy (cupy.matmul / cupy.einsum, then a copy).
+
+Not here: Conv, ConvTranspose and pooling. CuPy 14 removed every cuDNN binding (its
+upgrade guide: "CuPy v14 no longer supports cuDNN"), so the GPU policy leaves them to
+onnxruntime on the host (with the BatchNorm/activation epilogues it fuses into them).
+
+CUDA graphs: CuPy 14's cuBLAS wrapper refuses calls while a stream is capturing (its
+setStream raises NotImplementedError), so a plan with cuBLAS calls runs eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from autoclust.backends.gpu import gemm
+
+from autoclust import kernel_ir as kir
+from autoclust.errors import CompileError
+
+CUDA_R = {"float32": 0, "float64": 1, "float16": 2}      # cudaDataType_t
+COMPUTE_32F, COMPUTE_32F_PEDANTIC, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 69, 70, 77
+GEMM_DEFAULT = -1
+POINTER_MODE_HOST = 0
+INT32_MAX = (1 << 31) - 1
+OPS = ("MatMul", "Gemm", "FusedMatMul", "Einsum")
+NO_CUDNN = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
+            "GlobalMaxPool")
+
+# A step reads and writes device arrays by buffer id: step(arrays)
+Step = Callable[[list], None]
+
+
+def supported(op: str) -> str | None:
+    """None when this backend runs library op `op`, else why not."""
+    if op in OPS:
+        return None
+    if op in NO_CUDNN:
+        return f"{op} needs cuDNN, which CuPy 14 no longer binds"
+    return f"{op} is not a library call of the GPU backend"
+
+
+def compute_type(dtype: str, allow_tf32: bool) -> int:
+    if dtype == "float64":
+        return COMPUTE_64F
+    if dtype == "float16":
+        return COMPUTE_32F
+    return COMPUTE_32F_FAST_TF32 if allow_tf32 else COMPUTE_32F_PEDANTIC
+
+
+def make_step(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], allow_tf32: bool
+              ) -> tuple[Step, bool]:
+    """(step, capturable) for one LibraryCall; CompileError when it cannot run here."""
+    why = supported(t.op)
+    if why is not None:
+        raise CompileError(f"{', '.join(t.nodes)}: {why}")
+    attrs = dict(t.attrs)
+    ins = [None if b is None else buffers[b] for b in t.inputs]
+    out = buffers[t.outputs[0]]
+    if t.op == "Einsum":
+        return _einsum(t, attrs), False
+    if out.dtype not in CUDA_R:
+        return _cupy_matmul(t), False
+    if t.op == "Gemm":
+        plan = gemm.plan_gemm(ins[0].shape, ins[1].shape, bool(attrs.get("transA", 0)),
+                              bool(attrs.get("transB", 0)))
+        alpha = float(attrs.get("alpha", 1.0))
+        beta = float(attrs.get("beta", 1.0)) if len(ins) > 2 and ins[2] is not None else 0.0
+    else:
+        trans = t.op == "FusedMatMul"
+        plan = gemm.plan_matmul(ins[0].shape, ins[1].shape,
+                                trans and bool(attrs.get("transA", 0)),
+                                trans and bool(attrs.get("transB", 0)))
+        alpha = float(attrs.get("alpha", 1.0)) if trans else 1.0
+        beta = 0.0
+    if tuple(plan.out_shape) != tuple(out.shape):
+        raise CompileError(f"{t.op} ({', '.join(t.nodes)}): planned output "
+                           f"{plan.out_shape}, buffer {out.shape}")
+    _check_int32(t, plan)
+    return _cublas_step(t, plan, out.dtype, alpha, beta, allow_tf32), True
+
+
+def _check_int32(t: kir.LibraryCall, plan: gemm.GemmPlan) -> None:
+    for c in plan.calls:
+        if max(c.m, c.n, c.k, c.lda, c.ldb, c.ldc, c.batch) > INT32_MAX:
+            raise CompileError(f"{t.op} ({', '.join(t.nodes)}): a dimension exceeds cuBLAS's "
+                               "32-bit limit")
+
+
+def _cublas_step(t: kir.LibraryCall, plan: gemm.GemmPlan, dtype: str, alpha: float,
+                 beta: float, allow_tf32: bool) -> Step:
+    from autoclust.backends.gpu import device
+    cp = device.cupy()
+    from cupy_backends.cuda.libs import cublas
+    scalar = np.float64 if dtype == "float64" else np.float32
+    alpha_h, one_h, zero_h = (np.array([v], scalar) for v in (alpha, 1.0, 0.0))
+    size = np.dtype(dtype).itemsize
+    dt, comp = CUDA_R[dtype], compute_type(dtype, allow_tf32)
+    x_id, y_id = t.inputs[0], t.inputs[1]
+    c_id = t.inputs[2] if len(t.inputs) > 2 else None
+    out_id = t.outputs[0]
+
+    def step(arrays: list) -> None:
+        y = arrays[out_id]
+        if plan.k == 0 or not plan.calls:
+            y.fill(0)
+        prefill = c_id is not None and beta != 0.0
+        if prefill:  # Y = beta * C (broadcast), then Y += alpha * A @ B
+            cp.multiply(arrays[c_id], beta, out=y)
+            if plan.k == 0:
+                return
+        elif plan.k == 0:
+            return
+        handle = cp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, POINTER_MODE_HOST)
+        xp, yp, cptr = arrays[x_id].data.ptr, arrays[y_id].data.ptr, y.data.ptr
+        beta_h = one_h if prefill else zero_h
+        for c in plan.calls:
+            cublas.gemmStridedBatchedEx(
+                handle, c.transa, c.transb, c.m, c.n, c.k, alpha_h.ctypes.data,
+                yp + c.y_off * size, dt, c.lda, c.stride_a,
+                xp + c.x_off * size, dt, c.ldb, c.stride_b,
+                beta_h.ctypes.data, cptr + c.c_off * size, dt, c.ldc, c.stride_c,
+                c.batch, comp, GEMM_DEFAULT)
+
+    return step
+
+
+def _cupy_matmul(t: kir.LibraryCall) -> Step:
+    """Integer MatMul: cuBLAS has no int32/int64 GEMM; CuPy's own kernel (wrapping)."""
+    if t.op != "MatMul":
+        raise CompileError(f"{t.op} ({', '.join(t.nodes)}) on integers")
+    from autoclust.backends.gpu import device
+    cp = device.cupy()
+    a, b, out = t.inputs[0], t.inputs[1], t.outputs[0]
+
+    def step(arrays: list) -> None:
+        arrays[out][...] = cp.matmul(arrays[a], arrays[b])
+
+    return step
+
+
+def _einsum(t: kir.LibraryCall, attrs: dict[str, Any]) -> Step:
+    from autoclust.backends.gpu import device
+    cp = device.cupy()
+    equation = attrs["equation"]
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    ins, out = t.inputs, t.outputs[0]
+
+    def step(arrays: list) -> None:
+        arrays[out][...] = cp.einsum(equation, *[arrays[b] for b in ins])
+
+    return step

@@ -1,0 +1,146 @@
+"""The source prelude of every rendered module: what differs between the CUDA and C targets
+(qualifiers, float16 conversion, infinities, traps) and the helpers both share (NaN-aware
+max/min, non-trapping integer division, ONNX casts, arg-reduction combines).
+
+No header is included on the CUDA side, so the same text compiles with NVRTC (CuPy) and
+nvcc: float16 conversion is inline PTX (`cvt.rn.f16.f32`: round to nearest even), the
+infinities are bit patterns. The C side uses gcc's _Float16 (the same rounding).
+"""
+
+from __future__ import annotations
+
+CUDA_HEAD = r"""
+#pragma nv_diag_suppress 177
+#define AC_FN static __device__ __forceinline__
+#define AC_ALIGN(n) __align__(n)
+#define AC_INFF __int_as_float(0x7f800000)
+#define AC_NANF __int_as_float(0x7fc00000)
+#define AC_INF __longlong_as_double(0x7ff0000000000000LL)
+#define AC_NAN __longlong_as_double(0x7ff8000000000000LL)
+AC_FN float ac_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+AC_FN unsigned short ac_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+AC_FN unsigned short ac_d2h(double d) {
+  unsigned short h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h;
+}
+#define AC_TRAP() __trap()
+"""
+
+C_HEAD = r"""
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#define AC_FN static inline
+#define AC_ALIGN(n) __attribute__((aligned(n)))
+#define __restrict__ restrict
+#define AC_INFF ((float)INFINITY)
+#define AC_NANF ((float)NAN)
+#define AC_INF ((double)INFINITY)
+#define AC_NAN ((double)NAN)
+AC_FN float ac_h2f(unsigned short h) { _Float16 x; memcpy(&x, &h, 2); return (float)x; }
+AC_FN unsigned short ac_f2h(float f) {
+  _Float16 x = (_Float16)f; unsigned short h; memcpy(&h, &x, 2); return h;
+}
+AC_FN unsigned short ac_d2h(double d) {
+  _Float16 x = (_Float16)d; unsigned short h; memcpy(&h, &x, 2); return h;
+}
+#define AC_TRAP() abort()
+"""
+
+SHARED = r"""
+AC_FN float ac_round_h(float x) { return ac_h2f(ac_f2h(x)); }
+"""
+
+# float helpers, written once for float ({t} = float, {f} = f) and double ({f} = "")
+FLOAT_HELPERS = r"""
+AC_FN {t} ac_max{f}({t} a, {t} b) {{  /* NaN-propagating; max(-0, +0) = +0 */
+  if (a != a || b != b) return a + b;
+  if (a == b) return copysign{f}(1.0, a) < 0 ? b : a;
+  return a > b ? a : b;
+}}
+AC_FN {t} ac_min{f}({t} a, {t} b) {{
+  if (a != a || b != b) return a + b;
+  if (a == b) return copysign{f}(1.0, a) < 0 ? a : b;
+  return a < b ? a : b;
+}}
+AC_FN {t} ac_sigmoid{f}({t} x) {{ return ({t})1 / (({t})1 + exp{f}(-x)); }}
+AC_FN {t} ac_sign{f}({t} x) {{ return x > 0 ? ({t})1 : (x < 0 ? ({t})-1 : x); }}
+AC_FN {t} ac_mod{f}({t} x, {t} y) {{  /* the result takes the divisor's sign */
+  {t} r = fmod{f}(x, y);
+  return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
+}}
+AC_FN {t} ac_trap{f}({t} x) {{ AC_TRAP(); return x; }}
+AC_FN int ac_{p}2i32({t} x) {{  /* onnxruntime on x86: NaN, out of range -> INT_MIN */
+  return (x >= -2147483648.0{fl} && x < 2147483648.0{fl}) ? (int)x : (-2147483647 - 1);
+}}
+AC_FN long long ac_{p}2i64({t} x) {{
+  return (x >= -9223372036854775808.0{fl} && x < 9223372036854775808.0{fl})
+      ? (long long)x : (-9223372036854775807LL - 1);
+}}
+AC_FN int ac_sat_{p}2i32({t} x) {{
+  return x != x ? 0 : (x <= -2147483648.0{fl} ? (-2147483647 - 1)
+      : (x >= 2147483647.0{fl} ? 2147483647 : (int)x));
+}}
+AC_FN long long ac_sat_{p}2i64({t} x) {{
+  return x != x ? 0 : (x <= -9223372036854775808.0{fl} ? (-9223372036854775807LL - 1)
+      : (x >= 9223372036854775807.0{fl} ? 9223372036854775807LL : (long long)x));
+}}
+"""
+
+# integer helpers for {t} = int / long long ({s} = i32 / i64, {u} its unsigned twin)
+INT_HELPERS = r"""
+AC_FN {t} ac_div_{s}({t} x, {t} y) {{
+  /* never traps: y == 0 divides by 1 (a Check thunk reports it), x / -1 is -x wrapping */
+  if (y == -1) return ({t})(({u})0 - ({u})x);
+  return x / (y == 0 ? 1 : y);
+}}
+AC_FN {t} ac_fmod_{s}({t} x, {t} y) {{ return (y == 0 || y == -1) ? 0 : x % y; }}
+AC_FN {t} ac_mod_{s}({t} x, {t} y) {{
+  {t} r = ac_fmod_{s}(x, y);
+  return (r != 0 && ((r < 0) != (y < 0))) ? ({t})(({u})r + ({u})y) : r;
+}}
+AC_FN {t} ac_shl_{s}({t} x, {t} y) {{
+  return (y < 0 || y >= {bits}) ? 0 : ({t})(({u})x << y);
+}}
+AC_FN {t} ac_shr_{s}({t} x, {t} y) {{
+  return (y < 0 || y >= {bits}) ? 0 : ({t})(({u})x >> y);
+}}
+AC_FN {t} ac_trap_{s}({t} x) {{ AC_TRAP(); return x; }}
+"""
+
+# Arg reductions keep (value, position); position -1 means "nothing yet". NaN never becomes
+# the best (as the CPU backend's ordered compare); ties go to the lower position, or the
+# higher one for the *_last kinds. The combine is symmetric, so lanes combined in any order
+# agree.
+ARG_HELPER = r"""
+AC_FN void ac_{kind}_{s}({t}* v, long long* i, {t} x, long long j) {{
+  if (x != x || j < 0) return;
+  if (*i < 0 || x {cmp} *v || (x == *v && j {tie} *i)) {{ *v = x; *i = j; }}
+}}
+"""
+ARG_KINDS = {"argmax": (">", "<"), "argmax_last": (">", ">"), "argmin": ("<", "<"),
+             "argmin_last": ("<", ">")}
+ARG_TYPES = {"f": "float", "d": "double", "i32": "int", "i64": "long long"}
+
+
+def arg_suffix(dtype: str) -> str:
+    """The helper suffix of an arg reduction over values of `dtype`."""
+    return {"float16": "f", "float32": "f", "float64": "d", "int32": "i32", "int64": "i64",
+            "bool": "i32"}[dtype]
+
+
+def prelude(target: str) -> str:
+    """Everything a rendered module's kernels may call, for target "cuda" or "c"."""
+    parts = [CUDA_HEAD if target == "cuda" else C_HEAD, SHARED]
+    for t, f, p, fl in (("float", "f", "f", "f"), ("double", "", "d", "")):
+        parts.append(FLOAT_HELPERS.format(t=t, f=f, p=p, fl=fl))
+    for t, s, u, bits in (("int", "i32", "unsigned", 32),
+                          ("long long", "i64", "unsigned long long", 64)):
+        parts.append(INT_HELPERS.format(t=t, s=s, u=u, bits=bits))
+    for kind, (cmp, tie) in ARG_KINDS.items():
+        for s, t in ARG_TYPES.items():
+            parts.append(ARG_HELPER.format(kind=kind, s=s, t=t, cmp=cmp, tie=tie))
+    return "".join(parts)

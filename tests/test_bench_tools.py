@@ -1,0 +1,245 @@
+"""The measurement tools of issue 11: profile, zoo/micro tables, the exports benchmark.
+
+Small committed zoo models run end to end (a few seconds); the real transformers exports
+need torch/transformers/onnxscript and minutes, so that test is `speed` and skips without them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from autoclust.models import zoo
+from autoclust.tools import bench_exports, bench_profile, bench_zoo, timing
+
+MODELS = bench_zoo.MODELS_DIR
+
+
+def _path(name: str) -> str:
+    return os.path.join(MODELS, f"{name}.onnx")
+
+
+@pytest.mark.parametrize("ops,want", [
+    (["MatMul", "Add"], "gemm"),
+    (["Mul", "Softmax", "Where"], "softmax"),
+    (["ReduceMean", "Sub", "Pow", "Sqrt"], "reduce"),
+    (["SkipLayerNormalization"], "norm"),
+    (["Transpose", "Reshape"], "layout"),
+    (["Transpose", "Add"], "elementwise"),
+    (["FusedConv"], "conv"),
+    ([], "elementwise"),
+])
+def test_category(ops, want):
+    assert bench_profile.category(ops) == want
+
+
+def _event(name, ts, dur, cat="Node", op="MatMul"):
+    return {"cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+
+def test_ort_profile_splits_runs_and_aggregates(tmp_path):
+    events = [
+        _event("init_kernel_time", 0, 500),  # before any run: session set-up, not counted
+        _event("model_run", 1000, 100, cat="Session"),
+        _event("mm_kernel_time", 1010, 40), _event("mm_fence_before", 1009, 1),
+        _event("sm_kernel_time", 1060, 20, op="Softmax"),
+        _event("model_run", 2000, 200, cat="Session"),
+        _event("mm_kernel_time", 2010, 60), _event("sm_kernel_time", 2100, 30, op="Softmax"),
+        _event("model_run", 3000, 90, cat="Session"),
+        _event("mm_kernel_time", 3010, 50), _event("sm_kernel_time", 3070, 10, op="Softmax"),
+    ]
+    path = tmp_path / "prof.json"
+    path.write_text(json.dumps(events))
+    p = bench_profile.ort_profile(str(path))
+    assert p["runs"] == 3
+    assert p["run_us"] == 100  # median of 100, 200, 90
+    assert [(n["node"], n["op"], n["us"]) for n in p["nodes"]] == [
+        ("mm", "MatMul", 50.0), ("sm", "Softmax", 20.0)]
+    assert p["by_op"] == {"MatMul": 50.0, "Softmax": 20.0}
+    assert p["kernels_us"] == 60  # median of the per-run sums 60, 90, 60
+
+
+def test_profile_mlp_gelu_end_to_end():
+    model = onnx.load(_path("mlp_gelu"))
+    p = bench_profile.profile(_path("mlp_gelu"), zoo.feeds(model), threads=1, rounds=2,
+                              block=3)
+    assert p["max_abs_err"] < 1e-4
+    assert [s["kind"] for s in p["steps"]] == ["cluster"]
+    step = p["steps"][0]
+    # every thunk of the executable is timed once per run: 5 thunks (3 generated GEMMs and
+    # 2 fused kernels), which the uninstrumented executable runs in one native driver call
+    assert step["thunks"] == len(p["thunks"]) == 5 and step["calls"] == 1
+    kinds = sorted((t["kind"], t["category"]) for t in p["thunks"])
+    assert kinds == [("generated Gemm", "gemm")] + [("generated MatMul", "gemm")] * 2 + [
+        ("kernel", "elementwise")] * 2
+    assert all(t["us"] > 0 for t in p["thunks"])
+    # the step contains its thunks, the run contains its steps
+    assert sum(t["us"] for t in p["thunks"]) <= step["us"] <= p["runtime_us"]
+    assert p["ort"]["runs"] == 2 * (1 + 3)
+    assert {"Gemm", "FusedGemm", "Gelu"} <= set(p["ort"]["by_op"])
+    cats = p["categories"]
+    assert cats["gemm"][0] > 0 and cats["gemm"][1] > 0
+    text = bench_profile.markdown(p, top=3)
+    assert "| 0 | cluster_0000 | cluster (5 thunks in 1 call) | 12 |" in text
+    assert "slowest 3 of 5" in text
+
+
+def test_profile_shows_onnxruntime_segments():
+    path = _path("mixed_dynamic")
+    p = bench_profile.profile(path, zoo.feeds(onnx.load(path)), threads=1, rounds=1, block=2)
+    kinds = [s["kind"] for s in p["steps"]]
+    assert "onnxruntime segment" in kinds and "cluster" in kinds
+    seg_ops = {op for s in p["steps"] if s["kind"] != "cluster" for op in s["ops"]}
+    assert {"NonZero", "Unique", "TopK"} <= seg_ops
+    assert p["categories"]["onnxruntime segments"][0] > 0
+    assert p["max_abs_err"] == 0 or p["max_abs_err"] < 1e-4
+
+
+def test_zoo_models_main_job_first():
+    names = [os.path.basename(p)[:-5] for p in bench_zoo.zoo_models()]
+    assert names[0] == "mlp_gelu"
+    assert sorted(names) == sorted(f[:-5] for f in os.listdir(MODELS) if f.endswith(".onnx"))
+
+
+def test_zoo_row_and_table():
+    row = bench_zoo.zoo_row(_path("mlp_gelu"), threads=1, rounds=2, block=2)
+    assert row["model"] == "mlp_gelu"
+    assert row["feeds"] == "x[2, 64]"  # the committed dims (batch=2)
+    assert row["kernels"] == 5 and row["clusters"] == 1 and row["segments"] == 0
+    assert row["max_abs_err"] < 1e-4
+    assert row["ratio"] == pytest.approx(row["ort_ms"] / row["autoclust_ms"])
+    assert row["ratio_p25"] <= row["ratio_p75"]
+    text = bench_zoo.zoo_markdown([row, dict(row, model="other", ratio=2.0)])
+    lines = text.splitlines()
+    assert lines[2].startswith("| mlp_gelu | x[2, 64] |")
+    assert lines[3].endswith("| met |")
+    assert lines[4].startswith("| geomean |")
+
+
+def test_micro_gelu_row_times_a_copy(monkeypatch):
+    from autoclust.tools import bench
+    # the real case at 1/64 of its size: the same code path, a fraction of the time
+    monkeypatch.setitem(bench.CASES, "gelu", ("gelu", {}, {"n": 1 << 18}, 1 << 20))
+    row = bench_zoo.micro_row("gelu", threads=1, rounds=2, block=2)
+    assert row["copy_ms"] > 0 and row["kernels"] == 1 and row["max_abs_err"] < 1e-5
+    assert "erf-GELU" in bench_zoo.micro_markdown([row])
+
+
+@pytest.mark.parametrize("case,fields,verdict", [
+    ("gelu", {"autoclust_ms": 11.0, "copy_ms": 10.0}, "met"),      # 1.1x of a copy
+    ("gelu", {"autoclust_ms": 13.0, "copy_ms": 10.0}, "missed"),   # 1.3x
+    ("chain16", {"ratio": 10.5}, "met"),
+    ("softmax_mask", {"ratio": 1.9}, "missed"),
+])
+def test_micro_verdicts(case, fields, verdict):
+    row = {"case": case, "title": case, "ort_ms": 10.0, "autoclust_ms": 5.0, "ratio": 2.0,
+           "ratio_p25": 1.0, "ratio_p75": 3.0, **fields}
+    line = bench_zoo.micro_markdown([row]).splitlines()[2]
+    assert line.endswith(f"| {verdict} |")
+
+
+def test_alternate_and_spread():
+    calls = []
+    times = timing.alternate({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                             rounds=2, block=3)
+    assert calls == ["a"] * 4 + ["b"] * 4 + ["a"] * 4 + ["b"] * 4  # untimed + 3, alternating
+    assert len(times["a"]) == len(times["b"]) == 6
+    fake = {"x": [2.0, 2.0, 4.0, 4.0], "y": [1.0, 1.0, 1.0, 1.0]}
+    assert timing.ratio_spread(fake, "x", "y", 2) == (2.5, 3.5)
+
+
+def test_cli_dispatches_zoo_table(tmp_path, capsys):
+    from autoclust.tools import cli
+    rc = cli.main(["bench", "--zoo", "--models", "layernorm", "--rounds", "1", "--block", "1",
+                   "--threads", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| layernorm |" in out
+    rows = json.loads((tmp_path / "zoo.json").read_text())["rows"]
+    assert rows[0]["model"] == "layernorm" and rows[0]["ratio"] > 0
+
+
+def test_exports_markdown_and_install_hint(monkeypatch):
+    row = {"model": "gpt2", "title": "GPT-2", "ort_ms": 30.0, "autoclust_ms": 20.0,
+           "ratio": 1.5, "ratio_p25": 1.4, "ratio_p75": 1.6, "session_ms": 300.0,
+           "first_run_ms": 2500.0, "new_seq_ms": 120.0, "new_seq": 48,
+           "cached_first_run_ms": 90.0, "max_abs_err": 1e-6, "clusters": 1, "segments": 0,
+           "kernels": 56, "eager_ms": 50.0, "eager_err": 2e-6}
+    image = dict(row, model="vit", title="ViT", ratio=6.0)
+    del image["new_seq_ms"]
+    text = bench_exports.markdown([row, image])
+    assert "| GPT-2 | 30.00 | 20.00 | **1.50x** | 1.40-1.60 | 50.00 |  | 1.0e-06 / 2.0e-06 | " \
+           "1 / 0 / 56 |" in text
+    assert "| geomean |  |  | **3.00x** |" in text
+    assert "| GPT-2 | 0.30 | 2.50 | 0.12 (seq 48) | 0.09 |  |" in text
+    assert "| ViT | 0.30 | 2.50 | n/a | 0.09 |  |" in text
+    real_import = __import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.__import__", no_torch)
+    with pytest.raises(SystemExit, match=r"needs torch.*pip install \"autoclust\[bench\]\""):
+        bench_exports.require()
+
+
+def test_new_seq_feeds():
+    feeds = {"input_ids": np.arange(8).reshape(1, 8), "attention_mask": np.ones((1, 8))}
+    alt = bench_exports.new_seq_feeds(feeds)
+    assert {k: v.shape for k, v in alt.items()} == {"input_ids": (1, 6), "attention_mask": (1, 6)}
+    assert alt["input_ids"].tolist() == [[0, 1, 2, 3, 4, 5]]
+    assert bench_exports.new_seq_feeds({"pixel_values": np.zeros((1, 3, 4, 4))}) is None
+
+
+HAVE_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "onnxscript"))
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="needs the bench extra (torch, transformers, "
+                                           "onnxscript)")
+def test_export_tiny_gpt2_end_to_end(tmp_path, monkeypatch):
+    from transformers import GPT2Config, GPT2Model
+
+    def tiny():
+        cfg = GPT2Config(n_layer=1, n_embd=64, n_head=2, vocab_size=100, n_positions=64)
+        return cfg, GPT2Model(cfg)
+
+    spec = bench_exports.Spec("tiny GPT-2", tiny, bench_exports._ids(16), "ids [1,16]",
+                              (("use_cache", False),))
+    monkeypatch.setitem(bench_exports.SPECS, "tiny", spec)
+    logs = []
+    path, feeds = bench_exports.export("tiny", str(tmp_path), logs.append)
+    assert len(logs) == 1 and os.path.exists(path)
+    assert bench_exports.export("tiny", str(tmp_path), logs.append) == (path, feeds)
+    assert len(logs) == 1  # the second call found the cached export
+    dims = onnx.load(path).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_value == 1 and dims[1].dim_param  # the sequence length is symbolic
+    cache = tmp_path / "compiled"
+    row = bench_exports.run_one("tiny", path, feeds, threads=1, rounds=1, block=1,
+                                torch_sides=["eager"], flags=f"--cache_dir={cache}")
+    assert row["max_abs_err"] < 1e-4 and row["eager_err"] < 1e-4
+    assert row["ratio"] > 0 and row["eager_ms"] > 0 and row["clusters"] >= 1
+    assert row["new_seq"] == 12 and row["new_seq_err"] < 1e-4 and row["new_seq_ms"] > 0
+    assert any(cache.iterdir())  # the first session filled --cache_dir
+    warm = bench_exports.cached_run(path, feeds, threads=1, flags=f"--cache_dir={cache}")
+    assert warm["cached_first_run_ms"] > 0
+    with np.load(feeds) as z:
+        assert z["input_ids"].shape == (1, 16)
+
+
+def test_profile_pass_through_model():
+    # resnet_block leaves Conv/BN/Relu/Add to onnxruntime: nothing clusters, the session
+    # hands the whole model to one onnxruntime session, and the profile says so
+    path = _path("resnet_block")
+    p = bench_profile.profile(path, zoo.feeds(onnx.load(path)), threads=1, rounds=1, block=2)
+    assert [s["kind"] for s in p["steps"]] == ["onnxruntime pass-through"]
+    assert p["thunks"] == []
+    ours = {c: a for c, (a, _) in p["categories"].items() if a}
+    assert list(ours) == ["onnxruntime pass-through (nothing clustered)"]
+    assert p["categories"]["conv"][1] > 0  # onnxruntime's own profile still splits it
+    assert p["max_abs_err"] == 0

@@ -1,0 +1,176 @@
+"""The README and docs/architecture.md say what the code does, and the test output reads."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from autoclust.tools import cli
+
+from autoclust import flags, registry
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(REPO, "README.md")
+ARCH = os.path.join(REPO, "docs", "architecture.md")
+
+
+def addopts():
+    """pyproject.toml's pytest addopts."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["tool"]["pytest"]["ini_options"]["addopts"]
+
+
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def sample_after(text, intro):
+    """The fenced block that follows the line `intro` in the README."""
+    start = text.index(intro + "\n")
+    found = re.compile(r"```\w*\n(.*?)```", re.DOTALL).search(text, start)
+    return found.group(1)
+
+
+def test_readme_links_the_architecture_page_in_the_repo():
+    text = read(README)
+    assert "../shared/ARCHITECTURE.md" not in text
+    assert "[docs/architecture.md](docs/architecture.md)" in text
+    assert os.path.isfile(ARCH)
+
+
+def _named_paths(text):
+    return set(re.findall(r"`((?:autoclust|importers|backends|tools|models|tests|docs)/"
+                          r"[\w./-]*)`", text))
+
+
+def test_every_path_the_map_names_exists():
+    named = _named_paths(read(ARCH))
+    assert len(named) > 30
+    missing = sorted(p for p in named if not os.path.exists(os.path.join(REPO, p)))
+    assert missing == [], f"docs/architecture.md names files that do not exist: {missing}"
+
+
+def test_the_map_mentions_every_module():
+    text = read(ARCH)
+    unmentioned = []
+    for top in ("autoclust", "importers", "backends", "tools", "models"):
+        for root, dirs, files in os.walk(os.path.join(REPO, top)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            rel_dir = os.path.relpath(root, REPO) + "/"
+            for name in files:
+                if not name.endswith(".py") or name == "__init__.py":
+                    continue
+                if f"`{rel_dir}{name}`" in text or f"`{name}`" in text or f"`{rel_dir}`" in text:
+                    continue
+                unmentioned.append(rel_dir + name)
+    assert unmentioned == [], ("add a line for each to docs/architecture.md's module table: "
+                               f"{unmentioned}")
+
+
+def test_readme_explain_sample_is_real_output(capsys):
+    want = sample_after(read(README), "`autoclust explain models/mixed_dynamic.onnx` prints:")
+    assert "Unclustered ops:" in want
+    assert cli.main(["explain", os.path.join(REPO, "models", "mixed_dynamic.onnx")]) == 0
+    assert capsys.readouterr().out == want
+
+
+def _numbers_masked(text):
+    return re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", text)
+
+
+def test_readme_run_sample_is_real_output(capsys, monkeypatch):
+    want = sample_after(read(README), "`autoclust run models/mlp_gelu.onnx --compare-ort` "
+                                      "prints (times vary):")
+    monkeypatch.chdir(REPO)
+    code = cli.main(["run", "models/mlp_gelu.onnx", "--compare-ort"])
+    got = capsys.readouterr().out
+    assert code == 0
+    assert _numbers_masked(got) == _numbers_masked(want)
+
+
+def test_readme_device_choices_match_the_flags():
+    text = " ".join(read(README).split())
+    found = re.search(r"`--device` \(([^;)]*)", text)
+    named = [w.strip() for w in found.group(1).split(",")]
+    assert named == list(registry.BACKENDS)  # the built-in --device choices
+    spec = next(s for s in flags.SPECS if s.name == "device")
+    assert set(named) <= set(spec.allowed())
+
+
+def test_test_command_reports_no_skipped_lines():
+    report = re.search(r"-r(\w+)", addopts()).group(1)
+    assert "s" not in report and "a" not in report and "A" not in report
+    assert {"f", "E", "x"} <= set(report)
+
+
+TESTS = '''
+import unittest
+import pytest
+
+@pytest.mark.parametrize("i", range(40))
+def test_often_skipped(i):
+    pytest.skip("onnxruntime fails: case %d" % i)
+
+@pytest.mark.parametrize("i", range(3))
+def test_rarely_skipped(i):
+    pytest.skip("ops not in the op table: Foo")
+
+@pytest.mark.xfail(reason="a known gap")
+def test_known_gap():
+    assert False
+
+def test_broken():
+    assert 1 == 2
+'''
+
+NODE_SUITE = '''
+import unittest
+
+class OnnxNodeDefault(unittest.TestCase):
+    def test_abs_cpu(self):
+        pass
+
+class OnnxNodeCompiled(unittest.TestCase):
+    def test_abs_cpu(self):
+        pass
+'''
+
+
+def test_test_output_is_readable(tmp_path):
+    """The project's pytest set-up on a run with many skips: a line per failure and xfail,
+    skips counted by reason, the node-suite summary, nothing per skip."""
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\naddopts = {addopts()}\n")
+    shutil.copy(os.path.join(REPO, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "data").mkdir()
+    shutil.copy(os.path.join(REPO, "tests", "data", "ort_node_results.json"), tmp_path / "data")
+    (tmp_path / "test_many.py").write_text(TESTS)
+    (tmp_path / "test_onnx_backend.py").write_text(NODE_SUITE)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    out = proc.stdout
+    assert proc.returncode == 1, out
+    assert "SKIPPED" not in out
+    assert "FAILED test_many.py::test_broken" in out
+    assert "XFAIL test_many.py::test_known_gap - a known gap" in out
+    assert re.search(r"43 skipped, by reason.*\n +40  onnxruntime fails\n +3  ops not in the "
+                     r"op table\n", out), out
+    assert "ONNX node suite (autoclust.backend)" in out
+    assert "passed in default mode 1; passed compiled 1" in out
+    lines = out.strip().splitlines()
+    assert lines[-1].startswith("1 failed, 2 passed, 43 skipped, 1 xfailed")
+    # the summaries sit right above the final line, after pytest's short summary
+    assert lines.index(next(ln for ln in lines if "short test summary" in ln)) < \
+        lines.index(next(ln for ln in lines if "skipped, by reason" in ln)) < \
+        lines.index(next(ln for ln in lines if "ONNX node suite" in ln))
+    assert len(lines) < 40
+
+
+def test_tqdm_is_a_dependency():
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    assert any(d.startswith("tqdm") for d in deps)

@@ -1,0 +1,326 @@
+"""Edge cases a held-out differential fuzzer found (issue 8, repros A-K), and the cases where
+the ONNX spec is silent and autoclust does what onnxruntime does.
+
+Each case is a small model run compiled (must_compile, every node in a cluster) and by
+onnxruntime on the same inputs: outputs must agree exactly in dtype and shape, and in
+value within a tight tolerance; where onnxruntime raises, autoclust must raise a clear
+autoclust error too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import autoclust
+from autoclust.errors import AutoclustError
+
+F32, F16, I32, I64 = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32,
+                      TensorProto.INT64)
+
+
+def model(nodes: list, inputs: list, outputs: list, inits: tuple = (), opset: int = 18
+          ) -> onnx.ModelProto:
+    """A model from (name, elem type, shape) inputs/outputs and onnx.helper nodes."""
+    g = helper.make_graph(
+        nodes, "edge", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m
+
+
+def const(name: str, value) -> TensorProto:
+    return onnx.numpy_helper.from_array(np.asarray(value), name)
+
+
+def run_both(m: onnx.ModelProto, feeds: dict, **flags) -> tuple[list, list]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(m.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    flags = {"must_compile": True, "min_cluster_size": 1, **flags}
+    sess = autoclust.InferenceSession(m, **flags)
+    got = sess.run(None, feeds)
+    assert sess.plan.clusters and not sess.plan.reasons, sess.explain()
+    assert all(c["fallback"] is None for c in sess.stats()["clusters"]), sess.stats()
+    return got, want
+
+
+def assert_same(got: list, want: list, rtol: float = 1e-6, atol: float = 0.0) -> None:
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        if w.dtype.kind == "f":
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def check(m: onnx.ModelProto, feeds: dict, rtol: float = 1e-6, atol: float = 0.0) -> list:
+    got, want = run_both(m, feeds)
+    assert_same(got, want, rtol, atol)
+    return got
+
+
+# ---- A: noop_with_empty_axes applies the elementwise part --------------------------------
+
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
+                                "ReduceSum", "ReduceMax", "ReduceLogSumExp"])
+@pytest.mark.parametrize("axes", ["absent", "empty"])
+def test_a_noop_with_empty_axes(op, axes):
+    ins = ["x"] if axes == "absent" else ["x", "axes"]
+    inits = () if axes == "absent" else (const("axes", np.zeros(0, np.int64)),)
+    m = model([helper.make_node(op, ins, ["y"], noop_with_empty_axes=1)],
+              [("x", F32, [2, 3])], [("y", F32, None)], inits)
+    x = np.array([[-1.5, 2.0, 0.25], [3.0, -4.0, 0.5]], np.float32)
+    got = check(m, {"x": x}, rtol=1e-6)
+    assert got[0].shape == (2, 3)
+
+
+# ---- B, H: reductions over a zero-length axis -------------------------------------------
+
+@pytest.mark.parametrize("op,dtype", [("ReduceMax", I64), ("ReduceMin", I64), ("ReduceMax", F32),
+                                      ("ReduceSum", F32), ("ReduceProd", I32),
+                                      ("ReduceL1", F32), ("ReduceMean", F32)])
+def test_b_reduce_over_empty_axis_gives_identity(op, dtype):
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    m = model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)],
+              [("x", dtype, [0, 5])], [("y", dtype, None)], (const("axes", [0]),))
+    for _ in range(3):  # stale memory would differ from run to run
+        got = check(m, {"x": np.zeros((0, 5), np_type)})
+    assert got[0].shape == (1, 5)
+
+
+def test_h_per_row_store_beside_empty_reduction():
+    """Add(ReduceL1(x over an empty axis), -40): a non-empty per-row result of a kernel
+    whose inner loop has no iterations must still be written."""
+    m = model([helper.make_node("ReduceL1", ["x", "axes"], ["r"], keepdims=1),
+               helper.make_node("Add", ["r", "c"], ["y"])],
+              [("x", F32, [5, 0, 7])], [("y", F32, None)],
+              (const("axes", [1]), const("c", np.float32(-40))))
+    got = check(m, {"x": np.zeros((5, 0, 7), np.float32)})
+    assert (got[0] == -40).all() and got[0].shape == (5, 1, 7)
+
+
+# ---- GE, C, D, E, J: zero sizes and small index tensors ----------------------------------
+
+def test_ge_gather_elements_indices_smaller_than_data():
+    m = model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=-2)],
+              [("x", F32, [5, 3]), ("i", I64, [1, 1])], [("y", F32, None)])
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    got = check(m, {"x": x, "i": np.array([[4]], np.int64)})
+    assert got[0].tolist() == [[12.0]]
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 0), (0, 3)), ((0, 4), (4, 3)),
+                                             ((0, 2, 4), (4, 3)), ((2, 2, 0), (2, 0, 3))])
+def test_c_matmul_with_zero_size_dims(a_shape, b_shape):
+    m = model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+              [("a", F32, list(a_shape)), ("b", F32, list(b_shape))], [("y", F32, None)])
+    check(m, {"a": np.ones(a_shape, np.float32), "b": np.ones(b_shape, np.float32)})
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(1, 0), (0, 1), (1, 1), (0, 0)])
+@pytest.mark.parametrize("shape", [(3, 0), (3, 5)])
+def test_d_cumsum(exclusive, reverse, shape):
+    m = model([helper.make_node("CumSum", ["x", "axis"], ["y"], exclusive=exclusive,
+                                reverse=reverse)],
+              [("x", F32, list(shape))], [("y", F32, None)], (const("axis", np.int64(1)),))
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    check(m, {"x": x})
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "constant"])  # ort 1.31 lacks "wrap"
+def test_e_pad_with_unpadded_zero_dim(mode):
+    m = model([helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)],
+              [("x", F32, [0, 3])], [("y", F32, None)],
+              (const("pads", np.array([0, 1, 0, 1], np.int64)),), opset=19)
+    got = check(m, {"x": np.zeros((0, 3), np.float32)})
+    assert got[0].shape == (0, 5)
+
+
+def test_j_zero_size_mul_then_flatten():
+    m = model([helper.make_node("Mul", ["x", "x"], ["m"]),
+               helper.make_node("Flatten", ["m"], ["y"], axis=1)],
+              [("x", F32, [1, 0, 2])], [("y", F32, None)])
+    assert check(m, {"x": np.zeros((1, 0, 2), np.float32)})[0].shape == (1, 0)
+
+
+def test_j_reduce_prod_then_concat_with_empty_inputs():
+    m = model([helper.make_node("ReduceProd", ["x", "axes"], ["p"], keepdims=1),
+               helper.make_node("Concat", ["p", "e"], ["y"], axis=0)],
+              [("x", F32, [3, 4]), ("e", F32, [0, 4])], [("y", F32, None)],
+              (const("axes", [0]),))
+    x = np.linspace(0.5, 2, 12, dtype=np.float32).reshape(3, 4)
+    check(m, {"x": x, "e": np.zeros((0, 4), np.float32)}, rtol=1e-6)
+
+
+# ---- G, I, K: numerics --------------------------------------------------------------------
+
+def test_g_layernorm_over_a_row_holding_1e20():
+    m = model([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1)],
+              [("x", F32, [2, 4])], [("y", F32, None)],
+              (const("s", np.ones(4, np.float32)), const("b", np.zeros(4, np.float32))))
+    x = np.array([[1e20, 1, 2, 3], [1, 2, 3, 4]], np.float32)
+    got = check(m, {"x": x}, rtol=1e-5, atol=1e-6)
+    assert np.isfinite(got[0]).all()
+
+
+def test_i_softplus_far_below_zero():
+    m = model([helper.make_node("Softplus", ["x"], ["y"])], [("x", F32, [6])],
+              [("y", F32, None)])
+    x = np.array([-20, -17.5, -30, -87, 30, 100], np.float32)
+    got = check(m, {"x": x}, rtol=2e-6)
+    assert got[0][0] == pytest.approx(2.0611537e-09, rel=1e-5)
+
+
+def test_k_float16_rounds_before_a_cast_to_int():
+    """fp16 Sub -> Transpose -> Cast(int32): 0.00234 - 100 rounds to -100 in float16."""
+    m = model([helper.make_node("Sub", ["a", "b"], ["d"]),
+               helper.make_node("Transpose", ["d"], ["t"], perm=[1, 0]),
+               helper.make_node("Cast", ["t"], ["y"], to=I32)],
+              [("a", F16, [1, 2]), ("b", F16, [1, 2])], [("y", I32, None)])
+    a = np.array([[0.00234, 7.3]], np.float16)
+    b = np.array([[100, 2]], np.float16)
+    assert check(m, {"a": a, "b": b})[0].ravel().tolist() == [-100, 5]
+
+
+def check_reference(m: onnx.ModelProto, feeds: dict) -> list:
+    """Compiled outputs equal the ONNX reference implementation's, exactly."""
+    from onnx.reference import ReferenceEvaluator
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
+    got = sess.run(None, feeds)
+    assert_same(got, ReferenceEvaluator(m).run(None, feeds))
+    return got
+
+
+@pytest.mark.parametrize("op", ["Floor", "Ceil", "Round"])
+def test_k_float16_rounds_before_floor_ceil_round(op):
+    """Every float16 result is rounded to float16 (the ONNX reference semantics). onnxruntime
+    agrees wherever it runs an op in float16 (the Transpose above); a chain of ops it has no
+    float16 CPU kernels for (Mul -> Floor) runs in float32 after its cast insertion, so
+    there it can differ by one float16 step: 14.46 * 5.047 rounds to 73, floor 73; ort 72."""
+    m = model([helper.make_node("Mul", ["a", "b"], ["p"]), helper.make_node(op, ["p"], ["y"])],
+              [("a", F16, [64]), ("b", F16, [64])], [("y", F16, None)])
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal(64) * 30).astype(np.float16)
+    b = (rng.standard_normal(64) * 3).astype(np.float16)
+    got = check_reference(m, {"a": a, "b": b})
+    if op == "Floor":
+        assert got[0][16] == 73.0
+
+
+def test_k_float16_rounds_before_comparisons():
+    m = model([helper.make_node("Add", ["a", "b"], ["s"]),
+               helper.make_node("Less", ["s", "c"], ["y"])],
+              [("a", F16, [3]), ("b", F16, [3]), ("c", F16, [3])],
+              [("y", TensorProto.BOOL, None)])
+    a = np.array([1024, 2048, 1], np.float16)
+    b = np.array([0.75, 1.5, 0.25], np.float16)  # 1024.75 -> 1025 in fp16, 2049.5 -> 2050
+    c = np.array([1025, 2050, 1.5], np.float16)
+    # unrounded sums would compare [True, True, True]
+    assert check_reference(m, {"a": a, "b": b, "c": c})[0].tolist() == [False, False, True]
+
+
+# ---- where the spec is silent: as onnxruntime ----------------------------------------------
+
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_integer_division_by_zero_raises(op, dtype):
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    m = model([helper.make_node(op, ["a", "b"], ["y"])],
+              [("a", dtype, [3]), ("b", dtype, [3])], [("y", dtype, None)])
+    ok = {"a": np.array([7, -7, 9], np_type), "b": np.array([2, 3, -4], np_type)}
+    check(m, ok)
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
+    bad = {"a": ok["a"], "b": np.array([2, 0, 1], np_type)}
+    with pytest.raises(AutoclustError, match=f"{op}.*by zero"):
+        sess.run(None, bad)
+    with pytest.raises(Exception, match="by zero"):  # onnxruntime raises too
+        ort.InferenceSession(m.SerializeToString()).run(None, bad)
+
+
+def test_cast_float_to_int_out_of_range_and_nan():
+    x = np.array([3e9, -3e9, np.nan, np.inf, -np.inf, 65541.7, -70000.7, 2.5, -1.5],
+                 np.float32)
+    m = model([helper.make_node("Cast", ["x"], ["a"], to=I32),
+               helper.make_node("Cast", ["x"], ["b"], to=I64)],
+              [("x", F32, [9])], [("a", I32, None), ("b", I64, None)])
+    got = check(m, {"x": x})
+    assert got[0][:5].tolist() == [-2**31] * 5
+
+
+@pytest.mark.parametrize("op", ["ReduceProd", "ReduceSum", "ReduceSumSquare", "ReduceL1",
+                                "ReduceMean"])
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_integer_reduction_overflow_saturates(op, dtype):
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    big = 2**20 if dtype == I32 else 2**40
+    x = np.array([[big, big, big, 3], [-big, big, big, 1], [5, -7, 2**53 + 1, 1]],
+                 np.int64).astype(np_type)
+    m = model([helper.make_node(op, ["x", "axes"], ["y"], keepdims=0)],
+              [("x", dtype, [3, 4])], [("y", dtype, None)], (const("axes", [1]),))
+    check(m, {"x": x})
+
+
+def test_argmax_and_reduce_max_with_a_leading_nan():
+    x = np.array([[np.nan, 1, 3], [2, 9, 1], [np.nan, np.nan, 0]], np.float32)
+    m = model([helper.make_node("ArgMax", ["x"], ["a"], axis=1),
+               helper.make_node("ReduceMax", ["x", "axes"], ["r"])],
+              [("x", F32, [3, 3])], [("a", I64, None), ("r", F32, None)],
+              (const("axes", [1]),))
+    got = check(m, {"x": x})
+    assert got[0].ravel().tolist() == [0, 1, 0]
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0, 2.0, 3.0, -1.5])
+def test_pow_by_constant_special_values(exponent):
+    """Pow's lowering reduces x**0.5 to a square root: that must keep pow's values at -0
+    and -inf (+0 and +inf; sqrt gives -0 and NaN)."""
+    x = np.array([-np.inf, -0.0, 0.0, 4.0, np.inf, np.nan, -2.0, 1e-40], np.float32)
+    m = model([helper.make_node("Pow", ["x", "e"], ["y"])], [("x", F32, [8])],
+              [("y", F32, None)], (const("e", np.float32(exponent)),))
+    got = check(m, {"x": x}, rtol=2e-7)
+    np.testing.assert_array_equal(np.signbit(got[0]), np.signbit(
+        ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]))
+
+
+@pytest.mark.parametrize("indices", [[3], [-4]])
+def test_gather_out_of_range_raises(indices):
+    m = model([helper.make_node("Gather", ["x", "i"], ["y"]),
+               helper.make_node("Relu", ["y"], ["z"])],
+              [("x", F32, [3, 2]), ("i", I64, [1])], [("z", F32, None)])
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
+    x = np.ones((3, 2), np.float32)
+    assert sess.run(None, {"x": x, "i": np.array([-3], np.int64)})[0].shape == (1, 2)
+    with pytest.raises(AutoclustError, match=r"Gather.*out of range \[-3, 2\]"):
+        sess.run(None, {"x": x, "i": np.array(indices, np.int64)})
+
+
+def test_split_sizes_from_runtime_data_stay_unknown_at_import():
+    """Split's sizes computed in the graph (the expanded RotaryEmbedding function) are not
+    equal chunks: the importer must leave them unknown, not guess, or specializing the
+    cluster later contradicts the guess."""
+    from autoclust.importers.onnx import import_model
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    k = helper.make_tensor_value_info("k", TensorProto.INT64, [1])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "b")]
+    nodes = [helper.make_node("Sub", ["eight", "k"], ["rest"]),
+             helper.make_node("Concat", ["k", "rest"], ["sizes"], axis=0),
+             helper.make_node("Split", ["x", "sizes"], ["a0", "b0"], axis=1),
+             helper.make_node("Neg", ["a0"], ["a"]), helper.make_node("Neg", ["b0"], ["b"])]
+    init = [helper.make_tensor("eight", TensorProto.INT64, [1], [8])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x, k], outs, init),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    split = next(n for n in import_model(model).nodes if n.op == "Split")
+    assert [o.shape for o in split.outputs] == [(2, None), (2, None)]
+    feeds = {"x": np.arange(16, dtype=np.float32).reshape(2, 8), "k": np.array([3])}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = autoclust.InferenceSession(model, min_cluster_size=1).run(None, feeds)
+    assert [g.shape for g in got] == [(2, 3), (2, 5)]
+    assert_same(got, want)
