@@ -53,6 +53,8 @@ from autoclust.lowering import (
     NeedRowDomain,
     Refuse,
     cast,
+    const,
+    op,
 )
 
 RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
@@ -147,6 +149,10 @@ class KernelBuilder:
             raise NeedRowDomain(out, shape, axes)
         if self.is_scan:
             raise Refuse(out, "a reduction cannot share a scan kernel")
+        if any(dim >= self.rank - self.n_inner for dim, _, _ in self.clamps):
+            # inside a Concat piece along the reduced loops: the piece's clamp would cut
+            # the reduction's own loads (ReduceLogSum -> Concat summed one row of three)
+            raise Refuse(out, "a reduction inside a Concat piece along its reduced loops")
         red_idx = self.inner_index(out, tuple(shape[a] for a in axes))
         if any(self.moves_with_inner(a) for a in kept.values()):
             raise Refuse(out, "its row index moves along the consumer's reduced dims")
@@ -203,6 +209,26 @@ class NodeLowering(LowerCtx):
 
     def constant(self, i: int) -> np.ndarray | None:
         return self.b.graph.constant_value(self.node.inputs[i]) if self.has(i) else None
+
+    def index(self, a: Affine) -> kir.Expr:
+        """The index's value where loads are clamped too: inside a Concat piece or an
+        edge/reflect Pad, a loop index clamped for loads is clamped here (Trilu's mask
+        under an edge Pad reads the row and column of the element it copies)."""
+        clamps = [(d, lo, hi) for d, lo, hi in self.b.clamps if a.coeffs[d]]
+        if not clamps:
+            return kir.Index(a)
+        coeffs = list(a.coeffs)
+        dims = {d: coeffs[d] for d, _, _ in clamps}
+        for d in dims:
+            coeffs[d] = 0
+        e: kir.Expr = kir.Index(Affine(a.const, tuple(coeffs)))
+        for d, c in dims.items():
+            iv: kir.Expr = kir.Index(kir.unit(d, len(coeffs)))
+            for dd, lo, hi in clamps:  # nested pieces: outer clamp first
+                if dd == d:
+                    iv = op("min", op("max", iv, const(lo, "int64")), const(hi, "int64"))
+            e = op("add", e, iv if c == 1 else op("mul", iv, const(c, "int64")))
+        return e
 
     def value(self, i: int, idx: Idx) -> kir.Expr:
         return self.b.expr(self.node.inputs[i], idx)

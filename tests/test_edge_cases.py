@@ -324,3 +324,29 @@ def test_split_sizes_from_runtime_data_stay_unknown_at_import():
     got = autoclust.InferenceSession(model, min_cluster_size=1).run(None, feeds)
     assert [g.shape for g in got] == [(2, 3), (2, 5)]
     assert_same(got, want)
+
+
+# ---- found by the extended fuzzer (tools/fuzz.py presets empty and all) -------------------
+
+def test_reduction_inside_a_concat_piece_sums_its_whole_axis():
+    """ReduceLogSum over axes [0, -2] feeding Concat along axis 0: the piece's clamp of the
+    concat loop must not cut the reduction's own loads (it summed one row of three)."""
+    m = model([helper.make_node("ReduceLogSum", ["x", "axes"], ["r"], keepdims=1),
+               helper.make_node("Concat", ["r", "c"], ["y"], axis=0)],
+              [("x", F32, [3, 1, 1, 5]), ("c", F32, [2, 1, 1, 5])], [("y", F32, None)],
+              [const("axes", np.array([0, -2], np.int64))])
+    rng = np.random.default_rng(0)
+    check(m, {"x": rng.uniform(0.1, 2, (3, 1, 1, 5)).astype(np.float32),
+              "c": rng.standard_normal((2, 1, 1, 5)).astype(np.float32)}, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect"])
+def test_trilu_mask_under_a_clamping_pad_reads_the_copied_element(mode):
+    """Trilu then an edge Pad: the mask is evaluated at the row and column of the element
+    the padding copies, not at the padded position."""
+    m = model([helper.make_node("Trilu", ["x", "k"], ["t"], upper=0),
+               helper.make_node("Pad", ["t", "pads"], ["y"], mode=mode)],
+              [("x", F32, [3, 3])], [("y", F32, None)],
+              [const("k", np.array(1, np.int64)),
+               const("pads", np.array([2, 0, 2, 1], np.int64))])
+    check(m, {"x": np.arange(1, 10, dtype=np.float32).reshape(3, 3)})
