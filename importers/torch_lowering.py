@@ -14,7 +14,8 @@ become Mul, Add and Div of those. A cluster folds them once shapes are concrete.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import operator
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -117,7 +118,8 @@ class Lowering:
 
     def used_items(self) -> set[int]:
         """Indices of a tuple-valued node's outputs that some getitem reads."""
-        return {u.args[1] for u in self.node.users if u.target is _getitem() and u.users}
+        return {u.args[1] for u in self.node.users
+                if u.target is operator.getitem and u.users}
 
     # ---- emitting ---------------------------------------------------------------------
     def emit(self, op: str, inputs: list[Value | None], n_out: int = 1,
@@ -218,11 +220,6 @@ def _compatible(inferred: tuple | None, torch_shape: tuple) -> bool:
         for a, b in zip(inferred, torch_shape))
 
 
-def _getitem() -> Callable:
-    import operator
-    return operator.getitem
-
-
 def promoted(a: Any, b: Any) -> np.dtype:
     """torch's type promotion of two tensor or scalar arguments (torch.result_type)."""
     sa, sb = _stand_in(a), _stand_in(b)
@@ -244,8 +241,6 @@ def _stand_in(x: Any) -> Any:
     if isinstance(val, (bool, int, float)):
         return val
     raise Unmapped(f"cannot promote argument {x}")
-
-
 
 
 def is_factory(node: fx.Node) -> bool:
