@@ -284,6 +284,62 @@ def test_unsupported_ops_run_eager_with_reasons():
         {"exp": 1, "mul": 1}, {"add": 2, "sum": 2, "sigmoid": 1}]
 
 
+class TwoBlocks(nn.Module):
+    """The attention block, a graph break, then the llama block."""
+
+    def __init__(self):
+        super().__init__()
+        self.att, self.llama = AttentionBlock(), LlamaBlock()
+
+    def forward(self, x, mask, cos, sin):
+        h = self.att(x, mask)
+        _dynamo.graph_break()
+        return self.llama(h, cos, sin)
+
+
+def test_graph_break_inside_a_model_clusters_each_graph():
+    torch.manual_seed(0)
+    model = TwoBlocks().eval()
+    args = (torch.randn(2, 8, 32), block_inputs("attention")[1][1], *rotary(8, 8))
+    fast = torch.compile(model, backend="autoclust")
+    check(fast, model, *args)
+    check(fast, model, *args)
+    assert counts(fast) == (2, 2, 0)  # each half one graph, each graph one cluster
+    assert compiles(fast) == [1, 1]
+    first, second = torch_fx.reports(fast)
+    assert "native_layer_norm" in first.clusters[0].aten_ops   # attention's LayerNorm
+    assert "rsqrt" in second.clusters[0].aten_ops              # llama's RMSNorm
+    assert "torch_dynamo_resume_in_forward_at_" in second.where
+
+
+class SortInside(nn.Module):
+    """LayerNorm-Linear-GELU, a sort (no lowering), then Linear and RMSNorm."""
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        self.ln, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.norm = RMSNorm(d)
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(self.ln(x))).sort(-1).values
+        return self.norm(x + self.fc2(h))
+
+
+def test_unsupported_op_inside_a_block_runs_eager_between_clusters():
+    torch.manual_seed(0)
+    model = SortInside().eval()
+    fast = torch.compile(model, backend="autoclust")
+    check(fast, model, torch.randn(2, 8, 32))
+    (report,) = torch_fx.reports(fast)
+    assert report.eager == [("sort", "aten.sort.default", "no lowering for aten.sort.default")]
+    before, after = (c.aten_ops for c in report.clusters)
+    assert {"native_layer_norm", "gelu", "addmm"} <= set(before)   # feeds the sort
+    assert {"addmm", "rsqrt", "mean", "pow"} <= set(after)          # reads the sorted values
+    text = torch_fx.explain(fast)
+    assert "2 clusters covering 17, 1 run as eager torch" in text
+    assert "eager sort (aten.sort.default): no lowering for aten.sort.default" in text
+
+
 def test_must_compile_names_the_unsupported_node():
     fast = torch.compile(lambda x: torch.topk(x.exp(), 2).values, backend="autoclust",
                          options={"must_compile": True})
@@ -336,6 +392,8 @@ def test_dynamic_true_reuses_one_graph():
     assert compiles(fast) == [3]  # seq 6, 5 and 11; the second seq 6 reuses
     (report,) = torch_fx.reports(fast)
     assert report.clusters[0].stats()["runs"] == 4
+    x_value = report.plan.graph.inputs[0]  # batch and seq symbolic; d specialized by view
+    assert [isinstance(d, str) for d in x_value.shape] == [True, True, False]
 
 
 def test_mark_dynamic_dims_are_symbolic_in_the_graph():
@@ -349,6 +407,38 @@ def test_mark_dynamic_dims_are_symbolic_in_the_graph():
     (ids_value,) = [v for v in report.plan.graph.inputs if v.dtype == np.int64]
     assert isinstance(ids_value.shape[0], str) and ids_value.shape[1] == 8
     assert compiles(fast) == [3]
+
+
+def test_mark_dynamic_batch_through_the_compiled_convnet():
+    model, (x,) = block_inputs("convnet")
+    _dynamo.mark_dynamic(x, 0)
+    fast = torch.compile(model, backend="autoclust", options={"must_compile": True})
+    check(fast, model, x)
+    for b in (3, 5, 3):
+        check(fast, model, torch.randn(b, 3, 32, 32))
+    assert counts(fast) == (1, 1, 0)
+    assert compiles(fast) == [3]  # batch 2, 3 and 5
+    (report,) = torch_fx.reports(fast)
+    (image,) = [v for v in report.plan.graph.inputs if v.shape[-1:] == (32,)]
+    assert isinstance(image.shape[0], str) and image.shape[1:] == (3, 32, 32)
+    check(fast, model, torch.randn(1, 3, 32, 32))  # Dynamo specializes sizes 0 and 1
+    assert counts(fast) == (2, 2, 0) and compiles(fast) == [3, 1]
+
+
+def test_new_dtype_recompiles():
+    def f(x, y):
+        return (x * y + 1).exp().tanh() - y
+
+    fast = torch.compile(f, backend="autoclust", options={"min_cluster_size": 2})
+    x, y = torch.randn(4, 5), torch.randn(5)
+    for a, b in ((x, y), (x.double(), y.double()), (x, y), (x.double(), y)):
+        got = fast(a, b)
+        assert got.dtype == f(a, b).dtype
+        torch.testing.assert_close(got, f(a, b), **TOL)
+    assert counts(fast) == (3, 3, 0)  # float32, float64, mixed: one graph each
+    assert compiles(fast) == [1, 1, 1]
+    assert [r.plan.graph.inputs[0].dtype for r in torch_fx.reports(fast)] == [
+        np.float32, np.float64, np.float64]
 
 
 # ---- inputs, fallbacks, training ----------------------------------------------------------------
@@ -606,3 +696,17 @@ def test_input_mutation_and_training_batch_norm_update_state():
     assert report.where.startswith("forward (") and "batchnorm.py" in report.where
     assert [t for _, t, _ in report.eager] == [
         "aten._native_batch_norm_legit_functional.default"]
+
+
+def test_bench_torch_times_every_variant_and_writes_a_row(monkeypatch):
+    from autoclust.tools import bench_torch
+    monkeypatch.setitem(bench_torch.CASES, "attention", {"batch": 1, "seq": 4, "d": 16})
+    threads = torch.get_num_threads()
+    try:
+        r = bench_torch._time_case("attention", 2, 1, 1, ["eager", "autoclust"], {})
+    finally:
+        torch.set_num_threads(threads)
+    assert set(r["ms"]) == {"eager", "autoclust"} and min(r["ms"].values()) > 0
+    assert (r["clusters"], r["eager_nodes"]) == (1, 0) and r["max_abs_err"]["autoclust"] < 1e-4
+    row = bench_torch.table([r]).splitlines()[-1]
+    assert row.startswith("| attention |") and "| 1 / 0 / [" in row
