@@ -153,8 +153,9 @@ def fresh_dynamo():
 
 
 def counts(fn):
-    """(graphs, clusters, eager nodes) over fn's reports."""
+    """(graphs, clusters, eager nodes) over fn's reports; no graph may have run whole eager."""
     rs = torch_fx.reports(fn)
+    assert [r.failure for r in rs] == [None] * len(rs)
     return len(rs), sum(len(r.clusters) for r in rs), sum(len(r.eager) for r in rs)
 
 
@@ -335,6 +336,8 @@ def test_unsupported_op_inside_a_block_runs_eager_between_clusters():
     before, after = (c.aten_ops for c in report.clusters)
     assert {"native_layer_norm", "gelu", "addmm"} <= set(before)   # feeds the sort
     assert {"addmm", "rsqrt", "mean", "pow"} <= set(after)          # reads the sorted values
+    assert counts(fast) == (1, 2, 1)
+    assert [c.stats()["runs"] for c in report.clusters] == [1, 1]
     text = torch_fx.explain(fast)
     assert "2 clusters covering 17, 1 run as eager torch" in text
     assert "eager sort (aten.sort.default): no lowering for aten.sort.default" in text
