@@ -29,6 +29,11 @@ that is not clustered. Three concerns are kept apart, as in TF and Inductor:
    the cluster (the row is computed in registers instead of round-tripping memory).
    So a MatMul with its shape ops saves nothing and is refused.
 
+Control flow (autoclust/control_flow.py): before the three phases, a Loop with a constant
+trip count and an elementwise body is unrolled into the graph; after candidates, an
+If/Loop/Scan whose bodies cluster (each body clustered recursively) becomes a ControlFlow
+step that the runtime runs itself; the others keep a "has a subgraph" reason.
+
 Unclustered nodes are then grouped into as few FallbackSegments as legality allows (each
 joins a recent segment when no path through another step separates them), and all steps
 are ordered topologically. The result depends only on the graph and the flags.
@@ -52,6 +57,8 @@ from autoclust.registry import Policy
 WhyNot = Callable[[Node, Graph], "str | None"]
 
 LEGACY_DOMAIN = "autoclust.legacy"
+# The refusal of a node with a graph attribute; control_flow.py may run it after all.
+SUBGRAPH_REASON = "has a subgraph"
 # How many recent fallback segments an unclustered node tries to join (bounds the work).
 _SEGMENT_TRIES = 4
 
@@ -83,14 +90,30 @@ class FallbackSegment:
 
 
 @dataclasses.dataclass
+class ControlFlow:
+    """An If/Loop/Scan node the runtime runs itself, each body with its own Plan
+    (autoclust/control_flow.py); `summary` is its explain line."""
+
+    id: int
+    name: str
+    nodes: list[Node]  # the control-flow node alone
+    inputs: list[Value]
+    outputs: list[Value]
+    bodies: dict[str, Plan]  # graph attribute name -> the body's plan
+    summary: str
+
+
+@dataclasses.dataclass
 class Plan:
     """Steps in dependency order (every node in exactly one) and why nodes stay unclustered."""
 
     graph: Graph
-    steps: list[Cluster | FallbackSegment]
+    steps: list[Cluster | FallbackSegment | ControlFlow]
     clusters: list[Cluster]
     reasons: dict[str, str]
     flags: Flags
+    control_flow: list[ControlFlow] = dataclasses.field(default_factory=list)
+    unrolled: dict[str, str] = dataclasses.field(default_factory=dict)  # Loop name -> note
     _by_node: dict[str, Cluster] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False)
 
@@ -213,7 +236,7 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
     if node.domain == LEGACY_DOMAIN:
         return "old opset form"
     if _has_subgraph(node):
-        return "has a subgraph"
+        return SUBGRAPH_REASON
     opdef = ops.get(node.op, node.domain)
     if opdef is None:
         return f"unsupported op {node.qualified_op}"
@@ -562,28 +585,55 @@ def fingerprint(graph: Graph, nodes: list[Node], inputs: list[Value],
 
 
 def _build_plan(an: _Analysis, kept: list[list[int]], reasons: dict[int, str],
-                flags: Flags) -> Plan:
+                flags: Flags, flow: dict[int, tuple[dict[str, Plan], str]] | None = None
+                ) -> Plan:
+    flow = flow or {}
+    flow_groups = [[i] for i in sorted(flow)]  # each control-flow node is a step of its own
     clustered = [False] * len(an.nodes)
-    for members in kept:
+    for members in kept + flow_groups:
         for m in members:
             clustered[m] = True
-    segments = _group_fallback(an, kept, clustered)
-    steps: list[Cluster | FallbackSegment] = []
+    segments = _group_fallback(an, kept + flow_groups, clustered)
+    steps: list[Cluster | FallbackSegment | ControlFlow] = []
     for k, members in enumerate(kept):
         inputs, outputs = _boundary(an, members)
         nodes = [an.nodes[i] for i in members]
         steps.append(Cluster(k, f"cluster_{k:04d}", nodes, inputs, outputs,
                              fingerprint(an.graph, nodes, inputs, outputs),
                              _shape_value_inputs(an, members, inputs)))
+    for k, members in enumerate(flow_groups):
+        inputs, outputs = _boundary(an, members)
+        bodies, summary = flow[members[0]]
+        steps.append(ControlFlow(k, f"flow_{k:04d}", [an.nodes[members[0]]], inputs, outputs,
+                                 bodies, summary))
     for k, members in enumerate(segments):
         inputs, outputs = _boundary(an, members)
         steps.append(FallbackSegment(k, f"segment_{k:04d}", [an.nodes[i] for i in members],
                                      inputs, outputs))
-    order = _order_steps(an, kept + segments)
+    order = _order_steps(an, kept + flow_groups + segments)
     ordered = [steps[g] for g in order]
     clusters = [s for s in steps if isinstance(s, Cluster)]
     named = {an.nodes[i].name: reasons[i] for i in sorted(reasons)}
-    return Plan(an.graph, ordered, clusters, named, flags)
+    control = [s for s in steps if isinstance(s, ControlFlow)]
+    return Plan(an.graph, ordered, clusters, named, flags, control)
+
+
+def _plan_control_flow(an: _Analysis, reasons: dict[int, str], flags: Flags, why_not: WhyNot,
+                       policy: Policy) -> dict[int, tuple[dict[str, Plan], str]]:
+    """If/Loop/Scan nodes whose bodies cluster (each body clustered recursively): they
+    become steps of their own; the others keep a "has a subgraph" reason saying why."""
+    from autoclust import control_flow
+    flow = {}
+    for i, reason in list(reasons.items()):
+        if reason != SUBGRAPH_REASON:
+            continue
+        found = control_flow.plan_bodies(an.nodes[i], an.graph, flags, why_not, policy)
+        if isinstance(found, str):
+            reasons[i] = found
+        else:
+            flow[i] = found
+            del reasons[i]
+    return flow
 
 
 # ---- the pass ---------------------------------------------------------------------------
@@ -596,17 +646,21 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
     can) and `policy` is its Policy; by default both come from the backend flags.device
     selects.
     """
-    an = _Analysis(graph)
     reasons: dict[int, str] = {}
     kept: list[list[int]] = []
     if flags.auto_jit == 0:
+        an = _Analysis(graph)
         reasons = {i: "auto_jit is 0" for i in range(len(an.nodes))}
         return _build_plan(an, kept, reasons, flags)
     if why_not is None or policy is None:
         backend = registry.get_backend(flags.device)
         why_not = why_not or backend.why_not
         policy = policy or registry.policy(backend)
+    from autoclust import control_flow
+    unrolled = control_flow.unroll_static_loops(graph, flags, why_not)
+    an = _Analysis(graph)
     candidate = _find_candidates(an, flags, why_not, policy, reasons)
+    flow = _plan_control_flow(an, reasons, flags, why_not, policy)
     con = _contract_clusters(an, candidate, flags)
     for members in con.clusters():
         reason = why_not_profitable(an, members, flags)
@@ -617,7 +671,9 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
             reason = con.cycle_reason[members[0]]
         for m in members:
             reasons[m] = reason
-    return _build_plan(an, kept, reasons, flags)
+    plan = _build_plan(an, kept, reasons, flags, flow)
+    plan.unrolled = unrolled
+    return plan
 
 
 # ---- benchmark --------------------------------------------------------------------------

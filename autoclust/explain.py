@@ -47,10 +47,17 @@ def explain_text(plan: Plan) -> str:
     covered = sum(len(c.nodes) for c in plan.clusters)
     share = 100.0 * covered / total if total else 0.0
     summary = f"Built {plural(len(plan.clusters), 'cluster')} covering {covered}/{total} nodes"
-    lines = [f"{summary} ({share:.1f}%)"]
+    flow = getattr(plan, "control_flow", [])
+    tail = f"; {plural(len(flow), 'control-flow node')} with clustered bodies" if flow else ""
+    lines = [f"{summary} ({share:.1f}%){tail}"]
     for c in plan.clusters:
         ops = _format_histogram(_histogram(c.nodes))
         lines.append(f"  {c.name}: {plural(len(c.nodes), 'node')}  {ops}")
+    lines += _control_flow_lines(flow)
+    unrolled = getattr(plan, "unrolled", {})
+    if unrolled:
+        lines.append("Loops unrolled into the graph:")
+        lines += [f"  {name} (Loop): {note}" for name, note in unrolled.items()]
     left = _unclustered(plan)
     lines.append(f"Unclustered ops: {_format_histogram(_histogram(left))}")
     if left:
@@ -60,6 +67,19 @@ def explain_text(plan: Plan) -> str:
     if copies is not None:
         lines.append(transfers.copies_text(copies))
     return "\n".join(lines)
+
+
+def _control_flow_lines(flow: list[Any]) -> list[str]:
+    """Each If/Loop/Scan our runtime runs, with its bodies' explanations indented."""
+    if not flow:
+        return []
+    lines = ["Control flow run by autoclust:"]
+    for step in flow:
+        node = step.nodes[0]
+        lines.append(f"  {node.name} ({node.op}): {step.summary}")
+        for attr, body in step.bodies.items():
+            lines.append(f"    {attr}: " + explain_text(body).replace("\n", "\n      "))
+    return lines
 
 
 def _device_copies(plan: Plan) -> list[transfers.Copy] | None:
@@ -82,6 +102,14 @@ def explain_json(plan: Plan) -> dict[str, Any]:
     unclustered = [{"node": n.name, "op": n.op, "reason": plan.reasons[n.name]}
                    for n in _unclustered(plan)]
     out = {"nodes": len(plan.graph.nodes), "clusters": clusters, "unclustered": unclustered}
+    if getattr(plan, "unrolled", None):
+        out["unrolled"] = dict(plan.unrolled)
+    flow = getattr(plan, "control_flow", [])
+    if flow:
+        out["control_flow"] = [{"node": s.nodes[0].name, "op": s.nodes[0].op,
+                                "summary": s.summary,
+                                "bodies": {a: explain_json(b) for a, b in s.bodies.items()}}
+                               for s in flow]
     copies = _device_copies(plan)
     if copies is not None:
         out["copies"] = [{"value": c.value, "dtype": c.dtype, "shape": list(c.shape),

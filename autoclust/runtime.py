@@ -277,7 +277,7 @@ class Runtime:
 
     def __init__(self, plan: Any, flags: Flags, backend: Any, sess_options: Any = None,
                  providers: Any = None, provider_options: Any = None, dumper: Any = None):
-        from autoclust.clustering import Cluster
+        from autoclust.clustering import Cluster, ControlFlow
         self.plan = plan
         self.graph = plan.graph
         self.backend = backend
@@ -289,6 +289,10 @@ class Runtime:
                 continue  # dead nodes (e.g. a Shape nobody reads): nothing to compute
             if isinstance(step, Cluster):
                 runner = ClusterRunner(step, sub, flags, backend, options, dumper)
+            elif isinstance(step, ControlFlow):  # an If/Loop/Scan with clustered bodies
+                from autoclust.control_flow import ControlFlowRunner
+                runner = ControlFlowRunner(step, sub, flags, backend, sess_options, providers,
+                                           provider_options)
             else:
                 runner = SegmentRunner(step, sub, options, providers, provider_options)
             self.runners.append(runner)
@@ -393,6 +397,9 @@ class Runtime:
         """Block until every cluster's background compiles (--async_compile) are done."""
         for r in self.compiled_clusters():
             r.wait(timeout)
+        for r in self.runners:
+            if not isinstance(r, ClusterRunner) and hasattr(r, "wait"):
+                r.wait(timeout)  # control flow: its bodies' compiles
 
 
 class DeviceRun:
@@ -461,11 +468,20 @@ def _onnx(graph: Graph) -> Any:
 
 def check_must_compile(plan: Any) -> None:
     """Under --must_compile: every node must be in a cluster, else NotCompilableError."""
-    if not plan.reasons:
+    lines = _unclustered_lines(plan, "")
+    if not lines:
         return
-    lines = [f"  {name}: {reason}" for name, reason in plan.reasons.items()]
     raise NotCompilableError(f"{len(lines)} node(s) could not be compiled "
                              "(--must_compile):\n" + "\n".join(lines))
+
+
+def _unclustered_lines(plan: Any, prefix: str) -> list[str]:
+    """`  name: reason` for every unclustered node, inside control-flow bodies too."""
+    lines = [f"  {prefix}{name}: {reason}" for name, reason in plan.reasons.items()]
+    for step in getattr(plan, "control_flow", ()):
+        for attr, body in step.bodies.items():
+            lines += _unclustered_lines(body, f"{prefix}{step.nodes[0].name}.{attr}/")
+    return lines
 
 
 __all__ = ["AutoclustError", "ClusterRunner", "DeviceRun", "Runtime", "SegmentRunner",

@@ -208,7 +208,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             self._dumper = Dumper.create(self._flags.dump_to, self._flags)
             if self._dumper is not None:
                 self._dumper.write_plan(self.plan)
-        if not self.plan.clusters:
+        if not self.plan.clusters and not self.plan.control_flow:
             return
         try:
             self._runtime = runtime.Runtime(self.plan, self._flags, backend,
