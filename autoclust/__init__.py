@@ -39,6 +39,9 @@ def __getattr__(name):
     if name == "Builder":
         from autoclust.importers.builder import Builder
         return Builder
+    if name in ("register_op", "unregister_op"):  # custom calls (autoclust/custom.py)
+        from autoclust import custom
+        return getattr(custom, name)
     if name in ("jit", "trace"):
         from autoclust import tracing
         return getattr(tracing, name)

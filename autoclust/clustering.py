@@ -48,7 +48,7 @@ import itertools
 from collections.abc import Callable, Collection
 from typing import Any
 
-from autoclust import ops, registry
+from autoclust import custom, ops, registry
 from autoclust.flags import Flags
 from autoclust.graph_cycles import GraphCycles
 from autoclust.ir import Graph, Node, Value
@@ -80,13 +80,15 @@ class Cluster:
 
 @dataclasses.dataclass
 class FallbackSegment:
-    """Unclustered nodes run together by one onnxruntime sub-session."""
+    """Unclustered nodes run together by one onnxruntime sub-session; with `host`, one
+    custom-op node (autoclust.custom) that onnxruntime cannot load, run by our runtime."""
 
     id: int
     name: str
     nodes: list[Node]
     inputs: list[Value]
     outputs: list[Value]
+    host: bool = False
 
 
 @dataclasses.dataclass
@@ -593,7 +595,11 @@ def _build_plan(an: _Analysis, kept: list[list[int]], reasons: dict[int, str],
     for members in kept + flow_groups:
         for m in members:
             clustered[m] = True
-    segments = _group_fallback(an, kept + flow_groups, clustered)
+    # Custom ops outside clusters are steps of their own: no onnxruntime segment holds one.
+    host = [[i] for i, node in enumerate(an.nodes) if not clustered[i] and custom.is_custom(node)]
+    for (i,) in host:
+        clustered[i] = True
+    segments = _group_fallback(an, kept + flow_groups + host, clustered)
     steps: list[Cluster | FallbackSegment | ControlFlow] = []
     for k, members in enumerate(kept):
         inputs, outputs = _boundary(an, members)
@@ -610,10 +616,18 @@ def _build_plan(an: _Analysis, kept: list[list[int]], reasons: dict[int, str],
         inputs, outputs = _boundary(an, members)
         steps.append(FallbackSegment(k, f"segment_{k:04d}", [an.nodes[i] for i in members],
                                      inputs, outputs))
-    order = _order_steps(an, kept + flow_groups + segments)
+    for k, members in enumerate(host):
+        inputs, outputs = _boundary(an, members)
+        steps.append(FallbackSegment(k, f"custom_{k:04d}", [an.nodes[members[0]]], inputs,
+                                     outputs, host=True))
+    order = _order_steps(an, kept + flow_groups + segments + host)
     ordered = [steps[g] for g in order]
     clusters = [s for s in steps if isinstance(s, Cluster)]
     named = {an.nodes[i].name: reasons[i] for i in sorted(reasons)}
+    for (i,) in host:
+        name = an.nodes[i].name
+        named[name] = (named.get(name, "not clustered") + "; runs in autoclust's runtime "
+                       "(a custom op onnxruntime cannot load)")
     control = [s for s in steps if isinstance(s, ControlFlow)]
     return Plan(an.graph, ordered, clusters, named, flags, control)
 

@@ -92,3 +92,13 @@ class TraceError(AutoclustError, TypeError):
 class DeviceUnavailableError(AutoclustError):
     """A device was asked for (--device=gpu) that this machine lacks: the message names what
     is missing (CuPy, a CUDA GPU)."""
+
+
+class RegistrationError(AutoclustError, ValueError):
+    """autoclust.register_op was given a bad registration (a duplicate, a bad kernel or
+    shape rule); the message names the op as DOMAIN::OP_TYPE."""
+
+
+class KernelError(AutoclustError, RuntimeError):
+    """A custom op's kernel failed: it raised, returned an error code or results of the wrong
+    dtype/shape; the message names the op and the node."""

@@ -133,9 +133,7 @@ class ClusterRunner:
                 copies = [np.array(x, copy=True) for x in inputs]  # the caller may reuse them
                 self.pending[key] = _COMPILER.submit(self._compile, key, copies)
             if self._stand_in is None:
-                self._stand_in = registry.fallback().Segment(
-                    _onnx(self.graph), self.ort_options, name=self.name,
-                    input_names=self.input_names, output_names=self.output_names)
+                self._stand_in = self._fallback_segment()
         self.stand_in_runs += 1
         return self._stand_in.run(inputs)
 
@@ -184,11 +182,21 @@ class ClusterRunner:
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
-        warnings.warn(f"autoclust: {self.name} falls back to onnxruntime ({reason})",
+        self.fallback = self._fallback_segment()
+        where = "onnxruntime" if hasattr(self.fallback, "session") else \
+            "autoclust's runtime (custom ops onnxruntime cannot load)"
+        warnings.warn(f"autoclust: {self.name} falls back to {where} ({reason})",
                       RuntimeWarning, stacklevel=4)
         if self.dumper is not None:
             self.dumper.write_failure(self.name, reason)
-        self.fallback = registry.fallback().Segment(
+
+    def _fallback_segment(self) -> Any:
+        """onnxruntime over the cluster's graph; with a custom op (which onnxruntime cannot
+        load) our runtime instead: custom kernels plus the other ops' references."""
+        from autoclust import custom
+        if custom.in_graph(self.graph):
+            return custom.HostRunner(self.graph, self.name)
+        return registry.fallback().Segment(
             _onnx(self.graph), self.ort_options, name=self.name, input_names=self.input_names,
             output_names=self.output_names)
 
@@ -293,6 +301,9 @@ class Runtime:
                 from autoclust.control_flow import ControlFlowRunner
                 runner = ControlFlowRunner(step, sub, flags, backend, sess_options, providers,
                                            provider_options)
+            elif getattr(step, "host", False):  # a custom op: onnxruntime cannot load it
+                from autoclust.custom import HostRunner
+                runner = HostRunner(sub, step.name)
             else:
                 runner = SegmentRunner(step, sub, options, providers, provider_options)
             self.runners.append(runner)

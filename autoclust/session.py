@@ -118,6 +118,12 @@ def _fmt_dims(dims: tuple) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
+def _uses_custom_ops(model: onnx.ModelProto) -> bool:
+    """Whether the model uses an op registered with autoclust.register_op."""
+    from autoclust import custom
+    return custom.in_model(model)
+
+
 def _specs(model: onnx.ModelProto) -> tuple[list[_InputSpec], list[NodeArg]]:
     inits = {i.name for i in model.graph.initializer}
     inputs = [_InputSpec(vi, vi.name in inits) for vi in model.graph.input]
@@ -157,8 +163,8 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         self.plan = None
         self._dumper = None
         self._mover: Any = None  # a device backend (Policy.device_memory) moving values
-        if self._flags.auto_jit > 0:
-            self._build_plan()
+        if self._flags.auto_jit > 0 or _uses_custom_ops(self._model):
+            self._build_plan()  # a custom op needs our runtime even at --auto_jit=0
         if self._runtime is None:
             self._ort = self._full_session()
             self._ort_values = values.needs_ort_values(self._ort)
@@ -192,6 +198,8 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         try:
             graph = import_model(self._model)
         except ModelLoadError as exc:
+            if _uses_custom_ops(self._model):
+                raise  # onnxruntime cannot load a custom op: our error is the whole story
             # Stricter than onnxruntime? Run the model as onnxruntime would, or raise both.
             try:
                 self._full_session()
@@ -208,7 +216,8 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             self._dumper = Dumper.create(self._flags.dump_to, self._flags)
             if self._dumper is not None:
                 self._dumper.write_plan(self.plan)
-        if not self.plan.clusters and not self.plan.control_flow:
+        if (not self.plan.clusters and not self.plan.control_flow
+                and not _uses_custom_ops(self._model)):
             return
         try:
             self._runtime = runtime.Runtime(self.plan, self._flags, backend,

@@ -570,7 +570,8 @@ def fill_types(graph: Graph) -> None:
 
     ONNX inference knows no contrib or custom ops (com.microsoft Gelu, ops registered with
     autoclust.register_op), so everything downstream of one had no dtype and could not
-    cluster. Only unknowns are filled; a rule that fails leaves them unknown.
+    cluster. Only unknowns are filled; a rule that fails leaves them unknown, except a
+    custom op's: its error (naming the op and node) stops the import.
     """
     for node in graph.nodes:
         if all(v.dtype is not None and v.shape is not None for v in node.outputs):
@@ -578,6 +579,8 @@ def fill_types(graph: Graph) -> None:
         try:
             types = ops.infer_node(node, graph)
         except (AutoclustError, ValueError, TypeError, IndexError, KeyError):
+            if ops.is_external(node.op, node.domain):
+                raise  # a custom op's own rule failed: nothing else could type its outputs
             continue
         for v, (dtype, shape) in zip(node.outputs, types):
             if v.dtype is None and v.type_proto is None and dtype is not None:

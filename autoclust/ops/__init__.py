@@ -305,6 +305,34 @@ def run_ref(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     return d.ref(inputs, node.attrs)
 
 
+# ---- ops defined outside the table ---------------------------------------------------------
+# autoclust.custom.register_op adds user ops (custom calls) at run time; unlike the built-in
+# ops they can be removed again, and onnxruntime cannot run them (the runtime asks
+# `is_external` to keep them out of onnxruntime segments).
+_EXTERNAL: set[tuple[str, str]] = set()
+
+
+def register_external(op: str, domain: str, kind: str, infer: InferFn, ref: RefFn,
+                      **kw: Any) -> OpDef:
+    """Add an op defined outside autoclust (a custom call) to the table."""
+    d = register(op, kind, infer, ref, domain=domain, **kw)
+    _EXTERNAL.add((domain, op))
+    return d
+
+
+def unregister_external(op: str, domain: str) -> None:
+    """Remove an op added by register_external (built-in ops cannot be removed)."""
+    if (domain, op) not in _EXTERNAL:
+        raise KeyError(f"{domain}::{op} was not registered from outside the op table")
+    _EXTERNAL.discard((domain, op))
+    del _TABLE[(domain, op)]
+
+
+def is_external(op: str, domain: str = "") -> bool:
+    """Whether (domain, op) was added by register_external: onnxruntime cannot run it."""
+    return (domain, op) in _EXTERNAL
+
+
 def _load_all() -> None:
     # Imported for their registrations; order does not matter.
     from autoclust.ops import (  # noqa: F401

@@ -52,8 +52,8 @@ import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
 from onnx import helper
 
+from autoclust import custom, ops
 from autoclust import kernel_ir as kir
-from autoclust import ops
 from autoclust.errors import UnsupportedOpError
 from autoclust.ops.library import _window_pads  # the semantics' own geometry
 
@@ -109,6 +109,8 @@ def supported(op: str, attrs: dict[str, Any]) -> str | None:
     """None when make_call implements op with these attributes, else the reason why not
     (dtypes are the op table's business: OpDef.dtypes)."""
     if op not in OPS:
+        if custom.for_call(op) is not None:
+            return None  # a custom call: its kernel, bound by make_call_for
         return f"{op} is not a library call of the CPU backend"
     if op in ("Conv", "ConvTranspose", "MaxPool", "AveragePool") and \
             attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID", "SAME_UPPER",
@@ -186,9 +188,27 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
     in_types = [None if b is None else (np.dtype(by_id[b].dtype), by_id[b].shape)
                 for b in thunk.inputs]
     out_types = [(np.dtype(by_id[b].dtype), by_id[b].shape) for b in thunk.outputs]
+    op = custom.for_call(thunk.op)
+    if op is not None:
+        return _custom_call(op, thunk)
     consts = {i: constants[b] for i, b in enumerate(thunk.inputs)
               if b is not None and constants and b in constants}
     return make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts)
+
+
+def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:
+    """A custom op's kernel (autoclust.custom) writing into the cluster's buffers: a C
+    kernel gets their pointers, a NumPy kernel's results are checked and copied in."""
+    node = thunk.nodes[0] if thunk.nodes else ""
+    attrs = dict(thunk.attrs)
+    if op.c_kernel is not None:
+        return LibraryFn(thunk.op, "custom-c", custom.CCall(op, node), op.name)
+
+    def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
+        custom.call_into(op, [None if x is None else ops.dense(x) for x in inputs], outputs,
+                         attrs, node)
+
+    return LibraryFn(thunk.op, "custom-numpy", run, op.name)
 
 
 def decisions() -> dict[tuple, tuple[str, str]]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from autoclust.backends.gpu import gemm
 
+from autoclust import custom
 from autoclust import kernel_ir as kir
 from autoclust.errors import CompileError
 
@@ -42,7 +43,7 @@ Step = Callable[[list], None]
 
 def supported(op: str) -> str | None:
     """None when this backend runs library op `op`, else why not."""
-    if op in OPS:
+    if op in OPS or custom.for_call(op) is not None:
         return None
     if op in NO_CUDNN:
         return f"{op} needs cuDNN, which CuPy 14 no longer binds"
@@ -63,6 +64,9 @@ def make_step(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], allow_tf32: bo
     why = supported(t.op)
     if why is not None:
         raise CompileError(f"{', '.join(t.nodes)}: {why}")
+    op = custom.for_call(t.op)
+    if op is not None:
+        return _custom_step(op, t), False
     attrs = dict(t.attrs)
     ins = [None if b is None else buffers[b] for b in t.inputs]
     out = buffers[t.outputs[0]]
@@ -160,3 +164,42 @@ def _einsum(t: kir.LibraryCall, attrs: dict[str, Any]) -> Step:
         arrays[out][...] = cp.einsum(equation, *[arrays[b] for b in ins])
 
     return step
+
+
+def _custom_step(op: custom.CustomOp, t: kir.LibraryCall) -> Step:
+    """A custom op (autoclust.custom): its gpu_kernel on device pointers (a C function) or
+    CuPy arrays (a Python function); without one, its host kernel on copies. Not
+    capturable: the host path synchronizes, and a user's launches are not ours to vouch for."""
+    node = t.nodes[0] if t.nodes else ""
+    attrs = dict(t.attrs)
+    ins, outs = t.inputs, t.outputs
+    gpu = op.gpu_kernel
+    if isinstance(gpu, custom.C_KERNEL):
+        call = custom.CCall(op, node, gpu)
+
+        def c_step(arrays: list) -> None:
+            call([None if b is None else arrays[b] for b in ins], [arrays[b] for b in outs])
+
+        return c_step
+    if gpu is not None:
+        def py_step(arrays: list) -> None:
+            try:
+                gpu([None if b is None else arrays[b] for b in ins],
+                    [arrays[b] for b in outs], dict(attrs))
+            except Exception as exc:
+                raise custom.KernelError(f"{op.where(node)}: gpu_kernel raised "
+                                         f"{type(exc).__name__}: {exc}") from exc
+
+        return py_step
+    from autoclust.backends.gpu import device
+    cp = device.cupy()
+
+    def host_step(arrays: list) -> None:  # copies in, the host kernel, copies out
+        host_in = [None if b is None else np.ascontiguousarray(cp.asnumpy(arrays[b]))
+                   for b in ins]
+        host_out = [np.empty(arrays[b].shape, arrays[b].dtype) for b in outs]
+        custom.call_into(op, host_in, host_out, attrs, node)
+        for b, y in zip(outs, host_out):
+            arrays[b][...] = cp.asarray(y)
+
+    return host_step
