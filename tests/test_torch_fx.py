@@ -185,9 +185,10 @@ BLOCKS = {
     "attention": (1, 0, 0),
     "llama": (1, 0, 4),          # the causal mask's full/arange x2 and -inf become constants
     "embed": (1, 0, 1),          # arange(seq)
-    # Conv/BatchNorm/ReLU/pooling are left out of clusters on the CPU (clustering's policy,
-    # made for onnxruntime's fused NCHWc kernels); mean+permute+addmm is under min size 4
-    "convnet": (0, 10, 0),
+    # the whole net is one cluster: the convolutions are library calls with BatchNorm, ReLU
+    # and pooling fused around them (the CPU policy's "leave Conv to onnxruntime" is for
+    # onnxruntime's fused kernels; eager torch fuses nothing: torch_fx.eager_policy)
+    "convnet": (1, 0, 0),
 }
 
 

@@ -91,7 +91,7 @@ def _row(r: dict[str, Any]) -> str:
     comp = r["compile_s"]
     cells.append(f"{comp['autoclust']:.1f}" + (f" / {comp['inductor']:.1f}"
                                                 if "inductor" in comp else ""))
-    cells.append(f"{r['clusters']} / {r['eager_nodes']} / {r['kernels']}")
+    cells.append(f"{r['clusters']} / {r['eager_nodes']} / {sum(r['kernels'])}")
     cells.append(f"{max(r['max_abs_err'].values()):.1e}")
     return "| " + " | ".join(cells) + " |"
 
