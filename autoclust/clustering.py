@@ -426,7 +426,7 @@ def why_not_profitable(an: _Analysis, members: list[int], flags: Flags) -> str |
     Under --must_compile profitability does not apply: the user asked for every node to
     be compiled, even a lone Identity or Shape that weighs 0.
     """
-    if flags.must_compile:
+    if flags.must_compile or _fallback_cannot_compute(an, members):
         return None
     weight = sum(an.weight[i] for i in members)
     if weight < flags.min_cluster_size:
@@ -435,6 +435,13 @@ def why_not_profitable(an: _Analysis, members: list[int], flags: Flags) -> str |
                                     or _reduction_fed_by_elementwise(an, members)):
         return "cost model: no intermediate tensor saved"
     return None
+
+
+def _fallback_cannot_compute(an: _Analysis, members: list[int]) -> bool:
+    """Whether a member computes in a dtype onnxruntime's CPU provider has no kernels for
+    (bfloat16: it only casts it): left out, the model could not run at all."""
+    return any(an.nodes[i].op != "Cast" and v is not None and v.dtype == ops.BFLOAT16
+               for i in members for v in (*an.nodes[i].inputs, *an.nodes[i].outputs))
 
 
 # ---- fallback segments and step order ---------------------------------------------------

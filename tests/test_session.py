@@ -282,7 +282,9 @@ def test_dtypes_numpy_lacks_round_trip(elem, data, flags):
     np.testing.assert_array_equal(t.view(np.uint8), want_t.view(np.uint8))
     np.testing.assert_array_equal(y, want_y)
     if "min_cluster_size" in flags:  # Relu/Add/Mul compiled, the casts in onnxruntime
-        assert sess.plan.clusters and sess.plan.reasons
+        assert sess.plan.clusters
+        # bfloat16 compiles (tests/test_bfloat16.py): its casts join the cluster
+        assert bool(sess.plan.reasons) == (elem != TensorProto.BFLOAT16)
     assert sess.get_inputs()[1].type == ref.get_inputs()[1].type
 
 

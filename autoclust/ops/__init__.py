@@ -38,6 +38,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
@@ -71,6 +72,11 @@ ALL_TYPES = NUMERIC_TYPES + (BOOL,)
 # dtypes the compiled backends support (float16 computes in float32).
 COMPILABLE_TYPES = frozenset(np.dtype(t) for t in
                              ("float16", "float32", "float64", "int32", "int64", "bool"))
+# bfloat16 (an ml_dtypes type, numpy kind 'V'): stored as 16 bits, computed in float32 and
+# rounded to nearest even after every op, like float16. Compiled wherever an op compiles
+# float16, except library calls (MatMul, Conv: no bfloat16 kernels to call).
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype("float16")
 # Stored narrow, computed in int32 (the CPU backend): layout ops, casts and the quantize ops
 # take them; arithmetic on them does not compile (onnxruntime has few kernels for it).
 NARROW_INT_TYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
@@ -165,9 +171,13 @@ class OpDef:
     @property
     def compiled_dtypes(self) -> frozenset:
         """dtypes compiled code supports; layout ops move any stored value unchanged."""
-        if self.dtypes is not None:
-            return self.dtypes
-        return COMPILABLE_TYPES | NARROW_INT_TYPES if self.kind == LAYOUT else COMPILABLE_TYPES
+        allowed = self.dtypes
+        if allowed is None:
+            allowed = COMPILABLE_TYPES | NARROW_INT_TYPES if self.kind == LAYOUT \
+                else COMPILABLE_TYPES
+        if F16 in allowed and self.kind != LIBRARY:
+            allowed = allowed | {BFLOAT16}
+        return allowed
 
     @property
     def needs_constant(self) -> tuple[int, ...]:

@@ -178,12 +178,12 @@ def _lower_prelu(ctx: LowerCtx):
 unary("Relu", _relu, SIGNED, lower=lambda c: op("max", _x(c), const(0, _x(c).dtype)))
 unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, alpha * x), lower=_lower_leaky,
       alpha=0.01)
-unary("Elu", lambda x, alpha: np.where(x >= 0, x, alpha * (np.exp(x) - 1)), lower=_lower_elu,
+unary("Elu", lambda x, alpha: np.where(x >= 0, x, alpha * np.expm1(x)), lower=_lower_elu,
       cost=4, alpha=1.0)
-unary("Selu", lambda x, alpha, gamma: gamma * np.where(x > 0, x, alpha * (np.exp(x) - 1)),
+unary("Selu", lambda x, alpha, gamma: gamma * np.where(x > 0, x, alpha * np.expm1(x)),
       lower=_lower_selu, cost=4, alpha=1.67326319217681884765625,
       gamma=1.05070102214813232421875)
-unary("Celu", lambda x, alpha: np.maximum(x, 0) + np.minimum(0, alpha * (np.exp(x / alpha) - 1)),
+unary("Celu", lambda x, alpha: np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)),
       lower=_lower_celu, cost=4, alpha=1.0)
 unary("Gelu", gelu, infer=_infer_gelu, lower=_lower_gelu, cost=4, approximate="none")
 unary("Sigmoid", lambda x: 1 / (1 + np.exp(-x)), lower=lambda c: op("sigmoid", _x(c)), cost=4)

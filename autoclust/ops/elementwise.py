@@ -26,6 +26,7 @@ from autoclust.ir import Shape
 from autoclust.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
 from autoclust.ops import (
     ALL_TYPES,
+    BFLOAT16,
     BOOL,
     COMPILABLE_TYPES,
     ELEMENTWISE,
@@ -46,13 +47,15 @@ F32 = np.dtype("float32")
 F64 = np.dtype("float64")
 
 # dtype groups, as the ONNX type constraints of the ops below (numpy-representable part).
-FLOAT = frozenset(FLOAT_TYPES)
+# (bfloat16 is in the float group, as in ONNX since opset 13: onnxruntime's CPU provider has
+# no kernels for it, so compiled code is the only way these run on a CPU.)
+FLOAT = frozenset(FLOAT_TYPES) | {BFLOAT16}
 INT = frozenset(INT_TYPES)
 UINT = frozenset(t for t in INT_TYPES if t.kind == "u")
 SIGNED = FLOAT | frozenset(t for t in INT_TYPES if t.kind == "i")
-NUMERIC = frozenset(NUMERIC_TYPES)
+NUMERIC = frozenset(NUMERIC_TYPES) | {BFLOAT16}
 LOGIC = frozenset({BOOL})
-ANY = frozenset(ALL_TYPES)
+ANY = frozenset(ALL_TYPES) | {BFLOAT16}
 POW_BASE = FLOAT | {np.dtype("int32"), np.dtype("int64")}
 PRELU = FLOAT | {np.dtype(t) for t in ("int32", "int64", "uint32", "uint64")}
 

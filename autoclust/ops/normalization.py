@@ -15,6 +15,7 @@ import numpy as np
 
 from autoclust.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops import (
+    BFLOAT16,
     FLOAT_TYPES,
     NORMALIZATION,
     Arrays,
@@ -25,12 +26,13 @@ from autoclust.ops import (
 )
 
 F32 = np.dtype("float32")
+_FLOATS = FLOAT_TYPES + (BFLOAT16,)
 
 
 def _check_float(ctx: InferContext, indices: tuple[int, ...] = (0,)) -> None:
     for i in indices:
-        if ctx.has(i) and ctx.dtypes[i] is not None and ctx.dtypes[i] not in FLOAT_TYPES:
-            raise ctx.fail(f"input {i} must be float16/32/64, got {ctx.dtypes[i]}")
+        if ctx.has(i) and ctx.dtypes[i] is not None and ctx.dtypes[i] not in _FLOATS:
+            raise ctx.fail(f"input {i} must be float16/32/64 or bfloat16, got {ctx.dtypes[i]}")
 
 
 def _compute_type(x: np.ndarray) -> np.dtype:
@@ -63,6 +65,8 @@ def _axis(x: np.ndarray, attrs: dict[str, Any]) -> int:
 def _softmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
     x = inputs[0]
     ax = _axis(x, attrs)
+    if x.size == 0:  # np.max has no identity for a zero-length axis
+        return x.copy()
     e = np.exp(x - np.max(x, axis=ax, keepdims=True))
     return e / np.sum(e, axis=ax, keepdims=True)
 
@@ -70,6 +74,8 @@ def _softmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
 def _log_softmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
     x = inputs[0]
     ax = _axis(x, attrs)
+    if x.size == 0:
+        return x.copy()
     s = x - np.max(x, axis=ax, keepdims=True)
     return s - np.log(np.sum(np.exp(s), axis=ax, keepdims=True))
 

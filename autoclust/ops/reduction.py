@@ -30,6 +30,7 @@ import numpy as np
 from autoclust.errors import ShapeInferenceError
 from autoclust.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops import (
+    BFLOAT16,
     DATA_DEPENDENT,
     FLOAT_TYPES,
     INT64,
@@ -45,7 +46,8 @@ from autoclust.ops import (
 AXIS_TYPES = (np.dtype("int32"), np.dtype("int64"))
 
 
-def _check_dtype(ctx: InferContext, allowed: tuple[np.dtype, ...] = NUMERIC_TYPES) -> None:
+def _check_dtype(ctx: InferContext,
+                 allowed: tuple[np.dtype, ...] = NUMERIC_TYPES + (BFLOAT16,)) -> None:
     dt = ctx.dtypes[0]
     if dt is not None and dt not in allowed:
         raise ctx.fail(f"input 0 has unsupported dtype {dt}")
@@ -337,7 +339,7 @@ register("ArgMin", REDUCTION, _infer_arg, _arg_ref(False), lower=_lower_arg,
 
 # ---- CumSum ---------------------------------------------------------------------------
 
-_CUMSUM_TYPES = FLOAT_TYPES + tuple(np.dtype(t) for t in ("int32", "int64", "uint32",
+_CUMSUM_TYPES = FLOAT_TYPES + (BFLOAT16,) + tuple(np.dtype(t) for t in ("int32", "int64", "uint32",
                                                           "uint64"))
 
 

@@ -184,7 +184,8 @@ def _split_sizes(dim: Dim, split: list[int] | None, n: int | None) -> list[Dim]:
         return [None] * n
     chunk = -(-dim // n)  # opset 18: equal chunks, the last one smaller
     sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(n)]
-    if n > dim or chunk * (n - 1) >= dim:  # onnxruntime rejects empty chunks
+    if dim > 0 and (n > dim or chunk * (n - 1) >= dim):  # onnxruntime rejects empty
+        # chunks of a non-empty dim; a zero-length dim splits into n empty outputs
         raise _fail("Split", f"cannot split dim {dim} into {n} outputs")
     return sizes
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
+import numpy as np
 from autoclust.backends.cpu import mathops, vectorize
 from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
 from llvmlite import ir
@@ -27,10 +29,12 @@ PTR = ir.PointerType()
 # Narrow integers are stored narrow and computed in int32 (as float16 is in float32): loads
 # widen (sign- or zero-extend), stores truncate, and casts to them wrap (mathops.cast).
 NARROW_INTS = {"int8": I8, "uint8": I8, "int16": I16, "uint16": I16}
+# bfloat16 is stored as its 16 bits and computed in float32 (mathops.bfloat16_to_float /
+# round_bfloat16: llvmlite has no bfloat type).
 STORAGE = {"float16": ir.HalfType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": I8, **NARROW_INTS}
+           "int32": I32, "int64": I64, "bool": I8, "bfloat16": I16, **NARROW_INTS}
 COMPUTE = {"float16": ir.FloatType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": ir.IntType(1),
+           "int32": I32, "int64": I64, "bool": ir.IntType(1), "bfloat16": ir.FloatType(),
            **{name: I32 for name in NARROW_INTS}}
 REDUCE_FLAGS = ("reassoc", "contract")
 VECTOR_BITS = 512
@@ -38,7 +42,7 @@ NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last
 
 
 def is_float(dtype: str) -> bool:
-    return dtype.startswith("float")
+    return dtype.startswith("float") or dtype == "bfloat16"
 
 
 class KernelEmitter:
@@ -272,6 +276,8 @@ class KernelEmitter:
         b = self.b
         if dtype == "float16":
             v = b.fptrunc(v, STORAGE[dtype])
+        elif dtype == "bfloat16":
+            v = mathops.bfloat16_bits(b, v)
         elif dtype == "bool":
             v = b.zext(v, I8)
         elif dtype in NARROW_INTS:
@@ -302,6 +308,8 @@ class KernelEmitter:
             v = b.load(self._address(e.buf, e.index, e.clamps, e.dyn), typ=STORAGE[e.dtype])
             if e.dtype == "float16":
                 return b.fpext(v, COMPUTE["float16"])
+            if e.dtype == "bfloat16":
+                return mathops.bfloat16_to_float(b, v)
             if e.dtype == "bool":
                 return b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
             if e.dtype in NARROW_INTS:
@@ -314,7 +322,8 @@ class KernelEmitter:
             return self.math.intrinsic_ret(b, "llvm.fptosi.sat", COMPUTE[e.dtype], args[0])
         arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
         flags = self.flags
-        if e.name == "div" and "fast" not in flags and self._invariant(e.args[1]):
+        if e.name == "div" and "fast" not in flags and self._invariant(e.args[1]) \
+                and _reciprocal_ok(e.args[1]):
             # x / c -> x * (1/c) with 1/c hoisted out of the loop: 1 ulp, no vdivps per element
             flags = flags + ("arcp",)
         return self.math.primitive(b, e.name, args, arg_dtype, flags)
@@ -414,10 +423,23 @@ def _shared_costly(e: kir.Expr, phases: list[set], dtype: str):
     return None
 
 
+def _reciprocal_ok(divisor: kir.Expr) -> bool:
+    """Whether x / divisor may become x * (1 / divisor): a computed per-row divisor
+    (Softmax's sum: onnxruntime multiplies by its reciprocal too), or a constant whose
+    reciprocal is exact (a power of two). x / 0.1 stays a division: x * 10 rounds
+    differently, and Ceil/Floor/Cast after it expose that (Ceil(-282.3 / 0.1))."""
+    if not isinstance(divisor, kir.Const) or not is_float(divisor.dtype):
+        return True
+    c = float(divisor.value)
+    return c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
+
+
 def constant(value, dtype: str) -> ir.Constant:
     ty = COMPUTE[dtype]
     if dtype == "bool":
         return ir.Constant(ty, int(bool(value)))
+    if dtype == "bfloat16":  # the register holds the rounded value
+        return ir.Constant(ty, float(np.float32(ml_dtypes.bfloat16(value))))
     if is_float(dtype):
         return ir.Constant(ty, float(value))
     return ir.Constant(ty, int(value))

@@ -193,6 +193,8 @@ class MathOps:
             if _is_float(x.type):
                 return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0))
             return b.icmp_signed("!=", x, ir.Constant(x.type, 0))
+        if dst == "bfloat16":  # through float32, then rounded to nearest even
+            return round_bfloat16(b, self.cast(b, x, src, "float32"))
         if dst.startswith("float"):
             store_ty = ir.HalfType() if dst == "float16" else ty
             if _is_float(x.type):
@@ -223,6 +225,35 @@ class MathOps:
     def intrinsic_ret(self, b: ir.IRBuilder, name: str, ret: ir.Type, x: ir.Value) -> ir.Value:
         fn = self._fn(f"{name}.{_suffix(ret)}.{_suffix(x.type)}", ret, [x.type])
         return b.call(fn, [x])
+
+
+_I16, _I32 = ir.IntType(16), ir.IntType(32)
+
+
+def bfloat16_to_float(b: ir.IRBuilder, bits: ir.Value) -> ir.Value:
+    """The float32 value of bfloat16 bits (i16): they are its upper half, exactly."""
+    return b.bitcast(b.shl(b.zext(bits, _I32), ir.Constant(_I32, 16)), ir.FloatType())
+
+
+def _bfloat16_rounded_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """float32 x rounded to bfloat16 (nearest, ties to even; NaN stays a quiet NaN of the
+    same sign; overflow gives inf), as its 32 bits with the low half zero."""
+    bits = b.bitcast(x, _I32)
+    lsb = b.and_(b.lshr(bits, ir.Constant(_I32, 16)), ir.Constant(_I32, 1))
+    rounded = b.add(b.add(bits, ir.Constant(_I32, 0x7FFF)), lsb)
+    quiet = b.or_(bits, ir.Constant(_I32, 0x00400000))
+    pick = b.select(b.fcmp_unordered("uno", x, x), quiet, rounded)
+    return b.and_(pick, ir.Constant(_I32, -0x10000))  # 0xFFFF0000
+
+
+def round_bfloat16(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """float32 x rounded to the nearest bfloat16, kept as a float32 (the compute form)."""
+    return b.bitcast(_bfloat16_rounded_bits(b, x), ir.FloatType())
+
+
+def bfloat16_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """float32 x rounded to bfloat16, as the i16 that is stored."""
+    return b.trunc(b.lshr(_bfloat16_rounded_bits(b, x), ir.Constant(_I32, 16)), _I16)
 
 
 def _fconvert(b: ir.IRBuilder, x: ir.Value, ty: ir.Type) -> ir.Value:
