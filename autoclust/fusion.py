@@ -47,6 +47,7 @@ from autoclust.ir import Graph, Node, Value
 from autoclust.kernel_ir import Affine
 from autoclust.lowering import (
     NARROW_FLOATS,
+    NARROW_INTS,
     Element,
     Idx,
     LowerCtx,
@@ -317,8 +318,9 @@ def lower_node(b: KernelBuilder, node: Node, k: int, idx: Idx) -> kir.Expr:
     e = inject.apply(node, opdef.lower(NodeLowering(b, node, k, idx)), b.graph)
     want = node.outputs[k].dtype.name
     if e.dtype != want:
-        if want in NARROW_FLOATS and e.dtype == "float32":
-            e = cast(e, want)
+        if (want in NARROW_FLOATS and e.dtype == "float32") or \
+                (want in NARROW_INTS and e.dtype == "int32"):
+            e = cast(e, want)  # rounded (floats) or wrapped (ints) after every op
         else:
             raise CompileError(f"node {node.name!r} ({node.op}): lowering gave {e.dtype} for "
                                f"output {k} of dtype {want}")

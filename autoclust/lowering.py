@@ -209,11 +209,16 @@ class NeedRowDomain(Exception):
 
 # Storage dtypes whose values compute in float32 (a register holds the rounded value).
 NARROW_FLOATS = ("float16", "bfloat16")
+# Storage dtypes whose values compute in int32 (a register holds the wrapped value).
+NARROW_INTS = ("int8", "uint8", "int16", "uint16")
 
 
 def compute_dtype(dtype: str) -> str:
-    """The dtype arithmetic on `dtype` values runs in: float16 computes in float32."""
-    return "float32" if dtype in NARROW_FLOATS else dtype
+    """The dtype arithmetic on `dtype` values runs in: float16 and bfloat16 compute in
+    float32, int8/uint8/int16/uint16 in int32."""
+    if dtype in NARROW_FLOATS:
+        return "float32"
+    return "int32" if dtype in NARROW_INTS else dtype
 
 
 def const(value: Any, dtype: str) -> Const:

@@ -77,8 +77,10 @@ COMPILABLE_TYPES = frozenset(np.dtype(t) for t in
 # float16, except library calls (MatMul, Conv: no bfloat16 kernels to call).
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype("float16")
-# Stored narrow, computed in int32 (the CPU backend): layout ops, casts and the quantize ops
-# take them; arithmetic on them does not compile (onnxruntime has few kernels for it).
+I32 = np.dtype("int32")
+# Stored narrow, computed in int32 and wrapped back after every op (as onnxruntime's int8
+# kernels do in C++): layout ops, casts, the quantize ops and every elementwise op that
+# compiles int32 take them; reductions do not.
 NARROW_INT_TYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
 
 TypeShape = tuple[np.dtype, Shape]
@@ -177,6 +179,8 @@ class OpDef:
                 else COMPILABLE_TYPES
         if F16 in allowed and self.kind != LIBRARY:
             allowed = allowed | {BFLOAT16}
+        if I32 in allowed and self.kind == ELEMENTWISE:
+            allowed = allowed | NARROW_INT_TYPES  # computed in int32, wrapped after each op
         return allowed
 
     @property
