@@ -35,7 +35,9 @@ from typing import Any
 # type's minimum, as onnxruntime on x86; narrower ints go through int32 and wrap);
 # "cast_sat" converts float -> int saturating (integer reductions accumulate in float64);
 # "div_exact" is a float division a backend must not turn into a multiplication by the
-# reciprocal (QuantizeLinear rounds x / scale: 1 ulp moves a tie); "select" is
+# reciprocal (QuantizeLinear rounds x / scale: 1 ulp moves a tie); "mul_exact" a float
+# multiply a backend must round on its own, never contracted into an FMA with the add
+# that consumes it (DequantizeLinear's x * scale: onnxruntime rounds it before the Add); "select" is
 # (cond, if_true, if_false); "trap" returns its argument but aborts when run
 # (the testing-only fault injector).
 PRIMITIVES: dict[str, int] = {
@@ -44,7 +46,7 @@ PRIMITIVES: dict[str, int] = {
         "ceil", "round", "sign", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
         "asinh", "acosh", "atanh", "not", "isnan", "bitnot", "cast", "cast_sat", "trap")},
     **{name: 2 for name in (
-        "add", "sub", "mul", "div", "div_exact", "mod", "fmod", "pow", "max", "min", "lt", "le", "gt",
+        "add", "sub", "mul", "mul_exact", "div", "div_exact", "mod", "fmod", "pow", "max", "min", "lt", "le", "gt",
         "ge", "eq", "ne", "and", "or", "xor", "bitand", "bitor", "bitxor", "shl", "shr")},
     "select": 3,
     "trap": 1,  # yields its argument, but aborts when run (--inject_bug=crash only)

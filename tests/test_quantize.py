@@ -71,8 +71,10 @@ def test_quantize_per_tensor_special_values(qtype, scale, zp):
 def test_dequantize_add_relu_quantize_is_one_kernel(qtype):
     dt = np.dtype(qtype)
     info = np.iinfo(dt)
-    a = RNG.integers(info.min, info.max + 1, (4, 16)).astype(dt)
-    b = RNG.integers(info.min, info.max + 1, (4, 16)).astype(dt)
+    # every (a, b) pair: 1-2% of them are ties of round(s / 0.1) that an FMA of the
+    # dequantizing multiply into the Add moves (0.25000018 instead of 0.25)
+    a, b = (g.astype(dt) for g in np.meshgrid(np.arange(info.min, info.max + 1),
+                                               np.arange(info.min, info.max + 1)))
     nodes = [helper.make_node("DequantizeLinear", ["a", "sa", "za"], ["fa"]),
              helper.make_node("DequantizeLinear", ["b", "sb", "zb"], ["fb"]),
              helper.make_node("Add", ["fa", "fb"], ["s"]),
@@ -81,12 +83,9 @@ def test_dequantize_add_relu_quantize_is_one_kernel(qtype):
     inits = [("sa", np.float32(0.05)), ("za", np.array(3, dt)), ("sb", np.float32(0.07)),
              ("zb", np.array(-2 if dt.kind == "i" else 200, dt)), ("so", np.float32(0.1)),
              ("zo", np.array(5, dt))]
-    model = _model(nodes, [("a", ONNX[dt], [4, 16]), ("b", ONNX[dt], [4, 16])],
+    model = _model(nodes, [("a", ONNX[dt], [256, 256]), ("b", ONNX[dt], [256, 256])],
                    [("y", ONNX[dt])], inits)
-    # One quantization step of slack: CI saw 1 element in 64 one step off (66 vs 67) in this
-    # fused chain, a rounding tie after Add not yet diagnosed (the closing note of issue 12
-    # lists it); every single-op case above is exact.
-    _compare(model, {"a": a, "b": b}, kernels=[1], steps=1)
+    _compare(model, {"a": a, "b": b}, kernels=[1])
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])

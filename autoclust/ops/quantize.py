@@ -167,7 +167,9 @@ def _lower_dequantize(ctx: LowerCtx):
     x = cast(ctx.value(0, ctx.idx), "int32")
     if ctx.has(2):
         x = op("sub", x, cast(_param(ctx, 2), "int32"))
-    y = op("mul", cast(x, "float32"), cast(_param(ctx, 1), "float32"))
+    # rounded before whatever consumes it: an FMA with a following Add moves ties
+    # (0.25000018 instead of 0.25, one quantization step after a QuantizeLinear)
+    y = op("mul_exact", cast(x, "float32"), cast(_param(ctx, 1), "float32"))
     return y
 
 

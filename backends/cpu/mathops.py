@@ -97,6 +97,8 @@ class MathOps:
                   "div_exact": b.fdiv}
         if name in simple:
             return simple[name](x, y, flags=flags)
+        if name == "mul_exact":  # rounded on its own: no contract (FMA) flag
+            return b.fmul(x, y, flags=tuple(f for f in flags if f not in ("contract", "fast")))
         if name == "neg":
             return b.fneg(x, flags=flags)
         if name in FCMP:

@@ -123,7 +123,7 @@ def combine(kind: str, dtype: str, acc: str, x: str) -> str:
 # costs nothing.
 FLOAT_OPS: dict[str, str] = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})",
-    "div_exact": "({0} / {1})", "neg": "(-{0})", "abs": "fabs{f}({0})", "sqrt": "sqrt{f}({0})", "exp": "exp{f}({0})",
+    "div_exact": "({0} / {1})", "mul_exact": "AC_MUL_RN{f}({0}, {1})", "neg": "(-{0})", "abs": "fabs{f}({0})", "sqrt": "sqrt{f}({0})", "exp": "exp{f}({0})",
     "log": "log{f}({0})", "log1p": "log1p{f}({0})", "tanh": "tanh{f}({0})",
     "erf": "erf{f}({0})", "sigmoid": "ac_sigmoid{f}({0})", "floor": "floor{f}({0})",
     "ceil": "ceil{f}({0})", "round": "rint{f}({0})", "sign": "ac_sign{f}({0})",

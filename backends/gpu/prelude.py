@@ -27,6 +27,8 @@ AC_FN unsigned short ac_d2h(double d) {
   unsigned short h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h;
 }
 #define AC_TRAP() __trap()
+#define AC_MUL_RNf(a, b) __fmul_rn(a, b)
+#define AC_MUL_RN(a, b) __dmul_rn(a, b)
 """
 
 C_HEAD = r"""
@@ -48,6 +50,8 @@ AC_FN unsigned short ac_d2h(double d) {
   _Float16 x = (_Float16)d; unsigned short h; memcpy(&h, &x, 2); return h;
 }
 #define AC_TRAP() abort()
+#define AC_MUL_RNf(a, b) ((a) * (b))
+#define AC_MUL_RN(a, b) ((a) * (b))
 """
 
 SHARED = r"""
