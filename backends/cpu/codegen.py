@@ -424,12 +424,18 @@ def _shared_costly(e: kir.Expr, phases: list[set], dtype: str):
 
 
 def _reciprocal_ok(divisor: kir.Expr) -> bool:
-    """Whether x / divisor may become x * (1 / divisor): a computed per-row divisor
-    (Softmax's sum: onnxruntime multiplies by its reciprocal too), or a constant whose
-    reciprocal is exact (a power of two). x / 0.1 stays a division: x * 10 rounds
-    differently, and Ceil/Floor/Cast after it expose that (Ceil(-282.3 / 0.1))."""
+    """Whether x / divisor may become x * (1 / divisor): a row's reduced value (Softmax's
+    sum: onnxruntime multiplies by its reciprocal too), or a constant whose reciprocal is
+    exact (a power of two). Anything else stays a division: x / 0.1 as x * 10 rounds
+    differently, which Ceil/Floor/Cast after it expose (Ceil(-282.3 / 0.1)), and a
+    recomputed x / c must round the same in every phase of a row kernel (the vectorized
+    max phase divides: Softmax(x / c) with a 1e20 element gave NaN)."""
+    leaves = [x for x in kir.walk([divisor]) if not isinstance(x, kir.Op)]
+    if any(isinstance(x, kir.Reduced) for x in leaves) and \
+            all(isinstance(x, (kir.Reduced, kir.Const)) for x in leaves):
+        return True  # computed from the row's reductions: sum, sqrt(var + eps)
     if not isinstance(divisor, kir.Const) or not is_float(divisor.dtype):
-        return True
+        return False
     c = float(divisor.value)
     return c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
 
