@@ -41,7 +41,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from autoclust.errors import ShapeInferenceError
+from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Dim, Graph, Node, Shape
 
 # Op kinds.
@@ -316,7 +316,10 @@ def run_ref(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     d = get(node.op, node.domain)
     if d is None:
         raise ShapeInferenceError(f"op {node.qualified_op} has no reference implementation")
-    return d.ref(inputs, node.attrs)
+    try:
+        return d.ref(inputs, node.attrs)
+    except InvalidInputError as exc:  # bad values (an integer zero divisor): name the node
+        raise InvalidInputError(f"node {node.name!r} ({node.op}): {exc}") from None
 
 
 # ---- ops defined outside the table ---------------------------------------------------------

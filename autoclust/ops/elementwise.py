@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from onnx import helper
 
-from autoclust.errors import ShapeInferenceError
+from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Shape
 from autoclust.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
 from autoclust.ops import (
@@ -172,10 +172,18 @@ def variadic(op: str, fn: Callable[[list[Array]], Any], types: frozenset,
 
 # ---- math with onnxruntime's integer semantics ---------------------------------------------
 
+def _nonzero_divisor(b: Array, what: str) -> None:
+    """onnxruntime raises on an integer zero divisor; so do the references (numpy would
+    return 0 with a warning)."""
+    if b.dtype.kind in "iu" and not np.all(b):
+        raise InvalidInputError(f"integer {what} by zero")
+
+
 def trunc_div(a: Array, b: Array) -> Array:
     """Div: floats divide; integers truncate toward zero like C (numpy's // floors)."""
     if a.dtype.kind == "f":
         return np.divide(a, b)
+    _nonzero_divisor(b, "division")
     q = np.floor_divide(a, b)
     # floor and trunc differ when the remainder is non-zero and the signs differ
     fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
@@ -184,6 +192,7 @@ def trunc_div(a: Array, b: Array) -> Array:
 
 def mod(a: Array, b: Array, fmod: int = 0) -> Array:
     """Mod: fmod=1 takes the dividend's sign (C fmod), fmod=0 the divisor's (integers only)."""
+    _nonzero_divisor(b, "modulo")
     return np.fmod(a, b) if fmod or a.dtype.kind == "f" else np.remainder(a, b)
 
 
