@@ -669,14 +669,21 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
     """
     reasons: dict[int, str] = {}
     kept: list[list[int]] = []
-    if flags.auto_jit == 0:
-        an = _Analysis(graph)
-        reasons = {i: "auto_jit is 0" for i in range(len(an.nodes))}
-        return _build_plan(an, kept, reasons, flags)
     if why_not is None or policy is None:
         backend = registry.get_backend(flags.device)
         why_not = why_not or backend.why_not
         policy = policy or registry.policy(backend)
+    if flags.auto_jit == 0:
+        an = _Analysis(graph)
+        reasons = {i: "auto_jit is 0" for i in range(len(an.nodes))}
+        # an If/Loop/Scan whose body holds a custom op runs in our runtime all the same:
+        # onnxruntime cannot load it
+        custom_flow = {i: SUBGRAPH_REASON for i, n in enumerate(an.nodes)
+                       if i in reasons and custom.in_subgraphs(n)}
+        flow = _plan_control_flow(an, custom_flow, flags, why_not, policy)
+        for i in flow:
+            del reasons[i]
+        return _build_plan(an, kept, reasons, flags, flow)
     from autoclust import control_flow
     unrolled = control_flow.unroll_static_loops(graph, flags, why_not)
     an = _Analysis(graph)

@@ -76,16 +76,18 @@ def plan_bodies(node: Node, graph: Graph, flags: Flags, why_not: WhyNot,
             bodies[attr] = cluster(body, flags, why_not, policy)
     except _Refusal as exc:
         return f"{SUBGRAPH_REASON}; onnxruntime runs it: {exc}"
-    if not any(_compiles_something(p) for p in bodies.values()):
+    if not any(_runs_in_autoclust(p) for p in bodies.values()):
         first = next((f"{n}: {r}" for p in bodies.values() for n, r in p.reasons.items()),
                      "its bodies are empty")
         return f"{SUBGRAPH_REASON}; nothing in it clusters ({first})"
     return bodies, summary(node.op, bodies)
 
 
-def _compiles_something(plan: Plan) -> bool:
-    return bool(plan.clusters) or any(
-        _compiles_something(b) for step in plan.control_flow for b in step.bodies.values())
+def _runs_in_autoclust(plan: Plan) -> bool:
+    """Whether a body plan needs our runtime: it compiles something, or it holds a custom
+    op (a host step: onnxruntime cannot load the body then)."""
+    return bool(plan.clusters) or any(getattr(s, "host", False) for s in plan.steps) or any(
+        _runs_in_autoclust(b) for step in plan.control_flow for b in step.bodies.values())
 
 
 def summary(op: str, bodies: dict[str, Plan]) -> str:

@@ -184,9 +184,26 @@ def in_graph(graph: Graph) -> bool:
 
 
 def in_model(model: Any) -> bool:
-    """Whether an ONNX ModelProto's main graph uses a registered custom op."""
-    return any(ops.is_external(n.op_type, "" if n.domain == "ai.onnx" else n.domain)
-               for n in model.graph.node)
+    """Whether an ONNX ModelProto uses a registered custom op (If/Loop/Scan bodies too)."""
+    return in_graph_proto(model.graph)
+
+
+def in_subgraphs(node: Node) -> bool:
+    """Whether an If/Loop/Scan node's bodies (graph attributes) use a custom op."""
+    return any(hasattr(a, "g") and in_graph_proto(a.g) for a in node.attrs.values()
+               if hasattr(a, "HasField") and a.HasField("g"))
+
+
+def in_graph_proto(graph: Any) -> bool:
+    """Whether an onnx GraphProto, or a subgraph of one of its nodes, uses a custom op."""
+    for n in graph.node:
+        if ops.is_external(n.op_type, "" if n.domain == "ai.onnx" else n.domain):
+            return True
+        for a in n.attribute:
+            if (a.HasField("g") and in_graph_proto(a.g)) or any(in_graph_proto(g)
+                                                                  for g in a.graphs):
+                return True
+    return False
 
 
 def _library_clash(op_type: str) -> str:

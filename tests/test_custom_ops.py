@@ -377,3 +377,58 @@ def test_gpu_kernel_hook(fake_gpu, swish_lib, sessions, hook):
     assert host_calls == ([1] if hook == "none" else [])
     assert seen == (["FakeArray"] if hook == "python" else [])
     assert sessions == []
+
+
+# ---- inside If / Loop bodies ---------------------------------------------------------------
+
+def control_flow_model() -> bytes:
+    """y = If(sum(x) > 0, then: Relu(Twice(x)), else: Neg(x)); then z = a 3-trip Loop whose
+    body adds Twice(x) to its carried value (the custom op inside both bodies)."""
+    f = TensorProto.FLOAT
+    then_g = helper.make_graph(
+        [helper.make_node("Twice", ["x"], ["t"], domain=DOMAIN),
+         helper.make_node("Relu", ["t"], ["o"])],
+        "then", [], [helper.make_tensor_value_info("o", f, [None])])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["o2"])], "else", [],
+                               [helper.make_tensor_value_info("o2", f, [None])])
+    body = helper.make_graph(
+        [helper.make_node("Twice", ["x"], ["tw"], domain=DOMAIN),
+         helper.make_node("Add", ["acc", "tw"], ["acc_out"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("acc", f, [None])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", f, [None])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Loop", ["trips", "true", "y"], ["z"], body=body)]
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", f, [None])],
+        [helper.make_tensor_value_info("y", f, [None]), helper.make_tensor_value_info("z", f,
+                                                                                      [None])],
+        [helper.make_tensor("zero", f, [], [0.0]),
+         helper.make_tensor("trips", TensorProto.INT64, [], [3]),
+         helper.make_tensor("true", TensorProto.BOOL, [], [True])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                            helper.make_opsetid(DOMAIN, 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("flags", [{}, {"min_cluster_size": 1}, {"auto_jit": 0},
+                                   {"device": "interpreter"}])
+def test_custom_op_inside_if_and_loop_bodies(sessions, flags):
+    # onnxruntime cannot load a body holding a custom op: our runtime runs those nodes
+    autoclust.register_op(DOMAIN, "Twice", infer=same_shape, kernel=lambda ins, a: ins[0] * 2)
+    sess = autoclust.InferenceSession(control_flow_model(), **flags)
+    assert {s.nodes[0].op for s in sess.plan.control_flow} == {"If", "Loop"}
+    for x in (np.array([1, -2, 3], np.float32), np.array([-1, -2, 3], np.float32),
+              np.zeros(0, np.float32)):
+        y, z = sess.run(None, {"x": x})
+        want = np.maximum(2 * x, 0) if x.sum() > 0 else -x
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(z, want + 3 * (2 * x))
+    assert all(n.domain != DOMAIN for m in sessions for n in m.graph.node)
+    assert not any("Twice" in str(m) for m in sessions)  # no body with it reached onnxruntime
