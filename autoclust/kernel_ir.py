@@ -390,12 +390,17 @@ def remap(k: Kernel, fn, dim_fn=None) -> Kernel:
         key = id(e)
         if key not in memo:
             if isinstance(e, Load):
-                clamps = e.clamps
+                clamps, index = e.clamps, fn(e.index)
                 if clamps and dim_fn is not None:
-                    moved = ((dim_fn(d), lo, hi) for d, lo, hi in e.clamps)
+                    moved = [(dim_fn(d), lo, hi) for d, lo, hi in e.clamps]
                     clamps = tuple(c for c in moved if c[0] is not None)
+                    # a dropped dim (size 1: its index is 0) keeps its clamp as a constant:
+                    # an edge Pad's column read through a one-column slice is clamp(0)
+                    shift = sum(e.index.coeffs[d] * min(max(0, lo), hi)
+                                for (d, lo, hi), (m, _, _) in zip(e.clamps, moved) if m is None)
+                    index = Affine(index.const + shift, index.coeffs)
                 dyn = tuple((expr(x), s) for x, s in e.dyn)
-                memo[key] = dataclasses.replace(e, index=fn(e.index), clamps=clamps, dyn=dyn)
+                memo[key] = dataclasses.replace(e, index=index, clamps=clamps, dyn=dyn)
             elif isinstance(e, Index):
                 memo[key] = dataclasses.replace(e, index=fn(e.index))
             elif isinstance(e, Op):
@@ -439,7 +444,7 @@ def collapse(k: Kernel) -> Kernel:
 
     def dim_fn(d: int) -> int | None:  # a clamped dim is a group of its own (see _affines)
         g = next(i for i, grp in enumerate(groups) if d in grp)
-        # fusion never clamps a size-1 dim (one Concat piece covers it): dropped, no clamp
+        # a dropped size-1 dim: remap folds its clamp into the index constant
         return keep.index(g) if g in keep else None
 
     out = remap(k, fn, dim_fn)

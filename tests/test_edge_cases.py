@@ -350,3 +350,18 @@ def test_trilu_mask_under_a_clamping_pad_reads_the_copied_element(mode):
               [const("k", np.array(1, np.int64)),
                const("pads", np.array([2, 0, 2, 1], np.int64))])
     check(m, {"x": np.arange(1, 10, dtype=np.float32).reshape(3, 3)})
+
+
+@pytest.mark.parametrize("col", range(5))
+def test_edge_pad_read_through_a_one_column_slice(col):
+    """Pad(edge) then Split/Slice down to one column: the column's loop dim has size 1 and is
+    dropped from the kernel, and its clamp must become part of the index constant (the
+    fuzzer's Pad -> Split read 2 elements before the input)."""
+    m = model([helper.make_node("Pad", ["x", "pads"], ["p"], mode="edge"),
+               helper.make_node("Slice", ["p", "starts", "ends", "axes"], ["y"])],
+              [("x", F32, [2, 2])], [("y", F32, None)],
+              [const("pads", np.array([1, 2, 3, 1], np.int64)),
+               const("starts", np.array([col], np.int64)),
+               const("ends", np.array([col + 1], np.int64)),
+               const("axes", np.array([1], np.int64))])
+    check(m, {"x": np.array([[1, 2], [3, 4]], np.float32)})

@@ -6,8 +6,8 @@ from `bufs` and calls `k.body` whose pointer arguments are noalias (vectorizatio
 it). Addresses are GEPs. Reductions accumulate in entry-block allocas (SROA turns them
 into registers) with the `reassoc` fast-math flag so the loop vectorizer can split them.
 
-Speed: float ops carry `contract` (FMA), divisions by loop-invariant values `arcp` (one
-reciprocal per row instead of a vdivps per element), every function prefers 512-bit
+Speed: divisions by a row's reduced values carry `arcp` (one reciprocal per row instead
+of a vdivps per element), every function prefers 512-bit
 vectors, and a row kernel whose store shares a transcendental with a reduction phase
 (softmax's exp) stores it in that phase and reloads it instead of recomputing it.
 """
@@ -51,9 +51,13 @@ class KernelEmitter:
     def __init__(self, module: ir.Module, kernel: kir.Kernel, fast_math: bool):
         self.module = module
         self.kernel = kernel
-        # contract lets LLVM fuse a*b+c into one FMA (one rounding fewer: within tolerance);
-        # nnan/ninf stay off since NaN and inf semantics are tested
-        self.flags = ("fast",) if fast_math else ("contract",)
+        # No `contract`: an FMA of one op's a*b into the next op's + c skips the rounding
+        # onnxruntime does between its kernels, and a row kernel recomputes expressions in
+        # several phases: LogSoftmax(x * c) took max(x * c) rounded, then computed
+        # fma(x, c, -max) = the product's rounding error (-178) where onnxruntime has 0.
+        # The math library's polynomials use explicit llvm.fma. nnan/ninf stay off since
+        # NaN and inf semantics are tested.
+        self.flags = ("fast",) if fast_math else ()
         self.invariant: dict[int, bool] = {}
         self.bufs = sorted(_buffers_of(kernel))
         self.dtypes = _buffer_dtypes(kernel)
