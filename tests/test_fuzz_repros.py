@@ -142,6 +142,12 @@ CASES = [
                  {"x": np.array([[3e-37, -0.83, -9.8e-23, 1e20, -0.18]] * 2, F),
                   "c": np.array([0.83445317], F)}, COMPILED, "ort",
                  id="new-Softmax-Div-1e20"),  # fixed: x / c is a division in every phase
+    pytest.param(_model("g (float[2,1,2,2] x, float[1,1] c) => (float[2,1,2,2] y) "
+                        "{ m = Mul (x, c) y = LogSoftmax <axis = -4> (m) }"),
+                 {"x": np.array([[[[0.409, 1e-43], [2.403, -1e20]]],
+                                 [[[-0.61, 0.0804], [-0.3616, 2.9271607e10]]]], F),
+                  "c": np.array([[0.75528765]], F)}, COMPILED, "ort",
+                 id="new-LogSoftmax-Mul-no-fma"),  # fixed: no FMA of x * c into x * c - max
     pytest.param(_model("g (float[4] x) => (float[4] y) { c = Constant <value = float {0.1}> "
                         "() d = Div (x, c) y = Ceil (d) }"),
                  {"x": np.array([-282.3, 0.3, 0.7, 238.0], F)}, COMPILED, "ort",
