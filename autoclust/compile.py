@@ -21,10 +21,11 @@ after every pass and names the pass that broke it.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import hashlib
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -67,12 +68,55 @@ def _compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, 
     if policy(backend).lowers:
         program = lower_cached(optimized, flags, backend)
         exe = backend.compile(program, flags)
-        exe.dumps.setdefault(".kernels.txt", kir.format_program(program))
+        dumps = lazy_dumps(exe)
+        if ".kernels.txt" not in dumps:
+            dumps[".kernels.txt"] = lambda: kir.format_program(program)
     else:
         exe = backend.compile(optimized, flags)
-    exe.dumps[".before_optimizations.txt"] = str(specialized)
-    exe.dumps[".after_optimizations.txt"] = str(optimized)
+        dumps = lazy_dumps(exe)
+    dumps[".before_optimizations.txt"] = lambda: str(specialized)
+    dumps[".after_optimizations.txt"] = lambda: str(optimized)
     return exe
+
+
+class LazyDumps(collections.abc.MutableMapping):
+    """An executable's dump texts by suffix; a value set as a zero-argument callable is
+    made when first read. Only --dump_to and tests read them, and printing BERT's graphs
+    and kernel IR took 30-50 ms of each compile (most of a warm --cache_dir compile)."""
+
+    def __init__(self, texts: Mapping[str, Any] | None = None):
+        self._texts: dict[str, Any] = dict(texts or {})
+
+    def __getitem__(self, key: str) -> str:
+        value = self._texts[key]
+        if callable(value):
+            value = self._texts[key] = value()
+        return value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._texts[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._texts[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._texts  # Mapping's own would make the text
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __repr__(self) -> str:
+        return f"LazyDumps({sorted(self._texts)})"
+
+
+def lazy_dumps(exe: Any) -> LazyDumps:
+    """exe.dumps as a LazyDumps (made one if it is a plain dict)."""
+    if not isinstance(exe.dumps, LazyDumps):
+        exe.dumps = LazyDumps(exe.dumps)
+    return exe.dumps
 
 
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:

@@ -300,3 +300,26 @@ def test_background_prepack_off_builds_prepacked_sessions_now(monkeypatch):
     x, w = matmul_case(4)
     check(call(library, x, w), x, w)
     assert made == [("MainThread", [1])]
+
+
+def test_dump_texts_are_made_only_when_read(monkeypatch):
+    from autoclust.backends import cpu
+    from autoclust.importers.onnx import import_model
+
+    from autoclust import kernel_ir as kir
+    from autoclust.compile import LazyDumps, compile_cluster
+    from autoclust.ir import Graph
+    made = []
+    real_str, real_format = Graph.__str__, kir.format_program
+    monkeypatch.setattr(Graph, "__str__", lambda g: made.append("graph") or real_str(g))
+    monkeypatch.setattr(kir, "format_program", lambda p: made.append("kir") or real_format(p))
+    graph = import_model(mlp(weights(), 0.5))
+    exe = compile_cluster(graph, [(np.dtype(np.float32), (1, 8, 64))], {},
+                          flags_mod.parse("", threads=1), cpu)
+    assert made == [] and isinstance(exe.dumps, LazyDumps)
+    assert "Tanh(" in exe.dumps[".before_optimizations.txt"]
+    assert "float32[1,8,96]" in exe.dumps[".after_optimizations.txt"]
+    assert "MatMul" in exe.dumps[".kernels.txt"] and ".ll" in dict(exe.dumps)
+    assert sorted(made) == ["graph", "graph", "kir"]
+    exe.dumps[".before_optimizations.txt"]  # made once
+    assert len(made) == 3
