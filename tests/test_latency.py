@@ -91,7 +91,7 @@ def test_array_digest_memoized_per_array_and_reads_strided_arrays():
 # ---- the --cache_dir cache: a warm process lowers and compiles nothing -------------------------
 
 CACHE_SCRIPT = """
-import json, sys
+import json, sys, time
 import numpy as np
 sys.path.insert(0, {tests!r})
 from test_latency import mlp, ort_run
@@ -105,11 +105,13 @@ sess = autoclust.InferenceSession(model, threads=1, min_cluster_size=1, cache_di
 rows = []
 for seq in {seqs}:
     x = np.random.default_rng(seq).standard_normal((1, seq, {k})).astype(np.float32)
+    t0 = time.perf_counter()
     got = sess.run(None, {{"x": x}})[0]
+    first_s = time.perf_counter() - t0
     want = ort_run(model, {{"x": x}})[0]
     rows.append(dict(seq=seq, llvm=cpu.COMPILE_COUNT, lowered=compile_mod.COUNTS["lowered"],
                      hits=compile_mod.COUNTS["program_hits"],
-                     err=float(np.max(np.abs(got - want)))))
+                     err=float(np.max(np.abs(got - want))), first_s=first_s))
 print(json.dumps(rows))
 """
 
@@ -206,13 +208,11 @@ def test_program_key_reads_values_attributes_and_types():
 
 @pytest.mark.speed
 def test_warm_process_first_run_is_much_faster(tmp_path):
-    import time
-    t0 = time.perf_counter()
-    run_process(tmp_path, k=256, seqs=(64,))
-    t1 = time.perf_counter()
-    run_process(tmp_path, k=256, seqs=(64,))
-    t2 = time.perf_counter()
-    assert t2 - t1 < t1 - t0, (t1 - t0, t2 - t1)
+    """The first run compiles in a cold process (lowering, LLVM), loads in a warm one."""
+    cold = run_process(tmp_path, k=256, seqs=(64,))[0]
+    warm = min((run_process(tmp_path, k=256, seqs=(64,))[0] for _ in range(3)),
+               key=lambda r: r["first_s"])
+    assert warm["first_s"] < cold["first_s"] / 3, (cold, warm)
 
 
 # ---- library calls: prepacked sessions built in the background -------------------------------
