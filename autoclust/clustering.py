@@ -567,23 +567,22 @@ def _attr_bytes(value: Any) -> bytes:
     return repr(value).encode()
 
 
-# id(array) -> (weak reference to it, sha1 of its bytes): a weight is hashed once per
-# process, however many fingerprints (sessions, clusters) read it. The weak reference
-# tells a live array from a later one that reuses a freed array's id.
+# id(array) -> (weak reference, sha1): each weight hashed once per process; the weak
+# reference tells a live array from a later one reusing a freed array's id.
 _DIGESTS: dict[int, tuple[Any, bytes]] = {}
 
 
 def _array_digest(value: np.ndarray) -> bytes:
-    """sha1 of an array's bytes, read in place (no tobytes copy), memoized per array.
-
-    Only for read-only use: a weight edited in place after its first digest keeps the old
-    digest (graph constants are not edited in place)."""
-    hit = _DIGESTS.get(id(value))
+    """sha1 of an array's bytes, read in place (no tobytes copy), memoized per array
+    (graph constants are never edited in place)."""
+    key = id(value)
+    hit = _DIGESTS.get(key)
     if hit is not None and hit[0]() is value:
         return hit[1]
+    if value.dtype.hasobject:  # strings: no buffer to read
+        return hashlib.sha1(repr(value.tolist()).encode()).digest()
     dense = value if value.flags.c_contiguous else np.ascontiguousarray(value)
     digest = hashlib.sha1(memoryview(dense).cast("B") if dense.size else b"").digest()
-    key = id(value)
     try:
         ref = weakref.ref(value, lambda _: _DIGESTS.pop(key, None))
     except TypeError:  # a subclass without weak references: not memoized
@@ -628,8 +627,7 @@ class Fingerprint:
 
 def fingerprint(graph: Graph, nodes: list[Node], inputs: list[Value],
                 outputs: list[Value]) -> Fingerprint:
-    """sha1 of ops, attrs, internal edges and constant bytes; value and node names excluded
-    (computed when first read: str(), ==, hash())."""
+    """sha1 of ops, attrs, edges and constant bytes (not names), made when first read."""
     return Fingerprint(graph, nodes, inputs, outputs)
 
 

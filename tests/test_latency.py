@@ -83,6 +83,8 @@ def test_array_digest_memoized_per_array_and_reads_strided_arrays():
     assert clustering._array_digest(b) != first
     assert clustering._array_digest(a.T) == clustering._array_digest(a.T.copy())
     assert clustering._array_digest(a[:0]) == clustering._array_digest(a[:0].copy())
+    words = np.array(["a", "bc"], dtype=object)
+    assert clustering._array_digest(words) != clustering._array_digest(words[::-1].copy())
     key = id(b)
     del b  # a freed array's memo goes with it (its id may be reused)
     assert key not in clustering._DIGESTS
