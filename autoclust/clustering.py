@@ -45,8 +45,11 @@ import dataclasses
 import hashlib
 import heapq
 import itertools
+import weakref
 from collections.abc import Callable, Collection
 from typing import Any
+
+import numpy as np
 
 from autoclust import custom, ops, registry
 from autoclust.flags import Flags
@@ -560,6 +563,8 @@ def _shape_value_inputs(an: _Analysis, members: list[int], inputs: list[Value]) 
 
 
 def _attr_bytes(value: Any) -> bytes:
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype}{value.shape}".encode() + _array_digest(value)
     if hasattr(value, "tobytes"):
         return f"{value.dtype}{value.shape}".encode() + value.tobytes()
     if hasattr(value, "SerializeToString"):
@@ -569,9 +574,72 @@ def _attr_bytes(value: Any) -> bytes:
     return repr(value).encode()
 
 
+# id(array) -> (weak reference, sha1): each weight hashed once per process; the weak
+# reference tells a live array from a later one reusing a freed array's id.
+_DIGESTS: dict[int, tuple[Any, bytes]] = {}
+
+
+def _array_digest(value: np.ndarray) -> bytes:
+    """sha1 of an array's bytes, read in place (no tobytes copy), memoized per array
+    (graph constants are never edited in place)."""
+    key = id(value)
+    hit = _DIGESTS.get(key)
+    if hit is not None and hit[0]() is value:
+        return hit[1]
+    if value.dtype.hasobject:  # strings: no buffer to read
+        return hashlib.sha1(repr(value.tolist()).encode()).digest()
+    dense = value if value.flags.c_contiguous else np.ascontiguousarray(value)
+    digest = hashlib.sha1(memoryview(dense).cast("B") if dense.size else b"").digest()
+    try:
+        ref = weakref.ref(value, lambda _: _DIGESTS.pop(key, None))
+    except TypeError:  # a subclass without weak references: not memoized
+        return digest
+    _DIGESTS[key] = (ref, digest)
+    return digest
+
+
+class Fingerprint:
+    """A cluster's fingerprint (see `fingerprint`), computed on first use: a plan reads
+    it only for dumps and cache keys, and hashing every weight of BERT-base costs 0.3-0.75 s
+    of session creation. Compares, hashes and prints as its hex string."""
+
+    __slots__ = ("_args", "_text")
+
+    def __init__(self, graph: Graph, nodes: list[Node], inputs: list[Value],
+                 outputs: list[Value]):
+        self._args: tuple | None = (graph, list(nodes), list(inputs), list(outputs))
+        self._text = ""
+
+    def __str__(self) -> str:
+        args = self._args  # read once: another thread may finish first
+        if args is not None:
+            self._text = _fingerprint_now(*args)
+            self._args = None  # after _text: a reader seeing None finds the text
+        return self._text
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Fingerprint, str)):
+            return str(self) == str(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __len__(self) -> int:
+        return len(str(self))
+
+
 def fingerprint(graph: Graph, nodes: list[Node], inputs: list[Value],
-                outputs: list[Value]) -> str:
-    """sha1 of ops, attrs, internal edges and constant bytes; value and node names excluded."""
+                outputs: list[Value]) -> Fingerprint:
+    """sha1 of ops, attrs, edges and constant bytes (not names), made when first read."""
+    return Fingerprint(graph, nodes, inputs, outputs)
+
+
+def _fingerprint_now(graph: Graph, nodes: list[Node], inputs: list[Value],
+                     outputs: list[Value]) -> str:
     h = hashlib.sha1()
     produced = {v.name: (k, j) for k, n in enumerate(nodes) for j, v in enumerate(n.outputs)}
     input_pos = {v.name: k for k, v in enumerate(inputs)}

@@ -22,6 +22,7 @@ from llvmlite import ir
 
 from autoclust import kernel_ir as kir
 from autoclust import ops
+from autoclust.compile import LazyDumps
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel_passes import code_key, distinct_kernels
@@ -83,15 +84,15 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
             unit = _gemm_unit(spec)
             gemms[t] = (unit[0], spec)
             units.append(unit)
-    dumps = {}
+    dumps = LazyDumps()  # texts made when read (--dump_to, tests)
     engine, addrs = None, {}
     if units:
         before = jit.COUNTS["compiles"]
         engine, addrs, dumps[".ll"], dumps[".s"] = _build(units, flags)
         COMPILE_COUNT += jit.COUNTS["compiles"] - before
     if gemms:
-        dumps[".kernels.txt"] = kir.format_program(program) + "generated GEMMs:\n" + "".join(
-            f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
+        dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
+            "".join(f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
     return Executable(program, addrs, split, threads, engine, dumps, library,
                       MIN_CHUNK_WORK, gemms)
 

@@ -1,5 +1,9 @@
 """Persistent cache of object code (--cache_dir): one file per module, checksummed.
 
+Also lowered kernel IR Programs (`.prog`, autoclust.compile.lower_cached), in the same
+format. Entries are trusted as the object code is: point --cache_dir at a directory only
+you can write.
+
 An entry is `MAGIC + sha256(object) + object`. A corrupted or truncated entry is
 ignored (and recompiled); an unwritable directory gives one warning and compiling
 carries on without the cache.
@@ -25,19 +29,20 @@ def make_key(ir_text: str, version: str) -> str:
     return h.hexdigest()
 
 
-def _path(cache_dir: str, key: str) -> str:
-    return os.path.join(cache_dir, f"{key}.o")
+def _path(cache_dir: str, key: str, suffix: str = ".o") -> str:
+    return os.path.join(cache_dir, f"{key}{suffix}")
 
 
-def contains(cache_dir: str, key: str) -> bool:
+def contains(cache_dir: str, key: str, suffix: str = ".o") -> bool:
     """Whether an entry for `key` exists (not checked for corruption)."""
-    return os.path.isfile(_path(cache_dir, key))
+    return os.path.isfile(_path(cache_dir, key, suffix))
 
 
-def load(cache_dir: str, key: str) -> bytes | None:
-    """The cached object for `key`, or None (missing or corrupted)."""
+def load(cache_dir: str, key: str, suffix: str = ".o") -> bytes | None:
+    """The cached bytes for `key` (object code; `.prog`: a lowered Program, see
+    autoclust.compile), or None (missing or corrupted)."""
     try:
-        with open(_path(cache_dir, key), "rb") as f:
+        with open(_path(cache_dir, key, suffix), "rb") as f:
             data = f.read()
     except OSError:
         return None
@@ -50,14 +55,14 @@ def load(cache_dir: str, key: str) -> bytes | None:
     return obj
 
 
-def store(cache_dir: str, key: str, obj: bytes) -> bool:
+def store(cache_dir: str, key: str, obj: bytes, suffix: str = ".o") -> bool:
     """Write an entry atomically; warn once per directory when that fails."""
     try:
         os.makedirs(cache_dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + hashlib.sha256(obj).digest() + obj)
-        os.replace(tmp, _path(cache_dir, key))
+        os.replace(tmp, _path(cache_dir, key, suffix))
         return True
     except OSError as exc:
         if cache_dir not in _warned:
