@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import registry
-from autoclust.errors import AutoclustError, NotCompilableError
+from autoclust.errors import AutoclustError, InvalidInputError, NotCompilableError
 from autoclust.flags import Flags
 from autoclust.ir import Graph
 
@@ -105,6 +105,9 @@ class ClusterRunner:
                 return None
             try:
                 exe = self._compile_now(inputs)
+            except InvalidInputError:  # these inputs are bad (onnxruntime raises too): say so
+                self.signatures.pop()  # and keep compiling the cluster for good ones
+                raise
             except Exception as exc:  # a compile failure must never break the run
                 if self.flags.must_compile:
                     raise NotCompilableError(f"{self.name} failed to compile: "

@@ -365,3 +365,26 @@ def test_edge_pad_read_through_a_one_column_slice(col):
                const("ends", np.array([col + 1], np.int64)),
                const("axes", np.array([1], np.int64))])
     check(m, {"x": np.array([[1, 2], [3, 4]], np.float32)})
+
+
+@pytest.mark.parametrize("flags", [{"must_compile": True, "min_cluster_size": 1},
+                                   {"min_cluster_size": 1},
+                                   {"device": "interpreter", "min_cluster_size": 1}])
+def test_layernorm_over_zero_elements_raises_like_onnxruntime(flags):
+    """onnxruntime rejects LayerNormalization over an empty normalized shape; so do we, at
+    run time, naming the node, and the cluster keeps compiling for good shapes."""
+    m = model([helper.make_node("LayerNormalization", ["x", "s"], ["n"], axis=1, name="ln"),
+               helper.make_node("Relu", ["n"], ["y"])],
+              [("x", F32, [2, "k"])], [("y", F32, None)], [const("s", np.ones(1, np.float32))],
+              opset=18)
+    bad = {"x": np.zeros((2, 0), np.float32)}
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument, match="at least 1"):
+        ort.InferenceSession(m.SerializeToString(),
+                             providers=["CPUExecutionProvider"]).run(None, bad)
+    sess = autoclust.InferenceSession(m, **flags)
+    with pytest.raises(autoclust.InvalidInputError, match=r"'ln'.*at least 1, got 0"):
+        sess.run(None, bad)
+    good = {"x": np.array([[3.0], [-1.0]], np.float32)}  # one element per row: (x - x) = 0
+    (y,) = sess.run(None, good)
+    np.testing.assert_array_equal(y, np.zeros((2, 1), np.float32))
+    assert all(c["fallback"] is None for c in sess.stats()["clusters"])

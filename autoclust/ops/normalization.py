@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from autoclust.errors import InvalidInputError
 from autoclust.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops import (
     BFLOAT16,
@@ -144,13 +145,26 @@ def _infer_layer_norm(ctx: InferContext) -> list[TypeShape]:
     else:
         axis = normalize_axis(int(ctx.attr("axis", -1)), len(shape), ctx)
         stat_shape = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
+        if all(isinstance(d, int) for d in shape[axis:]):  # known (specialized): check
+            try:
+                _empty_rows(shape, axis)
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"node {ctx.node_name!r}: {exc}") from None
     return out + [(stat_type, stat_shape)] * 2
+
+
+def _empty_rows(shape: tuple, axis: int) -> None:
+    """onnxruntime rejects normalizing over zero elements (and the mean would be 0/0)."""
+    if math.prod(shape[axis:]) == 0:
+        raise InvalidInputError(f"LayerNormalization: Size of X.shape[axis:] must be at least "
+                                f"1, got 0 (X is {list(shape)}, axis {axis})")
 
 
 def _layer_norm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     axis = normalize_axis(int(attrs.get("axis", -1)), x.ndim)
+    _empty_rows(x.shape, axis)
     stash = F32 if attrs.get("stash_type", 1) == 1 else x.dtype
     ct = np.promote_types(stash, _compute_type(x))
     axes = tuple(range(axis, x.ndim))
