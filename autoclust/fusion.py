@@ -27,6 +27,7 @@ become one Gemm call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -639,18 +640,40 @@ def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
     raise CompileError(f"fusion of {graph.name} did not settle after {MAX_RESTARTS} rounds")
 
 
+def _add_check(thunks: list[kir.Thunk], checked: dict[tuple, int], c: kir.Check) -> None:
+    """Append Check c unless the same check of the same buffer ran already.
+
+    A buffer is written once, before its first check, and stays live until its last
+    reader, so a second identical check cannot fail where the first passed (a Gather
+    recomputed in several kernels, e.g. GPT-2's embedding in each layer's LayerNorm, was
+    checked once per kernel). The first check keeps its message; it names every node.
+    """
+    key = (c.buf, c.kind, c.lo, c.hi, c.column)
+    at = checked.get(key)
+    if at is None:
+        checked[key] = len(thunks)
+        thunks.append(c)
+        return
+    first = thunks[at]
+    new_nodes = tuple(n for n in c.nodes if n not in first.nodes)
+    if new_nodes:
+        thunks[at] = dataclasses.replace(first, nodes=first.nodes + new_nodes)
+
+
 def _program(f: Fusion, notes: list[str]) -> kir.Program:
     graph = f.graph
     for v in graph.inputs + graph.outputs:
         f.buffer_of(v)
     thunks: list[kir.Thunk] = []
+    checked: dict[tuple, int] = {}  # (buffer, kind, bounds, column) -> its Check's position
     n_kernels = 0
     for g in f.groups:
         if g.builder is None:
             thunks.append(g.thunk)
             continue
         b = g.builder
-        thunks += b.checks
+        for c in b.checks:
+            _add_check(thunks, checked, c)
         thunks.append(kir.Kernel(f"k{n_kernels}", b.shape, b.n_inner, tuple(b.reductions),
                                  tuple(b.stores), tuple(b.nodes)))
         n_kernels += 1
