@@ -18,7 +18,8 @@ the materialized values ("roots") in topological order:
    computed before that kernel (multi-output fusion: LayerNorm's Y and Mean, a chain with
    an intermediate graph output).
 4. An inlined value read by several kernels is materialized when recomputing it would
-   repeat a reduction or more than RECOMPUTE_LIMIT cost units.
+   repeat a reduction or more than RECOMPUTE_LIMIT cost units (its ops, plus LOAD_COST
+   per tensor it reads).
 A root with no elements needs no kernel. Library ops (MatMul, Conv, ...) become
 LibraryCalls; with the backend's `fold_bias` policy a MatMul and its constant bias Add
 become one Gemm call.
@@ -59,6 +60,7 @@ from autoclust.lowering import (
 )
 
 RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
+LOAD_COST = 3              # cost units of reading one more tensor while recomputing
 MAX_RESTARTS = 200
 
 
@@ -589,21 +591,30 @@ def _initial_materialized(graph: Graph, library: set[str], notes: list[str],
     return keep
 
 
-def _cost(v: Value, materialized: set[str]) -> int:
-    """Cost units recomputed when `v` is inlined (a reduction counts as unbounded)."""
-    total, stack, seen = 0, [v], set()
+def _cost(v: Value, materialized: set[str], graph: Graph) -> int:
+    """Cost units recomputed when `v` is inlined (a reduction counts as unbounded): its ops'
+    costs plus LOAD_COST per tensor it reads. A recomputed chain that reads several
+    tensors re-reads them all in every reader, in every phase of a row kernel: GPT-2's
+    residual stream (embedding Gather + one Add per layer) was recomputed in each
+    layer's LayerNorm, reading up to 8 tensors three times per row."""
+    total, stack, seen, reads = 0, [v], set(), set()
     while stack:
         w = stack.pop()
-        if w.name in seen or w.name in materialized or w.producer is None:
+        if w.name in seen:
             continue
         seen.add(w.name)
+        if w.name in materialized or w.producer is None:
+            const = graph.constant_value(w)
+            if const is None or const.size > 1:  # a scalar constant is inlined, not read
+                reads.add(w.name)
+            continue
         node = w.producer
         opdef = ops.get(node.op, node.domain)
         if opdef.kind in (ops.REDUCTION, ops.NORMALIZATION):
             return RECOMPUTE_LIMIT + 1
         total += opdef.cost
         stack += node.all_inputs()
-    return total
+    return total + LOAD_COST * len(reads)
 
 
 def _shared_expensive(f: Fusion) -> Value | None:
@@ -617,7 +628,7 @@ def _shared_expensive(f: Fusion) -> Value | None:
     shared = sorted((n for n, c in readers.items() if c > 1), key=lambda n: -order[n])
     for name in shared:
         v = f.graph.values[name]
-        if _cost(v, f.materialized) > RECOMPUTE_LIMIT:
+        if _cost(v, f.materialized, f.graph) > RECOMPUTE_LIMIT:
             return v
     return None
 

@@ -212,3 +212,17 @@ def test_gather_index_checked_once_per_run():
         ids[0, 5] = bad
         with pytest.raises(InvalidInputError, match=r"Gather.*out of range \[-50, 49\]"):
             sess.run(None, {"ids": ids})
+
+
+def test_residual_stream_is_not_recomputed_in_every_layer():
+    """A residual chain (Gather, then one Add per layer) read by each layer's row kernel
+    is stored once it reads several tensors (fusion.LOAD_COST), not rebuilt from the
+    embedding in every layer: no kernel reads more than 4 tensors."""
+    m = gather_model(6)
+    program = lower_graph(import_model(m), flags_mod.parse(""), cpu)
+    kernels = [t for t in program.thunks if isinstance(t, kir.Kernel)]
+    widest = max(len(kir.loaded_buffers(k)) for k in kernels)
+    assert widest <= 4, program
+    ids = np.array([[0, 3, 49, -1, -50, 7, 7, 2]], np.int64)
+    got, want = run_both(m, {"ids": ids})
+    assert_same(got, want, rtol=1e-4, atol=1e-4)
