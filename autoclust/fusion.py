@@ -60,7 +60,7 @@ from autoclust.lowering import (
 )
 
 RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
-LOAD_COST = 3              # cost units of reading one more tensor while recomputing
+LOAD_COST = 4              # cost units of reading one more tensor while recomputing
 MAX_RESTARTS = 200
 
 
