@@ -617,20 +617,25 @@ def _cost(v: Value, materialized: set[str], graph: Graph) -> int:
     return total + LOAD_COST * len(reads)
 
 
-def _shared_expensive(f: Fusion) -> Value | None:
-    """The latest inlined value that several kernels recompute at a high cost."""
+def _shared_expensive(f: Fusion) -> list[Value]:
+    """Inlined values that several kernels recompute at a high cost, to materialize
+    together: in graph order, each judged as if the earlier ones were stored already (a
+    residual chain then needs one or two fusion rounds, not one per layer)."""
     readers: dict[str, int] = {}
     for g in f.groups:
         if g.builder is not None:
             for name in g.builder.inlined:
                 readers[name] = readers.get(name, 0) + 1
     order = {v.name: i for i, n in enumerate(f.graph.nodes) for v in n.outputs}
-    shared = sorted((n for n, c in readers.items() if c > 1), key=lambda n: -order[n])
+    shared = sorted((n for n, c in readers.items() if c > 1), key=lambda n: order[n])
+    stored = set(f.materialized)
+    picked = []
     for name in shared:
         v = f.graph.values[name]
-        if _cost(v, f.materialized, f.graph) > RECOMPUTE_LIMIT:
-            return v
-    return None
+        if _cost(v, stored, f.graph) > RECOMPUTE_LIMIT:
+            picked.append(v)
+            stored.add(name)
+    return picked
 
 
 def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
@@ -642,12 +647,13 @@ def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
     for _ in range(MAX_RESTARTS):
         f = Fusion(graph, materialized, library, folds, notes)
         f.run()
-        v = _shared_expensive(f)
-        if v is None:
+        costly = _shared_expensive(f)
+        if not costly:
             return _program(f, notes)
-        materialized.add(v.name)
-        notes.append(f"{v.name} materialized: read by several kernels and too costly to "
-                     "recompute")
+        for v in costly:
+            materialized.add(v.name)
+            notes.append(f"{v.name} materialized: read by several kernels and too costly "
+                         "to recompute")
     raise CompileError(f"fusion of {graph.name} did not settle after {MAX_RESTARTS} rounds")
 
 
