@@ -258,3 +258,31 @@ def test_shared_gathered_mask_is_stored_once():
              "s": rng.standard_normal((2, n, n)).astype(np.float32)}
     got, want = run_both(m, feeds)
     assert_same(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [2, 7, 16, 33])
+@pytest.mark.parametrize("mask_type", [I64, TensorProto.UINT8, TensorProto.INT32])
+def test_max_phase_with_integer_casts_matches_onnxruntime(n, mask_type):
+    """A max phase over x + (1 - cast(mask)) * -1e4 (BERT's additive padding mask, from an
+    int64/uint8/int32 mask): integer loads widened, int -> float casts, all in vector code
+    (the IR is asserted), against onnxruntime."""
+    nodes = [helper.make_node("Cast", ["m"], ["mf"], to=F32),
+             helper.make_node("Sub", ["one", "mf"], ["inv"]),
+             helper.make_node("Mul", ["inv", "big"], ["bias"]),
+             helper.make_node("Add", ["x", "bias"], ["t"]),
+             helper.make_node("ReduceMax", ["t", "axes"], ["y"], keepdims=0),
+             helper.make_node("Softmax", ["t"], ["p"], axis=-1)]
+    inits = (onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             onnx.numpy_helper.from_array(np.array(-1e4, np.float32), "big"),
+             onnx.numpy_helper.from_array(np.array([-1], np.int64), "axes"))
+    m = model(nodes, [("x", F32, [5, n]), ("m", mask_type, [5, n])], [("y", F32), ("p", F32)],
+              inits)
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((5, n)).astype(np.float32)
+    x[1, n - 1] = np.nan
+    mask = (rng.random((5, n)) > 0.3).astype(helper.tensor_dtype_to_np_dtype(mask_type))
+    mask[2] = 0  # a row masked out entirely
+    got, want = run_both(m, {"x": x, "m": mask})
+    assert_same(got, want, rtol=1e-6)
+    text = llvm_ir(m)
+    assert "llvm.vector.reduce.fmax" in text and "llvm.maxnum.f32" not in text
