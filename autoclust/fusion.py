@@ -18,7 +18,8 @@ the materialized values ("roots") in topological order:
    computed before that kernel (multi-output fusion: LayerNorm's Y and Mean, a chain with
    an intermediate graph output).
 4. An inlined value read by several kernels is materialized when recomputing it would
-   repeat a reduction or more than RECOMPUTE_LIMIT cost units.
+   repeat a reduction or more than RECOMPUTE_LIMIT cost units (its ops, plus LOAD_COST
+   per tensor it reads).
 A root with no elements needs no kernel. Library ops (MatMul, Conv, ...) become
 LibraryCalls; with the backend's `fold_bias` policy a MatMul and its constant bias Add
 become one Gemm call.
@@ -27,6 +28,7 @@ become one Gemm call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -59,6 +61,7 @@ from autoclust.lowering import (
 )
 
 RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
+LOAD_COST = 4              # cost units of reading one more tensor while recomputing
 MAX_RESTARTS = 200
 
 
@@ -590,37 +593,51 @@ def _initial_materialized(graph: Graph, library: set[str], notes: list[str],
     return keep
 
 
-def _cost(v: Value, materialized: set[str]) -> int:
-    """Cost units recomputed when `v` is inlined (a reduction counts as unbounded)."""
-    total, stack, seen = 0, [v], set()
+def _cost(v: Value, materialized: set[str], graph: Graph) -> int:
+    """Cost units recomputed when `v` is inlined (a reduction counts as unbounded): its ops'
+    costs plus LOAD_COST per tensor it reads. A recomputed chain that reads several
+    tensors re-reads them all in every reader, in every phase of a row kernel: GPT-2's
+    residual stream (embedding Gather + one Add per layer) was recomputed in each
+    layer's LayerNorm, reading up to 8 tensors three times per row."""
+    total, stack, seen, reads = 0, [v], set(), set()
     while stack:
         w = stack.pop()
-        if w.name in seen or w.name in materialized or w.producer is None:
+        if w.name in seen:
             continue
         seen.add(w.name)
+        if w.name in materialized or w.producer is None:
+            const = graph.constant_value(w)
+            if const is None or const.size > 1:  # a scalar constant is inlined, not read
+                reads.add(w.name)
+            continue
         node = w.producer
         opdef = ops.get(node.op, node.domain)
         if opdef.kind in (ops.REDUCTION, ops.NORMALIZATION):
             return RECOMPUTE_LIMIT + 1
         total += opdef.cost
         stack += node.all_inputs()
-    return total
+    return total + LOAD_COST * len(reads)
 
 
-def _shared_expensive(f: Fusion) -> Value | None:
-    """The latest inlined value that several kernels recompute at a high cost."""
+def _shared_expensive(f: Fusion) -> list[Value]:
+    """Inlined values that several kernels recompute at a high cost, to materialize
+    together: in graph order, each judged as if the earlier ones were stored already (a
+    residual chain then needs one or two fusion rounds, not one per layer)."""
     readers: dict[str, int] = {}
     for g in f.groups:
         if g.builder is not None:
             for name in g.builder.inlined:
                 readers[name] = readers.get(name, 0) + 1
     order = {v.name: i for i, n in enumerate(f.graph.nodes) for v in n.outputs}
-    shared = sorted((n for n, c in readers.items() if c > 1), key=lambda n: -order[n])
+    shared = sorted((n for n, c in readers.items() if c > 1), key=lambda n: order[n])
+    stored = set(f.materialized)
+    picked = []
     for name in shared:
         v = f.graph.values[name]
-        if _cost(v, f.materialized) > RECOMPUTE_LIMIT:
-            return v
-    return None
+        if _cost(v, stored, f.graph) > RECOMPUTE_LIMIT:
+            picked.append(v)
+            stored.add(name)
+    return picked
 
 
 def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
@@ -632,13 +649,34 @@ def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
     for _ in range(MAX_RESTARTS):
         f = Fusion(graph, materialized, library, folds, notes)
         f.run()
-        v = _shared_expensive(f)
-        if v is None:
+        costly = _shared_expensive(f)
+        if not costly:
             return _program(f, notes)
-        materialized.add(v.name)
-        notes.append(f"{v.name} materialized: read by several kernels and too costly to "
-                     "recompute")
+        for v in costly:
+            materialized.add(v.name)
+            notes.append(f"{v.name} materialized: read by several kernels and too costly "
+                         "to recompute")
     raise CompileError(f"fusion of {graph.name} did not settle after {MAX_RESTARTS} rounds")
+
+
+def _add_check(thunks: list[kir.Thunk], checked: dict[tuple, int], c: kir.Check) -> None:
+    """Append Check c unless the same check of the same buffer ran already.
+
+    A buffer is written once, before its first check, and stays live until its last
+    reader, so a second identical check cannot fail where the first passed (a Gather
+    recomputed in several kernels, e.g. GPT-2's embedding in each layer's LayerNorm, was
+    checked once per kernel). The first check keeps its message; it names every node.
+    """
+    key = (c.buf, c.kind, c.lo, c.hi, c.column)
+    at = checked.get(key)
+    if at is None:
+        checked[key] = len(thunks)
+        thunks.append(c)
+        return
+    first = thunks[at]
+    new_nodes = tuple(n for n in c.nodes if n not in first.nodes)
+    if new_nodes:
+        thunks[at] = dataclasses.replace(first, nodes=first.nodes + new_nodes)
 
 
 def _program(f: Fusion, notes: list[str]) -> kir.Program:
@@ -646,13 +684,15 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
     for v in graph.inputs + graph.outputs:
         f.buffer_of(v)
     thunks: list[kir.Thunk] = []
+    checked: dict[tuple, int] = {}  # (buffer, kind, bounds, column) -> its Check's position
     n_kernels = 0
     for g in f.groups:
         if g.builder is None:
             thunks.append(g.thunk)
             continue
         b = g.builder
-        thunks += b.checks
+        for c in b.checks:
+            _add_check(thunks, checked, c)
         thunks.append(kir.Kernel(f"k{n_kernels}", b.shape, b.n_inner, tuple(b.reductions),
                                  tuple(b.stores), tuple(b.nodes)))
         n_kernels += 1

@@ -148,44 +148,42 @@ class KernelEmitter:
         return self._scalar_reduction(red, inner_ranges, phase)
 
     def _vector_phase(self, red: kir.Reduction, inner_ranges: list, phase: int) -> bool:
-        """Float max/min phases over rows of at least one vector, with a simple expression
+        """Float max/min phases over rows of at least 2 elements, with a simple expression
         and nothing stashed in them, are emitted as vector code (vectorize.py)."""
-        if red.kind not in ("max", "min") or red.dtype not in ("float32", "float64"):
+        if red.kind not in ("max", "min") or red.dtype not in vectorize.FLOATS \
+                or red.expr.dtype != red.dtype:
             return False
-        if not inner_ranges or inner_ranges[-1][1].constant < vectorize.lanes(red.dtype):
+        if not inner_ranges or inner_ranges[-1][1].constant < 2:
             return False
         if any(key[0] == phase for key in self.stash):
             return False
         return vectorize.supported(red.expr, len(self.kernel.shape) - 1)
 
     def _vector_reduction(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
+        """Full chunks of v lanes, then the last v elements (overlapping: max/min are
+        idempotent), into one vector accumulator; its lanes reduced after the row."""
         b = self.b
-        v = vectorize.lanes(red.dtype)
-        ty = COMPUTE[red.dtype]
-        vx = vectorize.VectorExprs(self, v)
-        init = _reduce_init(red.kind, red.dtype, ty)
-        acc = entry_alloca(b, ir.VectorType(ty, v), "vacc")
-        b.store(ir.Constant(ir.VectorType(ty, v), [init.constant] * v), acc)
-        tail = entry_alloca(b, ty, "acc")
-        b.store(init, tail)
         n = inner_ranges[-1][1].constant
-        chunks = n // v
+        v = vectorize.width(red.dtype, n)
+        vty = ir.VectorType(COMPUTE[red.dtype], v)
+        vx = vectorize.VectorExprs(self, v)
+        init = ir.Constant(vty, _reduce_init(red.kind, red.dtype, vty.element).constant)
+        acc = entry_alloca(b, vty, "vacc")
+        b.store(init, acc)
         name = "llvm.maxnum" if red.kind == "max" else "llvm.minnum"
+
+        def chunk(prefix: list, start: ir.Value) -> None:
+            self.iv = self.outer + prefix + [start]
+            self.memo, vx.memo = {}, {}
+            x = vx.intrinsic(name, [vx.value(red.expr), init])  # NaN -> the neutral value
+            b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
+
         with for_nest(b, inner_ranges[:-1], "r") as prefix:
-            with for_nest(b, [(_i64(0), _i64(chunks))], "vr") as (t,):
-                self.iv = self.outer + prefix + [b.mul(t, _i64(v), flags=["nsw"])]
-                self.memo, vx.memo = {}, {}
-                x = vx.value(red.expr)
-                x = vx.intrinsic(name, [x, ir.Constant(x.type, [init.constant] * v)])
-                b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
-            with for_nest(b, [(_i64(chunks * v), _i64(n))], "vt") as (i,):
-                self.iv = self.outer + prefix + [i]
-                self.memo = {}
-                b.store(self._combine(red.kind, b.load(tail), self.value(red.expr),
-                                      red.dtype), tail)
-        result = self.math.intrinsic(b, name, [vx.horizontal(b.load(acc), red.kind),
-                                               b.load(tail)], fastmath=("nnan",))
-        return self._nan_first(red, inner_ranges, result)
+            with for_nest(b, [(_i64(0), _i64(n // v))], "vr") as (t,):
+                chunk(prefix, b.mul(t, _i64(v), flags=["nsw"]))
+            if n % v:
+                chunk(prefix, _i64(n - v))
+        return self._nan_first(red, inner_ranges, vx.horizontal(b.load(acc), red.kind))
 
     def _scalar_reduction(self, red: kir.Reduction, inner_ranges: list,
                           phase: int) -> ir.Value:

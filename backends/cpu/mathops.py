@@ -5,6 +5,9 @@ transcendentals to LLVM intrinsics or libm. Integer division and remainder never
 zero divisor is replaced by 1 (a Check thunk has already rejected zero divisors, as
 onnxruntime raises on them). Float -> int casts follow onnxruntime on x86: NaN and values
 out of range give the integer type's minimum ("cast_sat" saturates instead).
+
+Every emitter works on scalars and on vectors of them alike (vectorize.py emits row
+reductions as explicit vector code through the same table, so both paths round alike).
 """
 
 from __future__ import annotations
@@ -34,11 +37,23 @@ def load_libm() -> None:
         _libm_loaded = True
 
 
+def _elem(ty: ir.Type) -> ir.Type:
+    """The element type of a vector type; a scalar type itself."""
+    return ty.element if isinstance(ty, ir.VectorType) else ty
+
+
+def _shaped(like: ir.Type, elem: ir.Type) -> ir.Type:
+    """`elem`, as a vector of like's lane count when `like` is a vector type."""
+    return ir.VectorType(elem, like.count) if isinstance(like, ir.VectorType) else elem
+
+
 def _is_float(ty: ir.Type) -> bool:
-    return isinstance(ty, (ir.FloatType, ir.DoubleType, ir.HalfType))
+    return isinstance(_elem(ty), (ir.FloatType, ir.DoubleType, ir.HalfType))
 
 
 def _suffix(ty: ir.Type) -> str:
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{_suffix(ty.element)}"
     return {ir.FloatType: "f32", ir.DoubleType: "f64", ir.HalfType: "f16"}[type(ty)] \
         if _is_float(ty) else f"i{ty.width}"
 
@@ -72,7 +87,7 @@ class MathOps:
         if _is_float(x.type):
             return self.intrinsic(b, "llvm.maximum" if which == "max" else "llvm.minimum",
                                   [x, y])
-        if x.type.width == 1:
+        if _elem(x.type).width == 1:
             return b.or_(x, y) if which == "max" else b.and_(x, y)
         return self.intrinsic(b, "llvm.smax" if which == "max" else "llvm.smin", [x, y])
 
@@ -158,16 +173,17 @@ class MathOps:
         if name in ("div", "mod", "fmod"):
             return self._int_divide(b, name, x, y)
         if name == "isnan":
-            return ir.Constant(ir.IntType(1), 0)
+            return ir.Constant(_shaped(ty, ir.IntType(1)), 0)
         raise NotImplementedError(f"integer primitive {name}")
 
     def _int_divide(self, b: ir.IRBuilder, name: str, x: ir.Value, y: ir.Value) -> ir.Value:
         ty = x.type
         zero, one = ir.Constant(ty, 0), ir.Constant(ty, 1)
+        low = ir.Constant(ty, -(1 << (_elem(ty).width - 1)))
         # y == 0 and MIN / -1 would trap: divide by 1 there instead.
         bad = b.or_(b.icmp_signed("==", y, zero),
                     b.and_(b.icmp_signed("==", y, ir.Constant(ty, -1)),
-                           b.icmp_signed("==", x, ir.Constant(ty, -(1 << (ty.width - 1))))))
+                           b.icmp_signed("==", x, low)))
         safe = b.select(bad, one, y)
         if name == "div":
             q = b.sdiv(x, safe)
@@ -184,12 +200,12 @@ class MathOps:
         """Convert between compute types; float16 rounds through half; narrow integers
         (computed in int32) wrap as onnxruntime's Cast does (through int32, low bits)."""
         from autoclust.backends.cpu.codegen import COMPUTE, NARROW_INTS
-        ty = COMPUTE[dst]
+        ty = _shaped(x.type, COMPUTE[dst])
         if src == dst:
             return x
         if dst in NARROW_INTS:
             wide = self.cast(b, x, src, "int32")
-            low = b.trunc(wide, NARROW_INTS[dst])
+            low = b.trunc(wide, _shaped(x.type, NARROW_INTS[dst]))
             return (b.zext if dst.startswith("u") else b.sext)(low, ty)
         if dst == "bool":
             if _is_float(x.type):
@@ -198,7 +214,7 @@ class MathOps:
         if dst == "bfloat16":  # through float32, then rounded to nearest even
             return round_bfloat16(b, self.cast(b, x, src, "float32"))
         if dst.startswith("float"):
-            store_ty = ir.HalfType() if dst == "float16" else ty
+            store_ty = _shaped(x.type, ir.HalfType()) if dst == "float16" else ty
             if _is_float(x.type):
                 v = _fconvert(b, x, store_ty)
             elif src == "bool":
@@ -208,21 +224,23 @@ class MathOps:
             return b.fpext(v, ty) if dst == "float16" else v
         if _is_float(x.type):
             return self.float_to_int(b, x, ty)
-        if x.type.width < ty.width:
+        width, to = _elem(x.type).width, _elem(ty).width
+        if width < to:
             return b.zext(x, ty) if src == "bool" else b.sext(x, ty)
-        return b.trunc(x, ty) if x.type.width > ty.width else x
+        return b.trunc(x, ty) if width > to else x
 
     def float_to_int(self, b: ir.IRBuilder, x: ir.Value, ty: ir.IntType) -> ir.Value:
         """onnxruntime's Cast on x86 (cvttss2si): truncate toward zero; NaN and values
         outside int32 (int64 for 64-bit targets) give its minimum; narrower targets go
         through int32 and keep the low bits (300.0 -> int8 44)."""
-        wide = ty if ty.width == 64 else ir.IntType(32)
-        low = float(-(1 << (wide.width - 1)))
+        bits = 64 if _elem(ty).width == 64 else 32
+        wide = _shaped(ty, ir.IntType(bits))
+        low = float(-(1 << (bits - 1)))
         ok = b.and_(b.fcmp_ordered(">=", x, ir.Constant(x.type, low)),
                     b.fcmp_ordered("<", x, ir.Constant(x.type, -low)))
         v = self.intrinsic_ret(b, "llvm.fptosi.sat", wide, x)  # in range: plain truncation
-        v = b.select(ok, v, ir.Constant(wide, -(1 << (wide.width - 1))))
-        return b.trunc(v, ty) if ty.width < wide.width else v
+        v = b.select(ok, v, ir.Constant(wide, -(1 << (bits - 1))))
+        return b.trunc(v, ty) if _elem(ty).width < bits else v
 
     def intrinsic_ret(self, b: ir.IRBuilder, name: str, ret: ir.Type, x: ir.Value) -> ir.Value:
         fn = self._fn(f"{name}.{_suffix(ret)}.{_suffix(x.type)}", ret, [x.type])
@@ -260,8 +278,8 @@ def bfloat16_bits(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def _fconvert(b: ir.IRBuilder, x: ir.Value, ty: ir.Type) -> ir.Value:
     width = {ir.HalfType: 16, ir.FloatType: 32, ir.DoubleType: 64}
-    if width[type(x.type)] < width[type(ty)]:
+    if width[type(_elem(x.type))] < width[type(_elem(ty))]:
         return b.fpext(x, ty)
-    if width[type(x.type)] > width[type(ty)]:
+    if width[type(_elem(x.type))] > width[type(_elem(ty))]:
         return b.fptrunc(x, ty)
     return x

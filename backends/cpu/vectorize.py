@@ -10,11 +10,19 @@ the loop vectorizer never sees a reduction:
     acc = <-inf x V>
     for t in 0 .. n / V:  x = <V lanes of the phase's expression at i = t*V ...>
                           acc = maxnum_nnan(acc, maxnum(x, -inf))   # NaN -> -inf first
-    tail i in n/V*V .. n: scalar, as before;   result = max(horizontal(acc), tail)
+    if n % V:             the same for the last V elements, i = n - V ... n - 1
+    result = horizontal max of acc's lanes
 
-Only simple expressions take this path (contiguous or row-invariant loads along the row,
-arithmetic, compares, selects, float casts, the mathlib transcendentals); anything else
-stays scalar. LLVM does not vectorize a loop that already holds vector code.
+The last chunk overlaps the one before it: max and min are idempotent, so elements seen
+twice change nothing, and a row of any length n >= 2 runs as vector code only (no scalar
+tail; V is the widest power of two <= n, at most 512 bits). A row's first-element NaN rule
+is applied after (codegen._nan_first). Rows of 0 or 1 element stay scalar.
+
+Expressions are emitted through the scalar path's own table (mathops, mathlib), on
+vectors: loads contiguous or invariant along the row (floats, bools, integers), Index,
+arithmetic, compares, logic, selects, casts, the mathlib transcendentals. Anything else
+(gathers, clamped Concat loads, libm calls) keeps the phase scalar. LLVM does not
+vectorize a loop that already holds vector code.
 """
 
 from __future__ import annotations
@@ -26,18 +34,29 @@ from autoclust import kernel_ir as kir
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 BITS = 512
-ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv", "div_exact": "fdiv"}
-FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
-MATHLIB = ("exp", "log", "log1p", "tanh", "sigmoid", "erf")
-INTRINSICS = {"abs": "llvm.fabs", "sqrt": "llvm.sqrt", "floor": "llvm.floor",
-              "ceil": "llvm.ceil", "round": "llvm.roundeven", "max": "llvm.maximum",
-              "min": "llvm.minimum"}
 FLOATS = ("float16", "float32", "float64")
-_ALIGN = {"float16": 2, "float32": 4, "float64": 8, "bool": 1}
+INTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
+FLOAT_OPS = frozenset({"add", "sub", "mul", "div", "div_exact", "neg", "lt", "le", "gt",
+                       "ge", "eq", "ne", "isnan", "max", "min", "abs", "sqrt", "floor",
+                       "ceil", "round", "sign"}) | frozenset(mathlib.SUPPORTED)
+INT_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "max", "min", "lt", "le", "gt",
+                     "ge", "eq", "ne", "isnan", "and", "or", "xor", "not", "bitand",
+                     "bitor", "bitxor", "bitnot"})
+_ALIGN = {"float16": 2, "float32": 4, "float64": 8, "bool": 1, "int8": 1, "uint8": 1,
+          "int16": 2, "uint16": 2, "int32": 4, "int64": 8}
 
 
 def lanes(dtype: str) -> int:
+    """Vector lanes of a full-width (512-bit) register for a phase computed in dtype."""
     return BITS // (64 if dtype == "float64" else 32)
+
+
+def width(dtype: str, n: int) -> int:
+    """The lanes a row of n elements uses: the widest power of two <= n, at most lanes()."""
+    v = lanes(dtype)
+    while v > n:
+        v //= 2
+    return v
 
 
 def supported(e: kir.Expr, last: int) -> bool:
@@ -48,20 +67,19 @@ def supported(e: kir.Expr, last: int) -> bool:
 def _supported(x: kir.Expr, last: int) -> bool:
     if isinstance(x, kir.Load):
         return not x.dyn and not x.clamps and x.index.coeffs[last] in (0, 1) and \
-            x.dtype in FLOATS + ("bool",)
+            x.dtype in FLOATS + INTS + ("bool",)
     if isinstance(x, (kir.Const, kir.Reduced)):
-        return x.dtype in FLOATS + ("bool",)
+        return x.dtype in FLOATS + INTS + ("bool",)
     if isinstance(x, kir.Index):
         return True
-    name = x.name
-    if name == "cast":
-        return x.dtype in FLOATS and x.args[0].dtype in FLOATS
-    if name in FCMP or name == "ne":
-        return x.args[0].dtype in FLOATS
-    if name == "select":
-        return x.dtype in FLOATS
-    return x.dtype in FLOATS and (name in ARITH or name in MATHLIB or name in INTRINSICS
-                                  or name == "neg")
+    if x.name == "cast":
+        return x.dtype in FLOATS + INTS + ("bool",)
+    if x.name == "select":
+        return True
+    operand = x.args[0].dtype
+    if operand in FLOATS:
+        return x.name in FLOAT_OPS
+    return x.name in INT_OPS
 
 
 class VectorExprs:
@@ -90,7 +108,7 @@ class VectorExprs:
         return got
 
     def _value(self, e: kir.Expr) -> ir.Value:
-        from autoclust.backends.cpu.codegen import COMPUTE, STORAGE, constant
+        from autoclust.backends.cpu.codegen import COMPUTE, NARROW_INTS, STORAGE, constant
         b, k = self.b, self.k
         last = len(k.iv) - 1
         if isinstance(e, kir.Const):
@@ -102,70 +120,46 @@ class VectorExprs:
             step = ir.Constant(self.vec(I64), [e.index.coeffs[last] * j for j in range(self.v)])
             return b.add(self.splat(base), step)
         if isinstance(e, kir.Load):
-            addr = k._address(e.buf, e.index)
             if e.index.coeffs[last] == 0:
                 return self.splat(k.value(e))
+            addr = k._address(e.buf, e.index)
             # element alignment: the default for a vector type (its size) would be a lie
             raw = b.load(addr, typ=self.vec(STORAGE[e.dtype]), align=_ALIGN[e.dtype])
             if e.dtype == "float16":
                 return b.fpext(raw, self.vec(COMPUTE["float16"]))
             if e.dtype == "bool":
-                return b.icmp_unsigned("!=", raw, ir.Constant(raw.type, [0] * self.v))
+                return b.icmp_unsigned("!=", raw, ir.Constant(raw.type, 0))
+            if e.dtype in NARROW_INTS:
+                widen = b.zext if e.dtype.startswith("u") else b.sext
+                return widen(raw, self.vec(COMPUTE[e.dtype]))
             return raw
-        return self._op(e, [self.value(a) for a in e.args])
-
-    def _op(self, e: kir.Op, args: list[ir.Value]) -> ir.Value:
-        from autoclust.backends.cpu.codegen import COMPUTE
-        b, name, x = self.b, e.name, args[0]
-        if name in ARITH:
-            return getattr(b, ARITH[name])(x, args[1], flags=self.k.flags)
-        if name == "neg":
-            return b.fneg(x, flags=self.k.flags)
-        if name == "select":
-            return b.select(x, args[1], args[2])
-        if name in FCMP:
-            return b.fcmp_ordered(FCMP[name], x, args[1])
-        if name == "ne":
-            return b.fcmp_unordered("!=", x, args[1])
-        if name in MATHLIB:
-            return mathlib.call(b, name, [x])
-        if name in INTRINSICS:
-            return self.intrinsic(INTRINSICS[name], args)
-        # float -> float cast; to float16 rounds through half
-        src, dst = e.args[0].dtype, e.dtype
-        if dst == "float16":
-            half = b.fptrunc(x, self.vec(ir.HalfType()))
-            return b.fpext(half, self.vec(COMPUTE["float16"]))
-        want = self.vec(COMPUTE[dst])
-        if src == "float64" and dst != "float64":
-            return b.fptrunc(x, want)
-        if dst == "float64" and src != "float64":
-            return b.fpext(x, want)
-        return x
+        args = [self.value(a) for a in e.args]
+        if e.name == "cast":
+            return k.math.cast(b, args[0], e.args[0].dtype, e.dtype)
+        arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
+        flags = k.flags
+        if e.name == "div" and "fast" not in flags and k._invariant(e.args[1]):
+            flags = flags + ("arcp",)  # as the scalar path: both round alike
+        return k.math.primitive(b, e.name, args, arg_dtype, flags)
 
     def intrinsic(self, name: str, args: list[ir.Value], fastmath: tuple = ()) -> ir.Value:
         ty = args[0].type
         elem = "f64" if isinstance(ty.element, ir.DoubleType) else "f32"
-        full = f"{name}.v{self.v}{elem}"
-        module = self.b.module
-        try:
-            fn = module.get_global(full)
-        except KeyError:
-            fn = ir.Function(module, ir.FunctionType(ty, [a.type for a in args]), full)
-        return self.b.call(fn, args, fastmath=fastmath)
+        return self._call(f"{name}.v{self.v}{elem}", ty, args, fastmath)
 
     def horizontal(self, acc: ir.Value, kind: str) -> ir.Value:
-        """The max (min) of acc's lanes; no lane holds NaN (sanitized), so nnan holds."""
-        name = "llvm.maxnum" if kind == "max" else "llvm.minnum"
+        """The max (min) of acc's lanes (a shuffle tree); no lane holds NaN (sanitized),
+        so nnan holds."""
         ty = acc.type.element
-        suffix = "f64" if isinstance(ty, ir.DoubleType) else "f32"
+        elem = "f64" if isinstance(ty, ir.DoubleType) else "f32"
+        name = f"llvm.vector.reduce.f{kind}.v{self.v}{elem}"
+        return self._call(name, ty, [acc], ("nnan",))
+
+    def _call(self, name: str, ret: ir.Type, args: list[ir.Value],
+              fastmath: tuple) -> ir.Value:
         module = self.b.module
         try:
-            fn = module.get_global(f"{name}.{suffix}")
+            fn = module.get_global(name)
         except KeyError:
-            fn = ir.Function(module, ir.FunctionType(ty, [ty, ty]), f"{name}.{suffix}")
-        out = self.b.extract_element(acc, I32(0))
-        for j in range(1, self.v):
-            out = self.b.call(fn, [out, self.b.extract_element(acc, I32(j))],
-                              fastmath=("nnan",))
-        return out
+            fn = ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
+        return self.b.call(fn, args, fastmath=fastmath)
