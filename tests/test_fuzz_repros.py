@@ -142,6 +142,11 @@ CASES = [
                  {"x": np.array([[3e-37, -0.83, -9.8e-23, 1e20, -0.18]] * 2, F),
                   "c": np.array([0.83445317], F)}, COMPILED, "ort",
                  id="new-Softmax-Div-1e20"),  # fixed: x / c is a division in every phase
+    *[pytest.param(_model("g (float[4] x) => (float[4] y) { y = Gelu (x) }", opset=20),
+                   {"x": np.array([-5.6330442, -3.4610007, -0.06330656, 2.272581], F)}, flags,
+                   "ort",
+                   id=f"new-Gelu-tail-{mode}")  # fixed: the reference computes in float32
+      for mode, flags in (("compiled", COMPILED), ("interp", INTERP))],
     pytest.param(_model("g (float[2,1,2,2] x, float[1,1] c) => (float[2,1,2,2] y) "
                         "{ m = Mul (x, c) y = LogSoftmax <axis = -4> (m) }"),
                  {"x": np.array([[[[0.409, 1e-43], [2.403, -1e20]]],

@@ -49,7 +49,12 @@ def gelu(x: Array, approximate: str = "none") -> Array:
     """Gelu (opset 20): exact with erf, or the tanh approximation."""
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
-    return 0.5 * x * (1 + erf(x / math.sqrt(2.0)))
+    # in float32 like onnxruntime (float64 for float64): erf rounds to 1 before 1 + erf, so
+    # Gelu(-5.6) is -0.0 there, not the float64 value -5e-8
+    ct = F64 if x.dtype == F64 else np.dtype(np.float32)
+    xc = x.astype(ct)
+    e = erf(xc * ct.type(1 / math.sqrt(2.0))).astype(ct)
+    return (ct.type(0.5) * xc * (ct.type(1) + e)).astype(x.dtype)
 
 
 def shrink(x: Array, bias: float = 0.0, lambd: float = 0.5) -> Array:
