@@ -247,7 +247,7 @@ def test_overridable_initializer_takes_slow_path():
 
 @pytest.mark.speed
 def test_session_overhead_over_executable_is_small():
-    """session.run on a known signature costs at most ~2.5 us more than the compiled
+    """session.run on a known signature costs at most ~2.2 us more than the compiled
     cluster's own Executable.run (validation, plan and output list together)."""
     import time
     model = zoo.build("mlp_gelu")
@@ -257,15 +257,16 @@ def test_session_overhead_over_executable_is_small():
     exe = next(iter(sess._runtime.runners[0].cache.values()))
     args = list(feed.values())
 
-    def per_run(fn, n=2000):
+    def per_run(fn, n=500):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         return (time.perf_counter() - t0) / n * 1e6
 
-    extra = []
-    for _ in range(15):
-        extra.append(per_run(lambda: sess.run(None, feed)) - per_run(lambda: exe.run(args)))
-    overhead = float(np.median(extra))
+    ours, exes = [], []
+    for _ in range(40):  # alternating; the fastest of each resists other jobs' load
+        ours.append(per_run(lambda: sess.run(None, feed)))
+        exes.append(per_run(lambda: exe.run(args)))
+    overhead = min(ours) - min(exes)
     print(f"session.run over Executable.run: {overhead:.2f} us")
-    assert overhead < 2.5
+    assert overhead < 2.2  # measured: 1.5-1.7 us; the validating path 2.6-3.0 us

@@ -39,6 +39,15 @@ KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 # bounds[2i + 1]) for i < count, so a run of native steps costs one ctypes call.
 DRIVER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_int64)
+# The same driver called without releasing the GIL. Releasing and retaking it costs
+# 0.2-1 us per ctypes call on the loaded 2-core machines (measured: three calls of libc
+# labs took 0.4-1.3 us through CFUNCTYPE, 0.44 us through PYFUNCTYPE), more than a small
+# cluster's kernels take; holding the GIL for a few microseconds costs other threads little.
+DRIVER_FN_GIL = ctypes.PYFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_int64)
+# Runs of native steps with less work than this (Thunk.work units: about one element or
+# multiply-add each, a few microseconds in all) keep the GIL.
+GIL_HELD_WORK = 1 << 16
 PARALLEL_FLOPS = 1 << 20  # generated GEMMs split over threads from 4x this many flops
 
 
@@ -49,6 +58,7 @@ class Native(NamedTuple):
     bufs: int
     start: int
     stop: int
+    work: int = GIL_HELD_WORK  # unknown work counts as too much to hold the GIL for
 
 
 def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
@@ -65,7 +75,8 @@ def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
         bufs = (ctypes.c_void_p * n)(*[r.bufs for r in run])
         bounds = (ctypes.c_int64 * (2 * n))(*[v for r in run for v in (r.start, r.stop)])
         keep.extend((fns, bufs, bounds))
-        driver = DRIVER_FN(jit.driver_address())
+        small = sum(r.work for r in run) < GIL_HELD_WORK
+        driver = (DRIVER_FN_GIL if small else DRIVER_FN)(jit.driver_address())
         args = (ctypes.addressof(fns), ctypes.addressof(bufs), ctypes.addressof(bounds), n)
         out.append(functools.partial(driver, *args))  # no Python frame per run
         run.clear()
@@ -282,7 +293,7 @@ class Executable:
             fn = KERNEL_FN(addr)
             run = splitter(threads).run
             return lambda: run(fn, bufs, bounds)
-        return Native(addr, bufs, 0, n0)
+        return Native(addr, bufs, 0, n0, work)
 
     def _check_step(self, t: kir.Check) -> Callable[[], None]:
         arrays = self._arrays
