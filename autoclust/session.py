@@ -212,10 +212,12 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         if self._runtime is None:
             self._ort = self._full_session()
             self._ort_values = values.needs_ort_values(self._ort)
-        # run()'s fast path: host plans only (no device values to move)
+        # run()'s fast path: host plans, or the pass-through session fed NumPy arrays
+        host_plan = self._runtime is not None and self._runtime.device is None
+        self._ort_run = None if self._ort is None or self._ort_values else \
+            ort_backend.direct_run(self._ort)
         self._fast = _FastFeeds(self._input_specs) \
-            if self._runtime is not None and self._runtime.device is None \
-            and self._mover is None else None
+            if (host_plan or self._ort_run is not None) and self._mover is None else None
         if self._flags.log:
             print(self._active_line(), file=sys.stderr)
 
@@ -324,9 +326,12 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         fast = self._fast
         if (fast is not None and run_options is None and output_device == "cpu"
                 and fast.known(input_feed)):
-            if not output_names:
-                return self._runtime.run_outputs(input_feed, self._output_names)
-            self._check_output_names(output_names)
+            if output_names:
+                self._check_output_names(output_names)
+            else:
+                output_names = self._output_names
+            if self._runtime is None:
+                return self._ort_run(output_names, input_feed, None)
             return self._runtime.run_outputs(input_feed, output_names)
         to_device = self._output_mover(output_device)
         feeds = self._validate(input_feed)
@@ -425,6 +430,13 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
 
     def get_outputs(self) -> list[NodeArg]:
         return list(self._outputs)
+
+    def set_providers(self, providers: Any = None, provider_options: Any = None) -> None:
+        """onnxruntime's set_providers on the whole-model session (which it rebuilds)."""
+        ort_sess = self._full_session()
+        ort_sess.set_providers(providers, provider_options)
+        if self._ort_run is not None:  # the cached entry point belongs to the old session
+            self._ort_run = ort_backend.direct_run(ort_sess)
 
     def get_modelmeta(self) -> Any:
         return self._full_session().get_modelmeta()

@@ -270,3 +270,22 @@ def test_session_overhead_over_executable_is_small():
     overhead = min(ours) - min(exes)
     print(f"session.run over Executable.run: {overhead:.2f} us")
     assert overhead < 2.2  # measured: 1.5-1.7 us; the validating path 2.6-3.0 us
+
+
+def test_pass_through_fast_path_and_set_providers(model):
+    """--auto_jit=0 (one onnxruntime session): known feeds skip _validate and go straight
+    to onnxruntime's C entry point; bad feeds still raise ours; set_providers re-binds it."""
+    sess = autoclust.InferenceSession(model, auto_jit=0)
+    assert sess._runtime is None and sess._ort_run is not None
+    feed = feeds(seed=20)
+    assert_like_ort(model, sess.run(None, feed), feed)
+    assert sess._fast.known(feed)
+    assert_like_ort(model, sess.run(["y2"], feeds(seed=21)), feeds(seed=21), ["y2"])
+    with pytest.raises(InvalidInputError, match="'x'.*dim 1 must be 4"):
+        sess.run(None, {"x": np.zeros((2, 3), np.float32), "s": ONE})
+    with pytest.raises(InvalidInputError, match="unknown output"):
+        sess.run(["nope"], feed)
+    old = sess._ort._sess
+    sess.set_providers(["CPUExecutionProvider"])
+    assert sess._ort._sess is not old and sess._ort_run.__self__ is sess._ort._sess
+    assert_like_ort(model, sess.run(None, feed), feed)
