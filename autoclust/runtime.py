@@ -355,7 +355,7 @@ class Runtime:
         """The graph outputs `names` of a run on validated host feeds (no RunOptions): the
         session's hot path. A one-step plan skips the environment dict."""
         single = self._single
-        if single is None:
+        if single is None or self.steps[0][0] is not single[0]:  # steps wrapped (profiler)
             env = self.run(feeds)
             return [env[n] for n in names]
         run, in_names, index = single
