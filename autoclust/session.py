@@ -7,7 +7,9 @@
 At creation it imports the model, clusters it and builds a Plan; clusters compile at
 their first run. With nothing to cluster (or --auto_jit=0) it is a thin pass-through to
 one onnxruntime session. Feeds are validated before anything runs: unknown or missing
-names, dtypes, ranks and fixed dims raise InvalidInputError naming the input.
+names, dtypes, ranks and fixed dims raise InvalidInputError naming the input. A feed of
+plain ndarrays whose names, dtypes and shapes passed those checks before skips them
+(_FastFeeds: ~1 us of a few-microsecond run); anything else is checked again.
 
 It is a drop-in down to the details: errors are also the onnxruntime exception type raised
 for the same mistake (InvalidInputError is also an InvalidArgument), RunOptions reach the
@@ -114,6 +116,50 @@ class _InputSpec:
         return np.asarray(value)
 
 
+class _FastFeeds:
+    """Feed signatures already validated, so run() can skip _validate for them.
+
+    A feed is known when it is a dict naming exactly the required inputs, each value a
+    plain ndarray (any strides: the executable copies non-contiguous ones) of the input's
+    dtype and of a shape that passed _InputSpec.check before (shapes are remembered per
+    input, at most MAX_SHAPES each).
+    Anything else (lists, scalars, subclasses, device arrays, optional inputs, a new
+    shape or dtype) takes the full validation, which raises the errors.
+    """
+
+    MAX_SHAPES = 64
+
+    def __init__(self, specs: list[_InputSpec]):
+        required = [s for s in specs if not s.optional]
+        self.count = len(required)
+        # name -> (dtype, shapes seen valid); inputs of unknown type never take the fast path
+        self.seen: dict[str, tuple[np.dtype, set]] = {
+            s.name: (s.dtype, set()) for s in required if s.dtype is not None}
+        self.enabled = len(self.seen) == self.count
+
+    def known(self, feed: Any) -> bool:
+        """Whether `feed` matches signatures validated before (cheap: no allocation)."""
+        if type(feed) is not dict or len(feed) != self.count or not self.enabled:
+            return False
+        seen = self.seen
+        for name, x in feed.items():
+            entry = seen.get(name)
+            if (entry is None or type(x) is not np.ndarray or x.dtype != entry[0]
+                    or x.shape not in entry[1]):
+                return False
+        return True
+
+    def learn(self, feed: dict[str, Any]) -> None:
+        """Remember the shapes of a feed that has just passed _validate."""
+        if len(feed) != self.count:
+            return
+        for name, x in feed.items():
+            entry = self.seen.get(name)
+            if (entry is not None and type(x) is np.ndarray and x.dtype == entry[0]
+                    and len(entry[1]) < self.MAX_SHAPES):
+                entry[1].add(x.shape)
+
+
 def _fmt_dims(dims: tuple) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
@@ -168,6 +214,12 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         if self._runtime is None:
             self._ort = self._full_session()
             self._ort_values = values.needs_ort_values(self._ort)
+        # run()'s fast path: host plans, or the pass-through session fed NumPy arrays
+        host_plan = self._runtime is not None and self._runtime.device is None
+        self._ort_run = None if self._ort is None or self._ort_values else \
+            ort_backend.direct_run(self._ort)
+        self._fast = _FastFeeds(self._input_specs) \
+            if (host_plan or self._ort_run is not None) and self._mover is None else None
         if self._flags.log:
             print(self._active_line(), file=sys.stderr)
 
@@ -273,13 +325,22 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         output_device="gpu" (a device with its own memory) returns device arrays (CuPy);
         feeds may be device arrays (CuPy, torch CUDA tensors) on a device session.
         """
+        fast = self._fast
+        if (fast is not None and run_options is None and output_device == "cpu"
+                and fast.known(input_feed)):
+            if output_names:
+                self._check_output_names(output_names)
+            else:
+                output_names = self._output_names
+            if self._runtime is None:
+                return self._ort_run(output_names, input_feed, None)
+            return self._runtime.run_outputs(input_feed, output_names)
         to_device = self._output_mover(output_device)
         feeds = self._validate(input_feed)
+        if fast is not None:
+            fast.learn(input_feed)
         if output_names:
-            for n in output_names:
-                if n not in self._output_set:
-                    raise ort_backend.input_error(f"unknown output {n!r}; the model's outputs"
-                                                  f" are: {', '.join(self._output_names)}")
+            self._check_output_names(output_names)
         if self._runtime is None:
             if self._mover is not None:
                 feeds = {k: self._mover.to_host(v) for k, v in feeds.items()}
@@ -296,6 +357,12 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         env = self._runtime.run(feeds, run_options)
         outs = [env[n] for n in names]
         return outs if to_device is None else [to_device(o) for o in outs]
+
+    def _check_output_names(self, output_names: list[str]) -> None:
+        for n in output_names:
+            if n not in self._output_set:
+                raise ort_backend.input_error(f"unknown output {n!r}; the model's outputs"
+                                              f" are: {', '.join(self._output_names)}")
 
     def run_with_ort_values(self, output_names: list[str] | None,
                             input_dict_ort_values: dict[str, Any],
@@ -365,6 +432,13 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
 
     def get_outputs(self) -> list[NodeArg]:
         return list(self._outputs)
+
+    def set_providers(self, providers: Any = None, provider_options: Any = None) -> None:
+        """onnxruntime's set_providers on the whole-model session (which it rebuilds)."""
+        ort_sess = self._full_session()
+        ort_sess.set_providers(providers, provider_options)
+        if self._ort_run is not None:  # the cached entry point belongs to the old session
+            self._ort_run = ort_backend.direct_run(ort_sess)
 
     def get_modelmeta(self) -> Any:
         return self._full_session().get_modelmeta()
