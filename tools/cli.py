@@ -102,8 +102,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
                    help="size of the model's symbolic dim NAME for generated inputs "
                         "(repeatable), e.g. --dim seq=64")
-    r.add_argument("--repeat", type=int, default=10, metavar="N",
-                   help="timed runs after the first (default 10)")
+    r.add_argument("--repeat", type=int, default=100, metavar="N",
+                   help="timed runs after the first and 3 untimed ones (default 100); with "
+                        "--compare-ort, per side, alternating with onnxruntime in blocks of 10")
     r.add_argument("--compare-ort", action="store_true",
                    help="also run onnxruntime; print the max difference and both times; "
                         "exit 1 when outputs differ by more than 1e-3")
