@@ -326,15 +326,26 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         feeds may be device arrays (CuPy, torch CUDA tensors) on a device session.
         """
         fast = self._fast
-        if (fast is not None and run_options is None and output_device == "cpu"
-                and fast.known(input_feed)):
-            if output_names:
-                self._check_output_names(output_names)
-            else:
-                output_names = self._output_names
-            if self._runtime is None:
-                return self._ort_run(output_names, input_feed, None)
-            return self._runtime.run_outputs(input_feed, output_names)
+        try:
+            if (fast is not None and run_options is None and output_device == "cpu"
+                    and fast.known(input_feed)):
+                if output_names:
+                    self._check_output_names(output_names)
+                else:
+                    output_names = self._output_names
+                if self._runtime is None:
+                    return self._ort_run(output_names, input_feed, None)
+                return self._runtime.run_outputs(input_feed, output_names)
+            return self._run(output_names, input_feed, run_options, output_device)
+        except InvalidInputError as exc:  # from compiled checks too (an index out of range,
+            # an integer division by zero): also onnxruntime's InvalidArgument, as everywhere
+            if isinstance(exc, ort_backend.InvalidArgument):
+                raise
+            raise ort_backend.input_error(str(exc)) from exc
+
+    def _run(self, output_names: list[str] | None, input_feed: dict[str, Any],
+             run_options: Any, output_device: str) -> list[Any]:
+        fast = self._fast
         to_device = self._output_mover(output_device)
         feeds = self._validate(input_feed)
         if fast is not None:
