@@ -180,15 +180,17 @@ def _layer_norm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 
 def moments(ctx: LowerCtx, shape: tuple[int, ...], axes: list[int], kept: dict,
-            load: Callable, ct: str, eps: float | None) -> tuple:
-    """(mean, 1/sqrt(var + eps)) of the row, the variance in two passes for accuracy."""
+            load: Callable, ct: str, eps: float | None, var_ct: str | None = None) -> tuple:
+    """(mean, 1/sqrt(var + eps)) of the row, the variance in two passes for accuracy;
+    var_ct="float64" squares and sums the deviations in float64 (no overflow above 1.8e19)."""
     n = math.prod(shape[a] for a in axes)
     mean = op("div", ctx.reduce("sum", shape, axes, kept, load, ct), const(n, ct))
+    vt = var_ct or ct
     sq = ctx.reduce("sum", shape, axes, kept,
-                    lambda ix: _square(op("sub", load(ix), mean)), ct)
-    var = op("div", sq, const(n, ct))
-    root = op("sqrt", var if eps is None else op("add", var, const(eps, ct)))
-    return mean, op("div", const(1, ct), root)
+                    lambda ix: _square(cast(op("sub", load(ix), mean), vt)), vt)
+    var = op("div", sq, const(n, vt))
+    root = op("sqrt", var if eps is None else op("add", var, const(eps, vt)))
+    return mean, cast(op("div", const(1, vt), root), ct)
 
 
 def _square(e):
@@ -289,8 +291,10 @@ def _normalize_groups(x: np.ndarray, groups: int, eps: float) -> np.ndarray:
     """(x - mean) / sqrt(var + eps) with statistics per (n, group) over the rest."""
     g = x.reshape(x.shape[0], groups, -1)
     mean = np.mean(g, axis=2, keepdims=True)
-    var = np.mean(np.square(g - mean), axis=2, keepdims=True)
-    return ((g - mean) / np.sqrt(var + eps)).reshape(x.shape)
+    d = g - mean
+    wide = np.promote_types(d.dtype, np.float64)  # a float32 square overflows above 1.8e19
+    var = np.mean(np.square(d.astype(wide)), axis=2, keepdims=True)
+    return (d * (1 / np.sqrt(var + eps)).astype(d.dtype)).reshape(x.shape)
 
 
 def _instance_norm(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
@@ -353,8 +357,10 @@ def _lower_channel_norm(ctx: LowerCtx):
     ctx.rows(vshape, [2])
     vidx = ctx.reindex(ctx.idx, shape, vshape)
     load = lambda ix: cast(ctx.view(0, vshape, ix), ct)
+    # float64 variance: a group holding 1e20 gave the bias (a float32 square overflowed);
+    # the group statistics are one pass of a few per row, so the cost is small
     mean, inv = moments(ctx, vshape, [2], {0: vidx[0], 1: vidx[1]}, load, ct,
-                        ctx.attr("epsilon", 1e-5))
+                        ctx.attr("epsilon", 1e-5), var_ct="float64")
     y = op("mul", op("sub", _loader(ctx, ct)(ctx.idx), mean), inv)
     return op("add", op("mul", y, _channel(ctx, 1, ct)), _channel(ctx, 2, ct))
 
