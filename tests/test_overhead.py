@@ -247,7 +247,7 @@ def test_overridable_initializer_takes_slow_path():
 
 @pytest.mark.speed
 def test_session_overhead_over_executable_is_small():
-    """session.run on a known signature costs at most ~2.2 us more than the compiled
+    """session.run on a known signature costs at most ~2.5 us more than the compiled
     cluster's own Executable.run (validation, plan and output list together)."""
     import time
     model = zoo.build("mlp_gelu")
@@ -269,7 +269,7 @@ def test_session_overhead_over_executable_is_small():
         exes.append(per_run(lambda: exe.run(args)))
     overhead = min(ours) - min(exes)
     print(f"session.run over Executable.run: {overhead:.2f} us")
-    assert overhead < 2.2  # measured: 1.5-1.7 us; the validating path 2.6-3.0 us
+    assert overhead < 2.5  # measured: 1.35-1.7 us; the validating path 2.6-3.0 us
 
 
 def test_pass_through_fast_path_and_set_providers(model):
