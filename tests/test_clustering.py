@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from autoclust.tools.bench_clustering import chain_and_diamond_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,6 @@ from autoclust.clustering import (
     Cluster,
     FallbackSegment,
     Plan,
-    chain_and_diamond_graph,
     shape_static_values,
     why_not_candidate,
 )
