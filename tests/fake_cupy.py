@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -291,3 +292,16 @@ def install(monkeypatch: Any) -> None:
         return real(program, target, choose_launch)
 
     monkeypatch.setattr(source, "render_program", recording)
+
+
+def installed(monkeypatch: Any) -> Iterator[None]:
+    """install(), with the GPU backend's cached imports and compiled modules forgotten
+    before and after: the body of a pytest fixture (`yield from fake_cupy.installed(mp)`)."""
+    from autoclust.backends.gpu import device, nvrtc
+    install(monkeypatch)
+    device._import.cache_clear()
+    device.info.cache_clear()
+    yield
+    device._import.cache_clear()
+    device.info.cache_clear()
+    nvrtc._MODULES.clear()

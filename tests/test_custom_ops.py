@@ -341,16 +341,9 @@ def test_bad_infer_results_stop_the_load(result, message):
 @pytest.fixture
 def fake_gpu(monkeypatch):
     import fake_cupy
-    from autoclust.backends.gpu import device, nvrtc
     if shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no C compiler for the stand-in CuPy's kernels")
-    fake_cupy.install(monkeypatch)
-    device._import.cache_clear()
-    device.info.cache_clear()
-    yield
-    device._import.cache_clear()
-    device.info.cache_clear()
-    nvrtc._MODULES.clear()
+    yield from fake_cupy.installed(monkeypatch)
 
 
 @pytest.mark.parametrize("hook", ["c", "python", "none"])

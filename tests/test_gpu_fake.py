@@ -35,13 +35,7 @@ _BUILT: dict[str, list] = {}
 
 @pytest.fixture(autouse=True)
 def fake(monkeypatch):
-    fake_cupy.install(monkeypatch)
-    device._import.cache_clear()
-    device.info.cache_clear()
-    yield
-    device._import.cache_clear()
-    device.info.cache_clear()
-    nvrtc._MODULES.clear()
+    yield from fake_cupy.installed(monkeypatch)
 
 
 def _ort(model, feeds):
