@@ -9,7 +9,6 @@ import textwrap
 import numpy as np
 import onnx
 import onnx.parser
-import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
@@ -24,11 +23,6 @@ def parse(text: str) -> onnx.ModelProto:
     model = onnx.parser.parse_model(textwrap.dedent(text))
     model.ir_version = 10
     return model
-
-
-def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
 
 
 def mlp(w: np.ndarray, scale: float = 0.5) -> onnx.ModelProto:
@@ -96,7 +90,8 @@ CACHE_SCRIPT = """
 import json, sys, time
 import numpy as np
 sys.path.insert(0, {tests!r})
-from test_latency import mlp, ort_run
+from op_harness import run_ort as ort_run
+from test_latency import mlp
 import autoclust
 from autoclust import compile as compile_mod
 from autoclust.backends import cpu
