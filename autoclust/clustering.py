@@ -707,6 +707,32 @@ def _build_plan(an: _Analysis, kept: list[list[int]], reasons: dict[int, str],
     return Plan(an.graph, ordered, clusters, named, flags, control)
 
 
+def _backend_rules(flags: Flags, why_not: WhyNot | None, policy: Policy | None
+                   ) -> tuple[WhyNot, Policy]:
+    """why_not and policy, from the backend flags.device selects where not given."""
+    if why_not is None or policy is None:
+        backend = registry.get_backend(flags.device)
+        why_not = why_not or backend.why_not
+        policy = policy or registry.policy(backend)
+    return why_not, policy
+
+
+def _plan_without_clusters(graph: Graph, flags: Flags, why_not: WhyNot | None,
+                           policy: Policy | None) -> Plan:
+    """--auto_jit=0: nothing clusters, but an If/Loop/Scan whose body holds a custom op
+    still runs in our runtime (onnxruntime cannot load it)."""
+    an = _Analysis(graph)
+    reasons = {i: "auto_jit is 0" for i in range(len(an.nodes))}
+    custom_flow = {i: SUBGRAPH_REASON for i, n in enumerate(an.nodes) if custom.in_subgraphs(n)}
+    flow: dict[int, tuple[dict[str, Plan], str]] = {}
+    if custom_flow:  # the backend (and its imports) only when a body needs it
+        why_not, policy = _backend_rules(flags, why_not, policy)
+        flow = _plan_control_flow(an, custom_flow, flags, why_not, policy)
+    for i in flow:
+        del reasons[i]
+    return _build_plan(an, [], reasons, flags, flow)
+
+
 def _plan_control_flow(an: _Analysis, reasons: dict[int, str], flags: Flags, why_not: WhyNot,
                        policy: Policy) -> dict[int, tuple[dict[str, Plan], str]]:
     """If/Loop/Scan nodes whose bodies cluster (each body clustered recursively): they
@@ -737,21 +763,9 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
     """
     reasons: dict[int, str] = {}
     kept: list[list[int]] = []
-    if why_not is None or policy is None:
-        backend = registry.get_backend(flags.device)
-        why_not = why_not or backend.why_not
-        policy = policy or registry.policy(backend)
     if flags.auto_jit == 0:
-        an = _Analysis(graph)
-        reasons = {i: "auto_jit is 0" for i in range(len(an.nodes))}
-        # an If/Loop/Scan whose body holds a custom op runs in our runtime all the same:
-        # onnxruntime cannot load it
-        custom_flow = {i: SUBGRAPH_REASON for i, n in enumerate(an.nodes)
-                       if i in reasons and custom.in_subgraphs(n)}
-        flow = _plan_control_flow(an, custom_flow, flags, why_not, policy)
-        for i in flow:
-            del reasons[i]
-        return _build_plan(an, kept, reasons, flags, flow)
+        return _plan_without_clusters(graph, flags, why_not, policy)
+    why_not, policy = _backend_rules(flags, why_not, policy)
     from autoclust import control_flow
     unrolled = control_flow.unroll_static_loops(graph, flags, why_not)
     an = _Analysis(graph)

@@ -190,7 +190,7 @@ def in_model(model: Any) -> bool:
 
 def in_subgraphs(node: Node) -> bool:
     """Whether an If/Loop/Scan node's bodies (graph attributes) use a custom op."""
-    return any(hasattr(a, "g") and in_graph_proto(a.g) for a in node.attrs.values()
+    return any(in_graph_proto(a.g) for a in node.attrs.values()
                if hasattr(a, "HasField") and a.HasField("g"))
 
 
