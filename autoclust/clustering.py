@@ -27,7 +27,10 @@ that is not clustered. Three concerns are kept apart, as in TF and Inductor:
    and friends run into materialized buffers, so their operands and results are written
    anyway); or (b) a reduction/normalization reads the output of elementwise work inside
    the cluster (the row is computed in registers instead of round-tripping memory).
-   So a MatMul with its shape ops saves nothing and is refused.
+   So a MatMul with its shape ops saves nothing and is refused. On a backend that keeps
+   values in device memory (the GPU), a cluster sandwiched between onnxruntime segments
+   whose copies would cost more than it saves goes back to onnxruntime
+   (autoclust/placement.py).
 
 Control flow (autoclust/control_flow.py): before the three phases, a Loop with a constant
 trip count and an elementwise body is unrolled into the graph; after candidates, an
@@ -51,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from autoclust import custom, ops, registry
+from autoclust import custom, ops, placement, registry
 from autoclust.flags import Flags
 from autoclust.graph_cycles import GraphCycles
 from autoclust.ir import Graph, Node, Value
@@ -293,6 +296,8 @@ def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None, policy
         reason = why_not_candidate(node, an.graph, flags, an.static, why_not, policy.lowers)
         if reason is None:
             reason = _left_to_onnxruntime(an, i, flags, policy, left)
+        elif node.op in policy.leave_to_onnxruntime:
+            left.add(i)  # refused by the backend (GPU: no cuDNN): its epilogues stay with it
         if reason is None and fuel >= 0 and used >= fuel:
             reason = "clustering fuel exhausted"
         if reason is None:
@@ -781,6 +786,9 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
             reason = con.cycle_reason[members[0]]
         for m in members:
             reasons[m] = reason
+    if policy.device_memory and not flags.must_compile:
+        kept, moved = placement.copy_bound(an, kept, lambda m: _fallback_cannot_compute(an, m))
+        reasons.update(moved)
     plan = _build_plan(an, kept, reasons, flags, flow)
     plan.unrolled = unrolled
     return plan

@@ -48,14 +48,15 @@ __all__ = ["NAME", "POLICY", "capture", "compile", "compile_many", "is_device", 
 
 
 def why_not(node: Node, graph: Graph) -> str | None:
-    """None when this backend can run `node`; Conv and pooling are left to onnxruntime by
-    POLICY (and refused at compile time under --must_compile: no cuDNN in CuPy 14)."""
+    """None when this backend can run `node`. Conv and pooling are refused (no cuDNN in
+    CuPy 14), so --must_compile names them at clustering; POLICY leaves them, and the
+    epilogues onnxruntime fuses into them, to onnxruntime."""
     narrow = [v.dtype.name for v in (*node.inputs, *node.outputs)
               if v is not None and (v.dtype in ops.NARROW_INT_TYPES or v.dtype == ops.BFLOAT16)]
     if narrow:  # the CPU backend computes them in int32/float32; cstyle.py has no such types
         return f"{narrow[0]} values are not rendered for CUDA yet"
     d = ops.get(node.op, node.domain)
-    if d is None or d.kind != ops.LIBRARY or node.op in library.NO_CUDNN:
+    if d is None or d.kind != ops.LIBRARY:
         return None
     return library.supported(node.op)
 
