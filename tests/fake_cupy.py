@@ -9,8 +9,10 @@ capture/replay logic -- while the kernels themselves run as their C rendering:
   the same programs (recorded by `install`), whose functions carry the same symbols and
   parameters (plus the emulated grid), and `Function.__call__` calls them with the grid
   and block the executable computed.
-- cuBLAS's gemmStridedBatchedEx runs backends/gpu/gemm.emulate on the raw pointers; like
-  CuPy 14, it refuses to run while a stream captures.
+- cuBLAS's gemmStridedBatchedEx runs backends/gpu/gemm.emulate on the raw pointers. Through
+  CuPy's wrapper it refuses to run while a stream captures, as CuPy 14's does; through
+  FakeLibcublas (what backends/gpu/blas.py loads) it is captured, provided the handle is
+  on the capturing stream with a workspace of its own, as real cuBLAS requires.
 - Arrays are NumPy arrays of class FakeArray (with `.data.ptr`, `.get()` and the CUDA array
   interface); during a stream capture, launches, fills and copies are recorded into the
   "graph" instead of run, so a replay really re-executes them.
@@ -164,15 +166,22 @@ class _Graph:
             t()
 
 
+_STREAMS: list[Any] = []    # the current stream stack (`with stream:`)
+
+
 class _Stream:
-    def __init__(self, non_blocking: bool = False):
-        self.ptr = 7
+    made = 0
+
+    def __init__(self, non_blocking: bool = False, ptr: int | None = None):
+        _Stream.made += 1
+        self.ptr = 0x5000 + _Stream.made if ptr is None else ptr
 
     def __enter__(self) -> Any:
+        _STREAMS.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        _STREAMS.pop()
 
     def begin_capture(self) -> None:
         _CAPTURE.append([])
@@ -209,6 +218,7 @@ def _cuda() -> types.SimpleNamespace:
         Device=_Device, Stream=_Stream, Event=_Event, runtime=runtime,
         get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
         function=types.SimpleNamespace(Module=_Module),
+        get_current_stream=lambda: _STREAMS[-1] if _STREAMS else _Stream(ptr=0),
         device=types.SimpleNamespace(get_cublas_handle=lambda: 1))
 
 
@@ -242,8 +252,9 @@ def _flat(ptr: int, n: int, dtype: Any) -> np.ndarray:
 
 
 def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, a, atype, lda, sa, b,
-                             btype, ldb, sb, beta, c, ctype, ldc, sc, batch, compute, algo):
-    if _CAPTURE:  # as CuPy 14's setStream
+                             btype, ldb, sb, beta, c, ctype, ldc, sc, batch, compute, algo,
+                             capture_ok=False):
+    if _CAPTURE and not capture_ok:  # CuPy 14's wrapper: its setStream raises
         raise NotImplementedError("calling cuBLAS API during stream capture is currently "
                                   "unsupported")
     dtype = DTYPES[ctype]
@@ -260,6 +271,45 @@ def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, a, atype, l
     acc = out.astype(np.float64) if be else np.zeros(extent_c)  # beta 0: C is not read
     gemm.emulate(call, xb, ya, acc, float(al), float(be))
     out[...] = acc.astype(dtype)
+
+
+class FakeLibcublas:
+    """libcublas as backends/gpu/blas.py calls it (ctypes functions, status ints), with
+    cuBLAS's capture rule: a call captured on a handle without a workspace of the
+    caller's fails (cublasSetStream resets the workspace, as the real one does)."""
+
+    def __init__(self) -> None:
+        self.stream: dict[int, int] = {}
+        self.workspace: dict[int, int] = {}
+        self.calls = 0
+
+    def cublasCreate_v2(self, ref: Any) -> int:
+        ref._obj.value = 100 + len(self.stream)
+        self.stream[ref._obj.value] = 0
+        return 0
+
+    def cublasSetPointerMode_v2(self, handle: int, mode: int) -> int:
+        return 0 if mode == 0 else 7
+
+    def cublasSetStream_v2(self, handle: int, stream: int) -> int:
+        self.stream[handle] = stream
+        self.workspace.pop(handle, None)
+        return 0
+
+    def cublasSetWorkspace_v2(self, handle: int, ptr: int, size: int) -> int:
+        self.workspace[handle] = ptr
+        return 0
+
+    def cublasGetStatusString(self, status: int) -> bytes:
+        return b"CUBLAS_STATUS_NOT_SUPPORTED" if status == 15 else b"CUBLAS_STATUS_ERROR"
+
+    def cublasGemmStridedBatchedEx(self, handle: int, *args: Any) -> int:
+        if _CAPTURE and (handle not in self.workspace
+                         or self.stream[handle] != _STREAMS[-1].ptr):
+            return 15  # cuBLAS would allocate, or run outside the capture
+        self.calls += 1
+        _later(lambda: _gemm_strided_batched_ex(handle, *args, capture_ok=True))
+        return 0
 
 
 def _cublas() -> types.ModuleType:
@@ -292,16 +342,18 @@ def install(monkeypatch: Any) -> None:
         return real(program, target, choose_launch)
 
     monkeypatch.setattr(source, "render_program", recording)
+    from autoclust.backends.gpu import blas
+    monkeypatch.setattr(blas, "_load_library", FakeLibcublas)
 
 
 def installed(monkeypatch: Any) -> Iterator[None]:
     """install(), with the GPU backend's cached imports and compiled modules forgotten
     before and after: the body of a pytest fixture (`yield from fake_cupy.installed(mp)`)."""
-    from autoclust.backends.gpu import device, nvrtc
+    from autoclust.backends.gpu import blas, device, nvrtc
     install(monkeypatch)
-    device._import.cache_clear()
-    device.info.cache_clear()
+    for cached in (device._import, device.info, blas.get):
+        cached.cache_clear()
     yield
-    device._import.cache_clear()
-    device.info.cache_clear()
+    for cached in (device._import, device.info, blas.get):
+        cached.cache_clear()
     nvrtc._MODULES.clear()

@@ -9,8 +9,8 @@ imported only by `compile`, `require_device` and the value movers, so the CPU pa
 `autoclust compile --device gpu` never import it. Library calls (library.py): MatMul,
 Gemm, FusedMatMul through cuBLAS, Einsum through CuPy. Values stay in device memory
 between GPU steps (POLICY.device_memory); the runtime copies them for onnxruntime
-segments. A plan whose every step runs here, with no cuBLAS call, replays as one CUDA
-graph per input signature (graphs.py, --cuda_graphs).
+segments. A plan whose every step runs here (cuBLAS calls included: blas.py) replays as
+one CUDA graph per input signature (graphs.py, --cuda_graphs).
 """
 
 from __future__ import annotations

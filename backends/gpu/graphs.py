@@ -1,8 +1,9 @@
 """Whole runs replayed as CUDA graphs (as torch.compile's "reduce-overhead" mode).
 
 A plan qualifies when every step is a GPU cluster (no onnxruntime segment, no fallback,
-no shape-deciding input) and no cluster calls cuBLAS (CuPy 14 refuses cuBLAS calls during
-stream capture). Per input signature (names, dtypes, shapes):
+no shape-deciding input) and every library call is capturable: cuBLAS GEMMs are when they
+go through blas.py's own handles (CuPy 14's wrapper refuses stream capture), Einsum,
+integer MatMul and custom calls are not. Per input signature (names, dtypes, shapes):
 
     run 1      eager: every cluster compiles for the signature
     run 2      capture: static device inputs, outputs and temps; one graph of every launch
@@ -89,7 +90,8 @@ class GraphRunner:
             exe = runner.cache.get(runner.signature(args))
             if exe is None or not getattr(exe, "capturable", False):
                 if exe is not None:
-                    self.reason = f"{runner.name} calls cuBLAS (not capturable in CuPy 14)"
+                    self.reason = (f"{runner.name} calls cuBLAS through CuPy's wrapper, "
+                                   "which refuses stream capture (no libcublas for blas.py)")
                 return None
             outs = exe.prepare() if prepared is None else prepared[i]
             if prepared is not None:

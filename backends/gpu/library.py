@@ -13,7 +13,9 @@ upgrade guide: "CuPy v14 no longer supports cuDNN"), so the GPU policy leaves th
 onnxruntime on the host (with the BatchNorm/activation epilogues it fuses into them).
 
 CUDA graphs: CuPy 14's cuBLAS wrapper refuses calls while a stream is capturing (its
-setStream raises NotImplementedError), so a plan with cuBLAS calls runs eagerly.
+setStream raises NotImplementedError), so the GEMMs call libcublas through ctypes on
+handles of our own with a user workspace (blas.py), which capture allows. Where no
+libcublas can be loaded they go through CuPy's wrapper and the plan runs eagerly.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def make_step(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], allow_tf32: bo
         raise CompileError(f"{t.op} ({', '.join(t.nodes)}): planned output "
                            f"{plan.out_shape}, buffer {out.shape}")
     _check_int32(t, plan)
-    return _cublas_step(t, plan, out.dtype, alpha, beta, allow_tf32), True
+    from autoclust.backends.gpu import blas
+    lib = blas.get()
+    return _cublas_step(t, plan, out.dtype, alpha, beta, allow_tf32, lib), lib is not None
 
 
 def _check_int32(t: kir.LibraryCall, plan: gemm.GemmPlan) -> None:
@@ -101,7 +105,9 @@ def _check_int32(t: kir.LibraryCall, plan: gemm.GemmPlan) -> None:
 
 
 def _cublas_step(t: kir.LibraryCall, plan: gemm.GemmPlan, dtype: str, alpha: float,
-                 beta: float, allow_tf32: bool) -> Step:
+                 beta: float, allow_tf32: bool, lib: Any) -> Step:
+    """The GEMM calls of `plan`, through blas.Blas `lib` (capturable) or, when it is None,
+    CuPy's cuBLAS wrapper."""
     from autoclust.backends.gpu import device
     cp = device.cupy()
     from cupy_backends.cuda.libs import cublas
@@ -124,12 +130,16 @@ def _cublas_step(t: kir.LibraryCall, plan: gemm.GemmPlan, dtype: str, alpha: flo
                 return
         elif plan.k == 0:
             return
-        handle = cp.cuda.device.get_cublas_handle()
-        cublas.setPointerMode(handle, POINTER_MODE_HOST)
+        if lib is not None:
+            handle, call = lib.handle(cp.cuda.get_current_stream().ptr), \
+                lib.gemm_strided_batched_ex
+        else:
+            handle, call = cp.cuda.device.get_cublas_handle(), cublas.gemmStridedBatchedEx
+            cublas.setPointerMode(handle, POINTER_MODE_HOST)
         xp, yp, cptr = arrays[x_id].data.ptr, arrays[y_id].data.ptr, y.data.ptr
         beta_h = one_h if prefill else zero_h
         for c in plan.calls:
-            cublas.gemmStridedBatchedEx(
+            call(
                 handle, c.transa, c.transb, c.m, c.n, c.k, alpha_h.ctypes.data,
                 yp + c.y_off * size, dt, c.lda, c.stride_a,
                 xp + c.x_off * size, dt, c.ldb, c.stride_b,
