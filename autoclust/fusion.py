@@ -463,6 +463,10 @@ class Fusion:
         if 0 in v.shape:  # nothing to compute: the buffer is empty
             self.buffer_of(v)
             self.group_of[v.name] = -1
+            # ... but the checks computing it needs still run: onnxruntime rejects an
+            # integer divisor holding a zero even when the dividend is empty
+            for check in self._empty_root_checks(v):
+                self.groups.append(Group(len(self.groups), None, check))
             return
         for g in reversed(self.groups):
             if g.builder is None or g.builder.shape != self._loop_shape_hint(v, g):
@@ -479,6 +483,14 @@ class Fusion:
         g = Group(len(self.groups), self._new_kernel(v), None)
         self.groups.append(g)
         self.group_of[v.name] = g.index
+
+    def _empty_root_checks(self, v: Value) -> list[kir.Check]:
+        """The Checks a kernel computing empty value v would run. Only a probe: what
+        cannot be lowered on an empty domain (Pad reflecting nothing) has nothing to check."""
+        try:
+            return self._new_kernel(v).checks
+        except (CompileError, Refuse, Materialize):
+            return []
 
     def _new_kernel(self, v: Value) -> KernelBuilder:
         """A kernel for root v: its own elementwise nest, or the row nest it needs."""
@@ -687,6 +699,9 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
     checked: dict[tuple, int] = {}  # (buffer, kind, bounds, column) -> its Check's position
     n_kernels = 0
     for g in f.groups:
+        if isinstance(g.thunk, kir.Check):
+            _add_check(thunks, checked, g.thunk)
+            continue
         if g.builder is None:
             thunks.append(g.thunk)
             continue

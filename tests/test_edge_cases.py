@@ -243,6 +243,23 @@ def test_integer_division_by_zero_raises(op, dtype):
         ort.InferenceSession(m.SerializeToString()).run(None, bad)
 
 
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+def test_integer_division_by_zero_raises_with_an_empty_dividend(op):
+    # nothing is computed, but onnxruntime checks the divisor all the same
+    m = model([helper.make_node(op, ["a", "b"], ["y"]),
+               helper.make_node("Add", ["y", "y"], ["z"])],
+              [("a", I32, ["n", 3]), ("b", I32, [3])], [("z", I32, None)])
+    empty = np.zeros((0, 3), np.int32)
+    check(m, {"a": empty, "b": np.array([2, 3, -4], np.int32)})
+    bad = {"a": empty, "b": np.array([2, 0, 1], np.int32)}
+    with pytest.raises(Exception, match="by zero"):
+        ort.InferenceSession(m.SerializeToString()).run(None, bad)
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
+    with pytest.raises(AutoclustError, match=f"{op}.*by zero"):
+        sess.run(None, bad)
+    assert sess.stats()["clusters"][0]["kernels"] == [0]  # checked, nothing computed
+
+
 def test_cast_float_to_int_out_of_range_and_nan():
     x = np.array([3e9, -3e9, np.nan, np.inf, -np.inf, 65541.7, -70000.7, 2.5, -1.5],
                  np.float32)
