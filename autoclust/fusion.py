@@ -84,6 +84,7 @@ class KernelBuilder:
         self.memo: dict[tuple, kir.Expr] = {}
         # (loop dim, lo, hi) clamps for loads built now: set while lowering a Concat piece
         self.clamps: tuple[tuple[int, int, int], ...] = ()
+        self.first_row_value: Value | None = None  # whose reduction or scan came first
 
     def clone(self) -> KernelBuilder:
         c = KernelBuilder(self.fusion, self.shape, self.n_inner)
@@ -96,7 +97,18 @@ class KernelBuilder:
         c.loads = set(self.loads)
         c.memo = dict(self.memo)
         c.clamps = self.clamps
+        c.first_row_value = self.first_row_value
         return c
+
+    def scan_conflict(self, out: Value, reason: str) -> Refuse:
+        """A Refuse for `out` when a scan and another reduction or scan meet in this kernel:
+        the value whose row work came first is materialized (its own kernel) when it is
+        inlined here, else `out` is. CumSum -> ReduceSum, ReduceSum -> Add -> CumSum,
+        CumSum -> CumSum then each get a kernel instead of failing to compile."""
+        occupant = self.first_row_value
+        if occupant is not None and occupant.name not in self.roots:
+            return Refuse(occupant, reason)
+        return Refuse(out, reason)
 
     @property
     def is_scan(self) -> bool:
@@ -152,7 +164,7 @@ class KernelBuilder:
         if self.n_inner == 0:
             raise NeedRowDomain(out, shape, axes)
         if self.is_scan:
-            raise Refuse(out, "a reduction cannot share a scan kernel")
+            raise self.scan_conflict(out, "a reduction cannot share a scan kernel")
         if any(dim >= self.rank - self.n_inner for dim, _, _ in self.clamps):
             # inside a Concat piece along the reduced loops: the piece's clamp would cut
             # the reduction's own loads (ReduceLogSum -> Concat summed one row of three)
@@ -163,6 +175,8 @@ class KernelBuilder:
         it = iter(red_idx)
         idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
         red = kir.Reduction(kind, element(idx_x), dtype)
+        if not self.reductions:
+            self.first_row_value = out
         if red not in self.reductions:
             self.reductions.append(red)
         return kir.Reduced(self.reductions.index(red), dtype)
@@ -179,8 +193,9 @@ class KernelBuilder:
         red = kir.Reduction(kind, element(idx), dtype,
                             "exclusive" if exclusive else "inclusive", reverse)
         if self.reductions and self.reductions != [red]:
-            raise Refuse(out, "a scan needs a kernel of its own")
+            raise self.scan_conflict(out, "a scan needs a kernel of its own")
         self.reductions = [red]
+        self.first_row_value = out
         return kir.Reduced(0, dtype)
 
     # ---- roots ---------------------------------------------------------------------------
@@ -191,7 +206,7 @@ class KernelBuilder:
         e = self.expr(v, idx)
         per_row = self.n_inner > 0 and not any(self.moves_with_inner(a) for a in idx)
         if per_row and self.is_scan:
-            raise Refuse(v, "a per-row result cannot share a scan kernel")
+            raise self.scan_conflict(v, "a per-row result cannot share a scan kernel")
         store = kir.Store(self.fusion.buffer_of(v), flat_index(idx, v.shape, self.rank), e,
                           per_row)
         self.stores.append(store)

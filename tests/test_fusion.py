@@ -241,6 +241,34 @@ def test_reduction_over_other_axis_is_materialized():
     assert len({b.slot for b in temps}) == 2  # a and c share memory
 
 
+SCANS = {  # body over x: float[4,9] -> y: its shape, and the kernels it takes
+    "cumsum-then-reducesum": ("c = CumSum(x, one)\n y = ReduceSum(c, ones)", "4,1", 2),
+    "cumsum-then-reducesum-other-axis": ("c = CumSum(x, one)\n y = ReduceSum(c, zeros)",
+                                         "1,9", 2),
+    "reducesum-add-then-cumsum": (("r = ReduceSum(x, ones)\n a = Add(x, r)\n"
+                                  " y = CumSum(a, one)"), "4,9", 2),
+    "cumsum-then-softmax": ("c = CumSum(x, one)\n y = Softmax<axis = 1>(c)", "4,9", 2),
+    "softmax-then-cumsum": ("s = Softmax<axis = 1>(x)\n y = CumSum(s, one)", "4,9", 2),
+    "cumsum-twice": ("c = CumSum(x, one)\n y = CumSum(c, one)", "4,9", 2),
+    "cumsum-exp-cumsum-max": (("c = CumSum(x, one)\n e = Exp(c)\n d = CumSum(e, one)\n"
+                              " y = ReduceMax(d, ones)"), "4,1", 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCANS))
+def test_a_scan_next_to_other_row_work_gets_its_own_kernel(name):
+    # these failed to compile ("a scan needs a kernel of its own") and fell back
+    body, shape, kernels = SCANS[name]
+    model = model_from_text(f"""
+        <ir_version: 10, opset_import: ["" : 18]>
+        scans (float[4,9] x) => (float[{shape}] y)
+        <int64 one = {{1}}, int64[1] ones = {{1}}, int64[1] zeros = {{0}}>
+        {{
+            {body}
+        }}""")
+    check_model(model, {"x": RNG.standard_normal((4, 9)).astype(np.float32)}, kernels)
+
+
 def test_dumps_present():
     x = RNG.standard_normal(64).astype(np.float32)
     exe, _ = compile_model(chain_model(64), {"x": x}, dump_to="/nonexistent")
