@@ -17,12 +17,13 @@ import onnx
 import pytest
 from autoclust.backends import cpu
 from autoclust.backends.gpu import hostsim, launch, source, split
-from test_cpu_backend import one_node_graph, rand, run_onnxruntime
+from test_cpu_backend import infer, one_node_graph, rand, run_onnxruntime
 from test_gpu_render import Case, assert_matches, needs_nvcc, nvcc_ptx
 
 from autoclust import flags as flags_mod
 from autoclust import kernel_ir as kir
 from autoclust.compile import lower_graph
+from autoclust.ir import Graph, Node
 
 FLAGS = flags_mod.parse("")
 pytestmark = pytest.mark.skipif(shutil.which(hostsim.CC) is None,
@@ -56,6 +57,18 @@ def _case(cid: str, op: str, x: np.ndarray, attrs: dict | None = None,
     return Case(cid, g, [x], rtol=2e-3 if x.dtype == np.float16 else 2e-5)
 
 
+def _two_phase_case(cid: str, x: np.ndarray, steps: list, outputs: list[str]) -> Case:
+    """A graph of `steps` (op, input names, output, attrs) over x; "axes" is [1]."""
+    g = Graph(cid)
+    vals = {"x": g.add_input("x", x.dtype, x.shape),
+            "axes": g.add_initializer("axes", I64)}
+    for op, ins, out, attrs in steps:
+        vals[out] = g.value(out)
+        infer(g, g.add_node(Node(op, [vals[i] for i in ins], [vals[out]], attrs)))
+    g.outputs = [vals[o] for o in outputs]
+    return Case(cid, g, [x])
+
+
 def _nan_rows(shape: tuple, dtype: str = "float32") -> np.ndarray:
     """Rows of 50 with ties: a NaN late in row 1 (the last chunk of 7), a NaN first in row
     2, row 0 all -inf."""
@@ -81,6 +94,13 @@ def _main_cases() -> list[Case]:
         out.append(_case(f"{op}-nan-f16", op, _nan_rows((3, 50), "float16"), attrs))
         out.append(_case(f"{op}-nan-last", op, _nan_rows((3, 50)),
                          {"axis": 1, "select_last_index": 1} if attrs else None))
+    # independent phases in one kernel: a per-row epilogue of both, two per-row outputs
+    out.append(_two_phase_case("Max+Sum", _nan_rows((3, 50)), [
+        ("ReduceMax", ["x", "axes"], "m", {}), ("ReduceSum", ["x", "axes"], "s", {}),
+        ("Add", ["m", "s"], "y", {})], ["y"]))
+    out.append(_two_phase_case("ArgMin,Sum", _nan_rows((3, 50)), [
+        ("ArgMin", ["x"], "a", {"axis": 1}), ("ReduceSum", ["x", "axes"], "s", {})],
+        ["a", "s"]))
     out.append(_case("ReduceSum-all-1-row", "ReduceSum", rand((5, 11)), {"keepdims": 0},
                      axes=None))
     out.append(_case("ArgMax-1-row", "ArgMax", rand((1, 61)), {"axis": 1}))
