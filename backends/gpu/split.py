@@ -26,6 +26,7 @@ other row kernels (per-lane partials, then a tree).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from autoclust.backends.gpu import cstyle
@@ -63,26 +64,11 @@ def workspace_bytes(k: kir.Kernel, launch: Launch, n0: int) -> int:
 
 def render_body(w: KernelWriter) -> None:
     """The body of a split-row kernel (after the signature line) into w.lines."""
-    k, launch, ux, u = w.k, w.launch, w.ux, w.usuf
+    k, launch, u = w.k, w.launch, w.usuf
     lines = w.lines
-    lines.append(f"  const {ux} nrows = ({ux})n0 * {launch.unit}{u};")
-    lines.append(f"  const {ux} nwork = nrows * {launch.chunks}{u};")
-    lines.append("  unsigned* ac_count = (unsigned*)ac_ws;")
-    lines.append(f"  unsigned char* ac_slots = ac_ws + (nrows * 4{u} + 7{u}) / 8{u} * 8{u};")
-    for q, (p, t, sfx) in enumerate(parts(k)):
-        lines.append(f"  volatile {t}* ac_part{p}{sfx} = (volatile {t}*)(ac_slots + "
-                     f"{q}{u} * nwork * 8{u});")
-    if w.cuda:
-        lines.append(f"  const unsigned lane = {w.tid};")
-        for p, t, sfx in parts(k):
-            lines.append(f"  __shared__ {t} s{p}{sfx}[32];")
-        lines.append("  __shared__ int ac_last;")
-        lines.append(f"  for ({ux} ac_w = {w.bid}; ac_w < nwork; ac_w += {w.gdim}) {{")
-    else:  # the emulated blocks run one after another
-        lines.append("  for (unsigned ac_bid = 0; ac_bid < ac_grid; ac_bid++)")
-        lines.append(f"  for ({ux} ac_w = ac_bid; ac_w < nwork; ac_w += ac_grid) {{")
+    _prologue(w)
     n = prod(list(k.shape[w.n_outer:]))
-    lines.append(f"    const {ux} row = ac_w / {launch.chunks}{u};")
+    lines.append(f"    const {w.ux} row = ac_w / {launch.chunks}{u};")
     lines.append(f"    const long long ac_c0 = (long long)(ac_w % {launch.chunks}{u}) * "
                  f"{launch.chunk}LL;")
     lines.append(f"    const long long ac_c1 = ac_c0 + {launch.chunk}LL < {n}LL ? "
@@ -90,14 +76,12 @@ def render_body(w: KernelWriter) -> None:
     outer = [f"i{d}" for d in range(w.n_outer)]
     w.decompose("row", list(k.shape[:w.n_outer]), outer, "    ")
     for p, red in enumerate(k.reductions):
-        _reduce(w, p, red, lambda lane, lanes, p=p, red=red: _chunk_partial(w, p, red, outer,
-                                                                           lane, lanes))
+        _reduce(w, p, red, functools.partial(_chunk_partial, w, p, red, outer))
     _arrive(w)
     for p, red in enumerate(k.reductions):
-        _reduce(w, p, red, lambda lane, lanes, p=p, red=red: _combine_partials(w, p, red,
-                                                                              lane, lanes))
-    reduced = [w._finish_phase(p, red, f"a{p}", outer, []) for p, red in
-               enumerate(k.reductions)]
+        _reduce(w, p, red, functools.partial(_combine_partials, w, p, red))
+    reduced = [w._finish_phase(p, red, f"a{p}", outer, [])
+               for p, red in enumerate(k.reductions)]
     w._row_stores(outer, reduced)
     if w.cuda:
         lines.append("    if (lane == 0) ac_count[row] = 0u;  /* the next launch starts clean */")
@@ -107,6 +91,29 @@ def render_body(w: KernelWriter) -> None:
         lines.append("    ac_count[row] = 0u;  /* the next launch starts clean */")
         lines.append("    }")
     lines.append("  }")
+
+
+def _prologue(w: KernelWriter) -> None:
+    """The workspace pointers, shared memory, and the head of the (row, chunk) work loop."""
+    k, launch, ux, u = w.k, w.launch, w.ux, w.usuf
+    lines = w.lines
+    lines.append(f"  const {ux} nrows = ({ux})n0 * {launch.unit}{u};")
+    lines.append(f"  const {ux} nwork = nrows * {launch.chunks}{u};")
+    lines.append("  unsigned* ac_count = (unsigned*)ac_ws;")
+    lines.append("  unsigned char* ac_slots = ac_ws + ((unsigned long long)nrows * 4ull + 7ull)"
+                 " / 8ull * 8ull;")
+    for q, (p, t, sfx) in enumerate(parts(k)):
+        lines.append(f"  volatile {t}* ac_part{p}{sfx} = (volatile {t}*)(ac_slots + "
+                     f"{q}ull * nwork * 8ull);")
+    if w.cuda:
+        lines.append(f"  const unsigned lane = {w.tid};")
+        for p, t, sfx in parts(k):
+            lines.append(f"  __shared__ {t} s{p}{sfx}[32];")
+        lines.append("  __shared__ int ac_last;")
+        lines.append(f"  for ({ux} ac_w = {w.bid}; ac_w < nwork; ac_w += {w.gdim}) {{")
+    else:  # the emulated blocks run one after another
+        lines.append("  for (unsigned ac_bid = 0; ac_bid < ac_grid; ac_bid++)")
+        lines.append(f"  for ({ux} ac_w = ac_bid; ac_w < nwork; ac_w += ac_grid) {{")
 
 
 def _init(red: kir.Reduction) -> list[str]:
