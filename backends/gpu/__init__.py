@@ -4,7 +4,7 @@
     outs = exe.run([x, y])                       # CuPy arrays out
     files = backends.gpu.render(program, flags)  # {".cu", ".kernels.txt"}: no CuPy, no GPU
 
-Rendering (source.py, kernels.py, cstyle.py, prelude.py) is plain Python; CuPy is
+Rendering (source.py, kernels.py, split.py, cstyle.py, prelude.py) is plain Python; CuPy is
 imported only by `compile`, `require_device` and the value movers, so the CPU path and
 `autoclust compile --device gpu` never import it. Library calls (library.py): MatMul,
 Gemm, FusedMatMul through cuBLAS, Einsum through CuPy. Values stay in device memory

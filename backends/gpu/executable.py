@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from autoclust.backends.gpu import device, library, source
+from autoclust.backends.gpu import device, library, source, split
 
 from autoclust import kernel_ir as kir
 from autoclust.errors import InvalidInputError
@@ -47,6 +47,7 @@ class Executable:
         self._messages = [t.message for t in program.thunks if isinstance(t, kir.Check)]
         self._flags = cp.zeros(max(1, len(self._messages)), dtype=cp.int32)
         self._sm = device.info().sm_count
+        self._workspaces: list[Any] = []  # split-row kernels' counters and partials
         self.capturable = True
         self._steps: list[Callable[[list], None]] = []
         slot = 0
@@ -93,9 +94,14 @@ class Executable:
         n0 = int(t.shape[0])
         grid, block = (e.launch.grid(n0, self._sm),), (e.launch.block,)
         ids = e.args
+        extra = []
+        if e.launch.strategy == "split-row":  # counters zeroed once; each launch resets them
+            ws = self.cp.zeros(split.workspace_bytes(t, e.launch, n0), dtype=self.cp.uint8)
+            self._workspaces.append(ws)
+            extra.append(ws.data.ptr)
 
         def step(arrays: list) -> None:
-            fn(grid, block, [arrays[b].data.ptr for b in ids] + [n0])
+            fn(grid, block, [arrays[b].data.ptr for b in ids] + [n0] + extra)
 
         return step
 

@@ -22,7 +22,7 @@ import tempfile
 import threading
 
 import numpy as np
-from autoclust.backends.gpu import source
+from autoclust.backends.gpu import source, split
 from autoclust.backends.gpu.launch import choose
 
 from autoclust import kernel_ir as kir
@@ -72,6 +72,11 @@ class Executable:
         self._lock = threading.Lock()
         self._fixed = self._allocate_fixed()
         self._library = None
+        # split-row workspaces: counters zeroed once here, reset by the kernels themselves
+        self._workspaces = {
+            t.name: np.zeros(split.workspace_bytes(t, e.launch, t.shape[0]), np.uint8)
+            for t in program.thunks if isinstance(t, kir.Kernel)
+            and (e := rendered.kernels[t.name]).launch.strategy == "split-row"}
 
     def _allocate_fixed(self) -> dict[int, np.ndarray]:
         fixed: dict[int, np.ndarray] = {}
@@ -124,7 +129,10 @@ class Executable:
         n0 = t.shape[0]
         grid = min(e.launch.grid(n0, 1), GRID)
         args = [ctypes.c_void_p(arrays[b].ctypes.data) for b in e.args]
-        args += [ctypes.c_longlong(n0), ctypes.c_uint(grid), ctypes.c_uint(e.launch.block)]
+        args.append(ctypes.c_longlong(n0))
+        if t.name in self._workspaces:
+            args.append(ctypes.c_void_p(self._workspaces[t.name].ctypes.data))
+        args += [ctypes.c_uint(grid), ctypes.c_uint(e.launch.block)]
         getattr(self.lib, e.symbol)(*args)
 
     def _check(self, i: int, t: kir.Check, arrays: dict[int, np.ndarray]) -> None:

@@ -19,7 +19,7 @@ step -- is checked by nvcc and, on a GPU, by tests/test_gpu.py.
 
 from __future__ import annotations
 
-from autoclust.backends.gpu import cstyle
+from autoclust.backends.gpu import cstyle, split
 from autoclust.backends.gpu.launch import Launch, buffer_dtypes, prod, vectorizable
 from autoclust.backends.gpu.prelude import arg_suffix
 
@@ -77,6 +77,8 @@ class KernelWriter:
             const = "" if b in stored else "const "
             params.append(f"{const}{cstyle.storage(self.dtypes[b])}* __restrict__ b{b}")
         params.append("long long n0")
+        if self.launch.strategy == "split-row":
+            params.append(split.PARAM)
         if self.cuda:
             return (f'extern "C" __global__ void __launch_bounds__({self.launch.block}) '
                     f"{self.name}({', '.join(params)})")
@@ -95,7 +97,8 @@ class KernelWriter:
             self.lines.append("  for (unsigned ac_bid = 0; ac_bid < ac_grid; ac_bid++)")
             self.lines.append("  for (unsigned ac_tid = 0; ac_tid < ac_block; ac_tid++) {")
         body = {"elementwise": self._elementwise, "vector": self._vector, "scan": self._scan,
-                "thread-row": self._rows, "warp-row": self._rows, "block-row": self._rows}
+                "thread-row": self._rows, "warp-row": self._rows, "block-row": self._rows,
+                "split-row": lambda: split.render_body(self)}
         body[self.launch.strategy]()
         if grid_loop and not self.cuda:
             self.lines.append("  }")
@@ -340,7 +343,7 @@ class KernelWriter:
 
     def _cross_lane(self, p: int, red: kir.Reduction, acc: str) -> None:
         self._shuffle_merge(red, acc, "    ")
-        if self.launch.strategy != "block-row":
+        if self.launch.strategy not in ("block-row", "split-row"):
             return
         parts = self._acc_parts(red)
         self.lines.append("    if ((lane & 31u) == 0) {")

@@ -8,6 +8,12 @@
     warp-row      one warp per row: lanes stride the row, then a shuffle butterfly
     block-row     one block per row (long rows, or few rows): lanes stride the row, warp
                   shuffles, then shared memory across the warps
+    split-row     few very long rows (split.py): one block per CHUNK-element chunk of a row
+                  writes a partial; the block that finishes a row last combines its
+                  partials in chunk order and stores. Only kernels whose phases are
+                  independent and whose stores are all per row (Reduce*, ArgMax/ArgMin and
+                  epilogues of the reduced values): Softmax, LayerNorm, ReduceLogSumExp
+                  (a phase reads an earlier phase's full-row result) stay block-row
     scan          one thread per row, a running sum/product (CumSum, float Range)
 
 Every loop is grid-stride, so any grid size is correct; the executable sizes the grid from
@@ -27,6 +33,17 @@ WARP = 32
 SHORT_ROW = 4         # rows up to this long run one thread per row
 LONG_ROW = 2048       # rows from this long run one block per row
 FEW_ROWS = 1024       # ... and so do rows longer than a warp's sweet spot when rows are few
+# split-row: a fixed chunk, not a split count from the SM count, so the partial count is
+# known when rendering (scratch sized once per signature) and a row's sum is added in the
+# same order on every GPU. 16K elements is 32 per thread of a 512-thread block: enough to
+# amortize the block's combine and atomic; a [1, 4M] row still makes 256 blocks (~2 per
+# SM of an H100).
+SPLIT_CHUNK = 16384
+SPLIT_BLOCK = 512
+SPLIT_ROW = 65536     # rows from this long split (>= 4 chunks; shorter ones stream in one
+                      # block in about a launch's time, so splitting them saves little)
+FILL_ROWS = 256       # ... when fewer rows than this: 256+ block-row blocks already put two
+                      # 1024-thread blocks on each of an H100's 132 SMs
 MAX_VECTOR = 8        # elements per thread step on the vector path
 BLOCKS_PER_SM = 32    # grid cap: enough blocks in flight to hide latency, then grid-stride
 
@@ -40,10 +57,12 @@ class Launch:
     lanes: int = 1        # threads cooperating on one row (row kernels)
     vector: int = 1       # elements per work item (vector kernels)
     wide: bool = False    # 64-bit index math
+    chunk: int = 0        # split-row: elements of a row per block
+    chunks: int = 1       # split-row: chunks per row (work items per row)
 
     def items(self, n0: int) -> int:
-        """Work items of a run with outer extent n0 (elements, vectors or rows)."""
-        return -(-n0 * self.unit // self.vector)
+        """Work items of a run with outer extent n0 (elements, vectors, rows or chunks)."""
+        return -(-n0 * self.unit * self.chunks // self.vector)
 
     def grid(self, n0: int, sm_count: int) -> int:
         """Blocks to launch: enough for the work, capped at BLOCKS_PER_SM per SM."""
@@ -60,6 +79,9 @@ class Launch:
             "warp-row": "one warp per row, shuffle reduction",
             "block-row": f"one block of {self.block} per row, shuffles + shared memory",
             "scan": "one thread per row, sequential scan",
+            "split-row": f"{self.chunks} chunk(s) of {self.chunk} per row, a block of "
+                         f"{self.block} per chunk; the last block of a row combines the "
+                         "partials in chunk order",
         }[self.strategy]
         return f"{self.strategy}: {what}; block {self.block}; {bits} indices"
 
@@ -84,10 +106,30 @@ def choose(k: kir.Kernel, n0_max: int) -> Launch:
     rows = n0_max * unit
     if inner <= SHORT_ROW or (_coalesced_across_rows(k) and rows >= 8 * FEW_ROWS):
         return Launch("thread-row", BLOCK, unit, BLOCK, wide=wide)
+    if inner >= SPLIT_ROW and rows < FILL_ROWS and splittable(k):
+        return split_launch(inner, unit, SPLIT_CHUNK, wide)
     if inner >= LONG_ROW or (inner > 8 * WARP and rows < FEW_ROWS):
         block = 256 if inner <= 8192 else 512 if inner <= 32768 else 1024
         return Launch("block-row", block, unit, 1, lanes=block, wide=wide)
     return Launch("warp-row", BLOCK, unit, BLOCK // WARP, lanes=WARP, wide=wide)
+
+
+def split_launch(inner: int, unit: int, chunk: int, wide: bool) -> Launch:
+    """The split-row launch of rows of `inner` elements cut into chunks of `chunk`."""
+    chunks = max(1, -(-inner // chunk))  # an empty row still has one (empty) chunk
+    return Launch("split-row", SPLIT_BLOCK, unit, 1, lanes=SPLIT_BLOCK, wide=wide,
+                  chunk=chunk, chunks=chunks)
+
+
+def splittable(k: kir.Kernel) -> bool:
+    """Whether split-row computes k in one launch: no phase reads another phase's result
+    (every phase can be split into chunks) and every store is per row (nothing is written
+    per element, which would need the full-row results everywhere)."""
+    if not k.reductions or k.scan or not k.n_inner:
+        return False
+    if any(isinstance(e, kir.Reduced) for e in kir.walk([r.expr for r in k.reductions])):
+        return False
+    return all(s.per_row for s in k.stores)
 
 
 def _coalesced_across_rows(k: kir.Kernel) -> bool:
