@@ -49,11 +49,9 @@ __all__ = ["NAME", "POLICY", "capture", "compile", "compile_many", "is_device", 
 
 def why_not(node: Node, graph: Graph) -> str | None:
     """None when this backend can run `node`; Conv and pooling are left to onnxruntime by
-    POLICY (and refused at compile time under --must_compile: no cuDNN in CuPy 14)."""
-    narrow = [v.dtype.name for v in (*node.inputs, *node.outputs)
-              if v is not None and (v.dtype in ops.NARROW_INT_TYPES or v.dtype == ops.BFLOAT16)]
-    if narrow:  # the CPU backend computes them in int32/float32; cstyle.py has no such types
-        return f"{narrow[0]} values are not rendered for CUDA yet"
+    POLICY (and refused at compile time under --must_compile: no cuDNN in CuPy 14).
+    bfloat16 and int8/uint8/int16/uint16 render as on the CPU (float32 / int32 math); which
+    ops take them is the op table's `compiled_dtypes` (no library call does)."""
     d = ops.get(node.op, node.domain)
     if d is None or d.kind != ops.LIBRARY or node.op in library.NO_CUDNN:
         return None
