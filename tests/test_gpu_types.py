@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import fake_cupy
 import gpu_sim_backend
 import ml_dtypes
 import numpy as np
@@ -417,3 +418,21 @@ def test_why_not_accepts_narrow_values_but_not_library_calls(sim_device):
                        match="MatMul.*dtype int8 of input 'a' not supported"):
         autoclust.InferenceSession(m.SerializeToString(), device="gpu-sim",
                                    must_compile=True)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    yield from fake_cupy.installed(monkeypatch)
+
+
+def test_real_device_refuses_bfloat16_buffers_clearly(fake):
+    """CuPy has no bfloat16 arrays: compiling for the device says so (the runtime then
+    falls back) instead of uploading 2-byte values it cannot type; narrow ints compile and
+    run through the executable (the stand-in CuPy runs their C rendering)."""
+    bf = next(c for c in CASES if c.id == "chain-32")
+    with pytest.raises(autoclust.errors.CompileError, match="bfloat16: CuPy has no"):
+        gpu.compile(_program(bf.model, bf.feeds), FLAGS)
+    i8 = next(c for c in CASES if c.id == "chain-int8")
+    exe = gpu.compile(_program(i8.model, i8.feeds), FLAGS)
+    (got,) = exe.run(_inputs(i8))
+    assert_same(np.asarray(got), i8.want[0], 0, i8.id)
