@@ -22,6 +22,7 @@ from autoclust.backends.gpu.launch import choose
 
 from autoclust import kernel_ir as kir
 from autoclust import ops
+from autoclust.errors import CompileError
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.registry import Policy
@@ -50,11 +51,9 @@ __all__ = ["NAME", "POLICY", "capture", "compile", "compile_many", "is_device", 
 def why_not(node: Node, graph: Graph) -> str | None:
     """None when this backend can run `node`. Conv and pooling are refused (no cuDNN in
     CuPy 14), so --must_compile names them at clustering; POLICY leaves them, and the
-    epilogues onnxruntime fuses into them, to onnxruntime."""
-    narrow = [v.dtype.name for v in (*node.inputs, *node.outputs)
-              if v is not None and (v.dtype in ops.NARROW_INT_TYPES or v.dtype == ops.BFLOAT16)]
-    if narrow:  # the CPU backend computes them in int32/float32; cstyle.py has no such types
-        return f"{narrow[0]} values are not rendered for CUDA yet"
+    epilogues onnxruntime fuses into them, to onnxruntime. bfloat16 and int8/uint8/int16/
+    uint16 render as on the CPU (float32 / int32 math); which ops take them is the op
+    table's `compiled_dtypes` (no library call does)."""
     d = ops.get(node.op, node.domain)
     if d is None or d.kind != ops.LIBRARY:
         return None
@@ -88,6 +87,8 @@ def compile_many(programs: list[kir.Program], flags: Flags,
     from autoclust.backends.gpu import nvrtc
     from autoclust.backends.gpu.executable import Executable
     device.cupy()
+    for p in programs:
+        _check_device_dtypes(p)
     rendered = [source.render_program(p, "cuda", choose_launch) for p in programs]
     text = source.module_source(rendered)
     needs_code = any(r.kernels or r.checks for r in rendered)
@@ -103,6 +104,15 @@ def compile_many(programs: list[kir.Program], flags: Flags,
             exe.dumps[".ptx"] = ptx
         out.append(exe)
     return out
+
+
+def _check_device_dtypes(program: kir.Program) -> None:
+    """CompileError for a buffer CuPy cannot hold: CuPy 14 has no bfloat16 arrays
+    (cupy/cupy#7527), so a bfloat16 cluster falls back (the renderings support it)."""
+    for b in program.buffers:
+        if b.dtype == "bfloat16":
+            raise CompileError(f"buffer {b.name} is bfloat16: CuPy has no bfloat16 arrays to "
+                               "hold it in device memory")
 
 
 def capture(runtime: Any) -> Any:

@@ -7,6 +7,9 @@ follow backends/cpu/mathops.py exactly:
 
 - float16 is stored as its bit pattern (unsigned short) and computed in float; the kernel
   IR already rounds after every op (a `cast` to float16 is ac_round_h: to half and back).
+  bfloat16 likewise (ac_round_bf: nearest even by bit operations, NaN stays a quiet NaN).
+- int8/uint8/int16/uint16 are stored narrow and computed in int; a `cast` to one keeps
+  the low bits of the int32 value (float -> int32 first: 300.0 -> int8 44).
 - max/min propagate NaN; compares are ordered except `ne`; `round` is rint (half to even).
 - integer add/sub/mul/neg wrap (through the unsigned type: signed overflow is undefined
   in C); div/mod never trap (a zero divisor and MIN / -1 are made harmless; a Check
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 from autoclust import kernel_ir as kir
@@ -32,9 +36,18 @@ TYPES: dict[str, tuple[str, str]] = {
     "int32": ("int", "int"),
     "int64": ("long long", "long long"),
     "bool": ("unsigned char", "int"),
+    "bfloat16": ("unsigned short", "float"),
+    "int8": ("signed char", "int"),
+    "uint8": ("unsigned char", "int"),
+    "int16": ("short", "int"),
+    "uint16": ("unsigned short", "int"),
 }
+NARROW_INTS = ("int8", "uint8", "int16", "uint16")
 UNSIGNED = {"int": "unsigned", "long long": "unsigned long long"}
-INT_BITS = {"int32": 32, "int64": 64, "bool": 32}
+# bits of the compute type: narrow ints reduce in int, as the CPU backend's accumulators
+INT_BITS = {"int32": 32, "int64": 64, "bool": 32, **{t: 32 for t in NARROW_INTS}}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+            "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2}
 
 
 def storage(dtype: str) -> str:
@@ -46,11 +59,18 @@ def compute(dtype: str) -> str:
 
 
 def is_float(dtype: str) -> bool:
-    return dtype.startswith("float")
+    return dtype.startswith("float") or dtype == "bfloat16"
 
 
 def itemsize(dtype: str) -> int:
-    return np.dtype(dtype).itemsize
+    return ITEMSIZE[dtype]
+
+
+def _computed_as(dtype: str) -> str:
+    """The dtype whose C compute value a `dtype` value is (bfloat16: float32, int8: int32)."""
+    if dtype == "bfloat16":
+        return "float32"
+    return "int32" if dtype in NARROW_INTS else dtype
 
 
 def _fsuffix(dtype: str) -> str:
@@ -62,6 +82,8 @@ def constant(value, dtype: str) -> str:
     """A C literal of `value` in the compute type of dtype."""
     if dtype == "bool":
         return "1" if value else "0"
+    if dtype == "bfloat16":  # the register holds the rounded value
+        value, dtype = float(np.float32(ml_dtypes.bfloat16(value))), "float32"
     if is_float(dtype):
         f = float(value)
         s = "" if dtype == "float64" else "F"
@@ -172,9 +194,17 @@ def primitive(name: str, args: list[str], arg_dtype: str) -> str:
 
 
 def cast(x: str, src: str, dst: str) -> str:
-    """ONNX Cast from compute value x of dtype src to dtype dst (float16: rounded)."""
+    """ONNX Cast from compute value x of dtype src to dtype dst (float16, bfloat16: rounded;
+    narrow ints: the low bits of the int32 value, as the CPU backend's mathops.cast)."""
     if src == dst:
         return x
+    src = _computed_as(src)
+    if src == dst:
+        return x
+    if dst in NARROW_INTS:
+        return f"((int)({storage(dst)}){cast(x, src, 'int32')})"
+    if dst == "bfloat16":  # through float32 (float64: rounded twice, as on the CPU)
+        return f"ac_round_bf({cast(x, src, 'float32')})"
     if dst == "bool":
         return f"({x} != {'0.0' if src == 'float64' else '0.0f'})" if is_float(src) \
             else f"({x} != 0)"
@@ -270,11 +300,7 @@ class ExprEmitter:
 
     def load(self, e: kir.Load) -> str:
         raw = f"b{e.buf}[{self.address(e.buf, e.index, e.clamps, e.dyn)}]"
-        if e.dtype == "float16":
-            return f"ac_h2f({raw})"
-        if e.dtype == "bool":
-            return f"({raw} != 0)"
-        return raw
+        return from_storage(raw, e.dtype)
 
     def _value(self, e: kir.Expr) -> str:
         if isinstance(e, kir.Const):
@@ -306,17 +332,25 @@ class ExprEmitter:
 
 
 def to_storage(v: str, dtype: str) -> str:
-    """A compute value converted to its storage type (float16 bits, bool bytes)."""
+    """A compute value converted to its storage type (float16 and bfloat16 bits, bool
+    bytes, narrow ints: their low bits)."""
     if dtype == "float16":
         return f"ac_f2h({v})"
-    if dtype == "bool":
-        return f"(unsigned char)({v})"
+    if dtype == "bfloat16":
+        return f"ac_f2bf({v})"
+    if dtype == "bool" or dtype in NARROW_INTS:
+        return f"({storage(dtype)})({v})"
     return v
 
 
 def from_storage(raw: str, dtype: str) -> str:
+    """A stored element as its compute value (narrow ints sign- or zero-extend to int)."""
     if dtype == "float16":
         return f"ac_h2f({raw})"
+    if dtype == "bfloat16":
+        return f"ac_bf2f({raw})"
     if dtype == "bool":
         return f"({raw} != 0)"
+    if dtype in NARROW_INTS:
+        return f"((int){raw})"
     return raw

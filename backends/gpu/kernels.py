@@ -405,16 +405,19 @@ class KernelWriter:
             self.lines.append("    }")
 
 
+# storage C type -> (vector struct name tag, bytes per element)
+VECTOR_TAGS = {"float": ("f", 4), "double": ("d", 8), "unsigned short": ("h", 2),
+               "int": ("i32", 4), "long long": ("i64", 8), "unsigned char": ("u8", 1),
+               "signed char": ("i8", 1), "short": ("i16", 2)}
+
+
 def vector_type_name(storage: str, v: int) -> str:
-    tag = {"float": "f", "double": "d", "unsigned short": "h", "int": "i32",
-           "long long": "i64", "unsigned char": "u8"}[storage]
-    return f"ac_v{v}_{tag}"
+    return f"ac_v{v}_{VECTOR_TAGS[storage][0]}"
 
 
 def vector_typedef(storage: str, v: int) -> str:
     """A struct of v elements aligned to its size: loads and stores of it are vector ops."""
-    size = v * {"float": 4, "double": 8, "unsigned short": 2, "int": 4, "long long": 8,
-                "unsigned char": 1}[storage]
+    size = v * VECTOR_TAGS[storage][1]
     return (f"typedef struct AC_ALIGN({size}) {{ {storage} v[{v}]; }} "
             f"{vector_type_name(storage, v)};\n")
 

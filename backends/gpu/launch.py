@@ -209,7 +209,8 @@ def vector_width(k: kir.Kernel) -> int:
 
 
 def _itemsize(dtype: str) -> int:
-    return {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1}[dtype]
+    return {"float16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8, "bool": 1,
+            "bfloat16": 2, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2}[dtype]
 
 
 def buffer_dtypes(k: kir.Kernel) -> dict[int, str]:

@@ -1,10 +1,13 @@
 """The source prelude of every rendered module: what differs between the CUDA and C targets
-(qualifiers, float16 conversion, infinities, traps) and the helpers both share (NaN-aware
-max/min, non-trapping integer division, ONNX casts, arg-reduction combines).
+(qualifiers, float16 conversion, float bit casts, infinities, traps) and the helpers both
+share (bfloat16 rounding, NaN-aware max/min, non-trapping integer division, ONNX casts,
+arg-reduction combines).
 
 No header is included on the CUDA side, so the same text compiles with NVRTC (CuPy) and
 nvcc: float16 conversion is inline PTX (`cvt.rn.f16.f32`: round to nearest even), the
 infinities are bit patterns. The C side uses gcc's _Float16 (the same rounding).
+bfloat16 is integer arithmetic on the float's bits (no cuda_bf16.h), the same text on both
+targets: only the bit cast (ac_f2u / ac_u2f) differs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ AC_FN unsigned short ac_f2h(float f) {
 AC_FN unsigned short ac_d2h(double d) {
   unsigned short h; asm("cvt.rn.f16.f64 %0, %1;" : "=h"(h) : "d"(d)); return h;
 }
+AC_FN unsigned ac_f2u(float f) { return __float_as_uint(f); }
+AC_FN float ac_u2f(unsigned u) { return __uint_as_float(u); }
 #define AC_TRAP() __trap()
 #define AC_MUL_RNf(a, b) __fmul_rn(a, b)
 #define AC_MUL_RN(a, b) __dmul_rn(a, b)
@@ -49,13 +54,26 @@ AC_FN unsigned short ac_f2h(float f) {
 AC_FN unsigned short ac_d2h(double d) {
   _Float16 x = (_Float16)d; unsigned short h; memcpy(&h, &x, 2); return h;
 }
+AC_FN unsigned ac_f2u(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+AC_FN float ac_u2f(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 #define AC_TRAP() abort()
 #define AC_MUL_RNf(a, b) ((a) * (b))
 #define AC_MUL_RN(a, b) ((a) * (b))
 """
 
+# bfloat16 is the upper half of a float32: rounding adds 0x7fff plus the lowest kept bit
+# (ties to even; a carry into the exponent gives inf on overflow), then drops the low half.
+# NaN is set quiet instead (adding could carry it into inf), keeping its sign.
 SHARED = r"""
 AC_FN float ac_round_h(float x) { return ac_h2f(ac_f2h(x)); }
+AC_FN float ac_bf2f(unsigned short h) { return ac_u2f((unsigned)h << 16); }
+AC_FN unsigned ac_bf_bits(float x) {
+  const unsigned u = ac_f2u(x);
+  if (x != x) return (u | 0x00400000u) & 0xffff0000u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+}
+AC_FN float ac_round_bf(float x) { return ac_u2f(ac_bf_bits(x)); }
+AC_FN unsigned short ac_f2bf(float x) { return (unsigned short)(ac_bf_bits(x) >> 16); }
 """
 
 # float helpers, written once for float ({t} = float, {f} = f) and double ({f} = "")
@@ -132,8 +150,10 @@ ARG_TYPES = {"f": "float", "d": "double", "i32": "int", "i64": "long long"}
 
 def arg_suffix(dtype: str) -> str:
     """The helper suffix of an arg reduction over values of `dtype`."""
-    return {"float16": "f", "float32": "f", "float64": "d", "int32": "i32", "int64": "i64",
-            "bool": "i32"}[dtype]
+    if dtype in ("int8", "uint8", "int16", "uint16", "bool"):
+        return "i32"
+    return {"float16": "f", "bfloat16": "f", "float32": "f", "float64": "d", "int32": "i32",
+            "int64": "i64"}[dtype]
 
 
 def prelude(target: str) -> str:
