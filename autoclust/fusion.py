@@ -501,11 +501,18 @@ class Fusion:
 
     def _empty_root_checks(self, v: Value) -> list[kir.Check]:
         """The Checks a kernel computing empty value v would run. Only a probe: what
-        cannot be lowered on an empty domain (Pad reflecting nothing) has nothing to check."""
+        cannot be lowered on an empty domain (Pad reflecting nothing) has nothing to check,
+        and the buffers the probe named are given back (executables index buffers densely),
+        except those its checks read."""
+        before = dict(self.buffers)
         try:
-            return self._new_kernel(v).checks
+            checks = self._new_kernel(v).checks
         except (CompileError, Refuse, Materialize):
-            return []
+            checks = []
+        name_of = {bid: name for name, bid in self.buffers.items()}
+        self.buffers = before
+        return [dataclasses.replace(c, buf=self.buffer_of(self.graph.values[name_of[c.buf]]))
+                for c in checks]
 
     def _new_kernel(self, v: Value) -> KernelBuilder:
         """A kernel for root v: its own elementwise nest, or the row nest it needs."""

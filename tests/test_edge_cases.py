@@ -260,6 +260,16 @@ def test_integer_division_by_zero_raises_with_an_empty_dividend(op):
     assert sess.stats()["clusters"][0]["kernels"] == [0]  # checked, nothing computed
 
 
+def test_an_empty_root_reading_an_empty_constant_runs():
+    # probing the empty Where for checks named the constant's buffer, which no thunk then
+    # used: a hole in the buffer ids the executable indexes densely (IndexError, fuzz seed
+    # 4242 case 117)
+    m = model([helper.make_node("Where", ["cond", "c", "x"], ["y"])],
+              [("cond", TensorProto.BOOL, [0]), ("x", F32, [0])], [("y", F32, None)],
+              inits=(const("c", np.zeros(0, np.float32)),))
+    check(m, {"cond": np.zeros(0, bool), "x": np.zeros(0, np.float32)})
+
+
 def test_cast_float_to_int_out_of_range_and_nan():
     x = np.array([3e9, -3e9, np.nan, np.inf, -np.inf, 65541.7, -70000.7, 2.5, -1.5],
                  np.float32)
