@@ -284,6 +284,8 @@ class FakeLibcublas:
         self.calls = 0
 
     def cublasCreate_v2(self, ref: Any) -> int:
+        if _CAPTURE:
+            return 3  # CUBLAS_STATUS_ALLOC_FAILED: a handle allocates device memory
         ref._obj.value = 100 + len(self.stream)
         self.stream[ref._obj.value] = 0
         return 0

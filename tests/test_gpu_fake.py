@@ -134,6 +134,24 @@ def test_cuda_graphs_capture_cublas_gemms(monkeypatch):
     assert "calls cuBLAS through CuPy's wrapper" in graphs.reason
 
 
+def test_a_capture_on_a_new_thread_creates_its_cublas_handle_first():
+    # run 1 on this thread; run 2 (the capture) on another, whose first GEMM is captured:
+    # its handle must exist before the capture begins (creating one allocates)
+    import threading
+    model = zoo.build("bert_encoder")
+    sess = autoclust.InferenceSession(model, device="gpu")
+    feeds = [zoo.feeds(model, seed=s) for s in range(2)]
+    sess.run(None, feeds[0])
+    got = []
+    worker = threading.Thread(target=lambda: got.append(sess.run(None, feeds[1])))
+    worker.start()
+    worker.join()
+    graphs = sess._runtime.device.graphs
+    assert graphs.reason == "" and graphs.replays == 1
+    for g, w in zip(got[0], _ort(model, feeds[1])):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+
+
 def test_device_arrays_in_and_out():
     cp = device.cupy()
     model = zoo.build("layernorm")

@@ -121,6 +121,7 @@ class GraphRunner:
                 locks.enter_context(exe._lock)
             try:
                 with stream:
+                    _prepare_blas(stream)
                     stream.begin_capture()
                     try:
                         self._walk(env, prepared)
@@ -148,3 +149,12 @@ class GraphRunner:
             r.runs += 1
         self.replays += 1
         return env
+
+
+def _prepare_blas(stream: Any) -> None:
+    """Create this thread's cuBLAS handle and workspace before a capture: both allocate,
+    which a stream under capture cannot (a thread's first GEMM may be the captured one)."""
+    from autoclust.backends.gpu import blas
+    lib = blas.get()
+    if lib is not None:
+        lib.handle(stream.ptr)
