@@ -122,6 +122,20 @@ def reduce_init(kind: str, dtype: str) -> str:
                     "int64" if bits == 64 else "int32")
 
 
+def accumulator(red: kir.Reduction) -> list[tuple[str, str]]:
+    """(C type, name suffix) of a reduction's accumulator: value, plus position for arg*."""
+    if red.kind.startswith("arg"):
+        return [(compute(red.expr.dtype), "v"), ("long long", "i")]
+    return [(compute(red.dtype), "")]
+
+
+def accumulator_init(red: kir.Reduction) -> list[str]:
+    """The starting values of accumulator(red)'s parts."""
+    if red.kind.startswith("arg"):
+        return [reduce_init(red.kind, red.expr.dtype), "-1"]
+    return [reduce_init(red.kind, red.dtype)]
+
+
 def combine(kind: str, dtype: str, acc: str, x: str) -> str:
     """C expression: accumulator `acc` combined with value `x` (non-arg kinds).
 

@@ -250,15 +250,29 @@ class KernelWriter:
         self.lines.append("  }")
 
     def _acc_parts(self, red: kir.Reduction) -> list[tuple[str, str]]:
-        """(C type, name suffix) of a phase's accumulator: value, plus position for arg*."""
-        if red.kind.startswith("arg"):
-            return [(cstyle.compute(red.expr.dtype), "v"), ("long long", "i")]
-        return [(cstyle.compute(red.dtype), "")]
+        return cstyle.accumulator(red)
 
     def _init(self, red: kir.Reduction) -> list[str]:
-        if red.kind.startswith("arg"):
-            return [cstyle.reduce_init(red.kind, red.expr.dtype), "-1"]
-        return [cstyle.reduce_init(red.kind, red.dtype)]
+        return cstyle.accumulator_init(red)
+
+    def emulate_lanes(self, p: int, red: kir.Reduction, lane_partial) -> None:
+        """C target: run `lane_partial()` (which declares and fills a{p} for `lane`) once
+        per emulated lane into partials p{p}[lane], then combine them as a tree into a{p}."""
+        lanes = self.launch.lanes
+        parts = self._acc_parts(red)
+        for t, sfx in parts:
+            self.lines.append(f"    {t} p{p}{sfx}[{lanes}];")
+        self.lines.append(f"    for (unsigned lane = 0; lane < {lanes}u; lane++) {{")
+        lane_partial()
+        for _, sfx in parts:
+            self.lines.append(f"      p{p}{sfx}[lane] = a{p}{sfx};")
+        self.lines.append("    }")
+        self.lines.append(f"    for (unsigned o = {lanes // 2}u; o > 0; o >>= 1)")
+        self.lines.append("      for (unsigned l = 0; l < o; l++) {")
+        self._tree_merge(p, red, "        ")
+        self.lines.append("      }")
+        for t, sfx in parts:
+            self.lines.append(f"    {t} a{p}{sfx} = p{p}{sfx}[0];")
 
     def _inner_loop(self, lane: str, lanes: int, outer: list[str], reduced: list[str],
                     indent: str) -> tuple[cstyle.ExprEmitter, str]:
@@ -290,21 +304,9 @@ class KernelWriter:
         """Emit reduction phase p for the current row; returns the variable of its result."""
         lanes = self.launch.lanes
         acc = f"a{p}"
-        parts = self._acc_parts(red)
-        if not self.cuda and lanes > 1:  # emulate the lanes: partials, then a tree
-            for t, sfx in parts:
-                self.lines.append(f"    {t} p{p}{sfx}[{lanes}];")
-            self.lines.append(f"    for (unsigned lane = 0; lane < {lanes}u; lane++) {{")
-            self._lane_partial(p, red, "lane", lanes, outer, reduced, "      ")
-            for _, sfx in parts:
-                self.lines.append(f"      p{p}{sfx}[lane] = {acc}{sfx};")
-            self.lines.append("    }")
-            self.lines.append(f"    for (unsigned o = {lanes // 2}u; o > 0; o >>= 1)")
-            self.lines.append("      for (unsigned l = 0; l < o; l++) {")
-            self._tree_merge(p, red, "        ")
-            self.lines.append("      }")
-            for t, sfx in parts:
-                self.lines.append(f"    {t} {acc}{sfx} = p{p}{sfx}[0];")
+        if not self.cuda and lanes > 1:
+            self.emulate_lanes(p, red, lambda: self._lane_partial(
+                p, red, "lane", lanes, outer, reduced, "      "))
         else:
             lane = "lane" if self.cuda else "0"
             self._lane_partial(p, red, lane, lanes, outer, reduced, "    ")

@@ -43,13 +43,8 @@ PARAM = "unsigned char* __restrict__ ac_ws"
 
 def parts(k: kir.Kernel) -> list[tuple[int, str, str]]:
     """(phase, C type, name suffix) of every accumulator part of kernel k, in slot order."""
-    out = []
-    for p, red in enumerate(k.reductions):
-        if red.kind.startswith("arg"):
-            out += [(p, cstyle.compute(red.expr.dtype), "v"), (p, "long long", "i")]
-        else:
-            out.append((p, cstyle.compute(red.dtype), ""))
-    return out
+    return [(p, t, sfx) for p, red in enumerate(k.reductions)
+            for t, sfx in cstyle.accumulator(red)]
 
 
 def _counter_bytes(rows: int) -> int:
@@ -116,38 +111,21 @@ def _prologue(w: KernelWriter) -> None:
         lines.append(f"  for ({ux} ac_w = ac_bid; ac_w < nwork; ac_w += ac_grid) {{")
 
 
-def _init(red: kir.Reduction) -> list[str]:
-    if red.kind.startswith("arg"):
-        return [cstyle.reduce_init(red.kind, red.expr.dtype), "-1"]
-    return [cstyle.reduce_init(red.kind, red.dtype)]
-
-
 def _reduce(w: KernelWriter, p: int, red: kir.Reduction, fold) -> None:
     """a{p} = the block's reduction of what fold(lane, lanes) accumulates into a{p} per lane:
     CUDA lanes, then shuffles and shared memory; C: emulated lanes, then a tree."""
     lanes = w.launch.lanes
-    mine = [(t, sfx) for q, t, sfx in parts(w.k) if q == p]
-    if w.cuda:
-        for (t, sfx), init in zip(mine, _init(red)):
-            w.lines.append(f"    {t} a{p}{sfx} = {init};")
+
+    def lane_partial(indent: str) -> None:
+        for (t, sfx), init in zip(cstyle.accumulator(red), cstyle.accumulator_init(red)):
+            w.lines.append(f"{indent}{t} a{p}{sfx} = {init};")
         fold("lane", lanes)
+
+    if w.cuda:
+        lane_partial("    ")
         w._cross_lane(p, red, f"a{p}")
-        return
-    for t, sfx in mine:
-        w.lines.append(f"    {t} p{p}{sfx}[{lanes}];")
-    w.lines.append(f"    for (unsigned lane = 0; lane < {lanes}u; lane++) {{")
-    for (t, sfx), init in zip(mine, _init(red)):
-        w.lines.append(f"      {t} a{p}{sfx} = {init};")
-    fold("lane", lanes)
-    for _, sfx in mine:
-        w.lines.append(f"      p{p}{sfx}[lane] = a{p}{sfx};")
-    w.lines.append("    }")
-    w.lines.append(f"    for (unsigned o = {lanes // 2}u; o > 0; o >>= 1)")
-    w.lines.append("      for (unsigned l = 0; l < o; l++) {")
-    w._tree_merge(p, red, "        ")
-    w.lines.append("      }")
-    for t, sfx in mine:
-        w.lines.append(f"    {t} a{p}{sfx} = p{p}{sfx}[0];")
+    else:
+        w.emulate_lanes(p, red, lambda: lane_partial("      "))
 
 
 def _chunk_partial(w: KernelWriter, p: int, red: kir.Reduction, outer: list[str],
