@@ -327,16 +327,23 @@ def nvcc_ptx(paths: list[str], out_dir: str) -> None:
     assert proc.returncode == 0, proc.stderr[-6000:]
 
 
+def module_ptx(parts: list, tmp_path, name: str) -> str:
+    """The PTX of rendered programs `parts` as one module (one nvcc call); every kernel
+    must be an entry of it."""
+    path = tmp_path / f"{name}.cu"
+    path.write_text(source.module_source(parts))
+    nvcc_ptx([str(path)], str(tmp_path))
+    ptx = (tmp_path / f"{name}.ptx").read_text()
+    symbols = {e.symbol for r in parts for e in r.kernels.values()}
+    assert all(f".entry {s}(" in ptx for s in symbols)
+    return ptx
+
+
 @needs_nvcc
 def test_cuda_of_every_lowered_op_compiles(prepared, tmp_path):
     parts = [source.render_program(c.program, "cuda", VARIANTS[v]) for c in prepared
              for v in ("chosen", "block", "thread-wide")]
-    path = tmp_path / "ops.cu"
-    path.write_text(source.module_source(parts))
-    nvcc_ptx([str(path)], str(tmp_path))
-    ptx = (tmp_path / "ops.ptx").read_text()
-    symbols = {e.symbol for r in parts for e in r.kernels.values()}
-    assert all(f".entry {s}(" in ptx for s in symbols)
+    ptx = module_ptx(parts, tmp_path, "ops")
     assert "shfl.sync.bfly" in ptx and "bar.sync" in ptx       # warp and block reductions
     assert "ld.global.nc.v4.f32" in ptx and "st.global.v4.f32" in ptx   # 128-bit vectors
     assert "cvt.rn.f16.f32" in ptx                              # float16 rounding

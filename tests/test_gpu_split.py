@@ -18,7 +18,7 @@ import pytest
 from autoclust.backends import cpu
 from autoclust.backends.gpu import hostsim, launch, source, split
 from test_cpu_backend import infer, one_node_graph, rand, run_onnxruntime
-from test_gpu_render import Case, assert_matches, needs_nvcc, nvcc_ptx
+from test_gpu_render import Case, assert_matches, module_ptx, needs_nvcc
 
 from autoclust import flags as flags_mod
 from autoclust import kernel_ir as kir
@@ -262,12 +262,7 @@ def test_cuda_split_rendering_compiles(tmp_path):
     for table in TABLES:
         cases, _ = _built(table)
         parts += [source.render_program(c.program, "cuda", TABLES[table][1]) for c in cases]
-    path = tmp_path / "split.cu"
-    path.write_text(source.module_source(parts))
-    nvcc_ptx([str(path)], str(tmp_path))
-    ptx = (tmp_path / "split.ptx").read_text()
-    symbols = {e.symbol for r in parts for e in r.kernels.values()}
-    assert all(f".entry {s}(" in ptx for s in symbols)
+    ptx = module_ptx(parts, tmp_path, "split")
     assert "atom.global.add.u32" in ptx                    # the per-row arrival count
     assert "membar.gl" in ptx or "fence.sc.gpu" in ptx     # __threadfence
     assert "ld.volatile.global" in ptx                     # partials bypass a stale L1

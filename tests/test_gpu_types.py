@@ -28,11 +28,11 @@ from onnx import TensorProto, helper, numpy_helper
 from test_bfloat16 import BF, EDGE, UNARY, model, ort_plain, ort_reference
 from test_gpu_render import (
     VARIANTS,
+    module_ptx,
     needs_nvcc,
-    nvcc_ptx,
     pytestmark,  # noqa: F401 - needs a C compiler
 )
-from test_narrow_int import BINARY, TYPES, _model, _values
+from test_narrow_int import BINARY, TYPES, _model, _values, chain_nodes
 from test_narrow_int import UNARY as INT_UNARY
 
 import autoclust
@@ -183,13 +183,8 @@ def _ort_case(m, feeds, cid):
 def _int_chain(dt: str) -> Case:
     """test_narrow_int's chain: an int32 intermediate kept unwrapped flips the Less."""
     code = TYPES[dt]
-    nodes = [helper.make_node("Add", ["a", "b"], ["s"]),
-             helper.make_node("Mul", ["s", "a"], ["p"]),
-             helper.make_node("Less", ["p", "b"], ["c"]),
-             helper.make_node("Sub", ["p", "b"], ["d"]),
-             helper.make_node("Abs", ["d"], ["e"]),
-             helper.make_node("Where", ["c", "e", "s"], ["y"])]
-    m = _model(nodes, [("a", code, [4, 64]), ("b", code, [4, 64])], [("y", code, [4, 64])])
+    m = _model(chain_nodes(), [("a", code, [4, 64]), ("b", code, [4, 64])],
+               [("y", code, [4, 64])])
     feeds = {"a": _values(dt, 256, 3).reshape(4, 64), "b": _values(dt, 256, 4).reshape(4, 64)}
     return _ort_case(m, feeds, f"chain-{dt}")
 
@@ -363,12 +358,7 @@ def test_vector_path_and_every_row_strategy_are_exercised(prepared):
 def test_cuda_rendering_compiles(prepared, tmp_path):
     parts = [source.render_program(c.program, "cuda", VARIANTS[v]) for c in prepared
              for v in ("chosen", "block", "thread-wide", "warp")]
-    path = tmp_path / "types.cu"
-    path.write_text(source.module_source(parts))
-    nvcc_ptx([str(path)], str(tmp_path))
-    ptx = (tmp_path / "types.ptx").read_text()
-    symbols = {e.symbol for r in parts for e in r.kernels.values()}
-    assert all(f".entry {s}(" in ptx for s in symbols)
+    ptx = module_ptx(parts, tmp_path, "types")
     assert "shfl.sync.bfly" in ptx and "bar.sync" in ptx
     assert "ld.global.nc.v4.u32" in ptx or "ld.global.nc.v4.b32" in ptx  # 8 bfloat16s
     assert "ld.global.nc.v2.u32" in ptx or "ld.global.nc.v2.b32" in ptx  # 8 int8s

@@ -75,17 +75,22 @@ def test_unary_ops_wrap_like_onnxruntime(op, dtype):
     _check(m, {"a": _values(dtype, 64, 2)})  # Abs(-128) and Neg(-128) wrap to -128
 
 
+def chain_nodes() -> list:
+    """(a + b) * a < b, then Where(c, |p - b|, a + b): one kernel."""
+    return [helper.make_node("Add", ["a", "b"], ["s"]),
+            helper.make_node("Mul", ["s", "a"], ["p"]),
+            helper.make_node("Less", ["p", "b"], ["c"]),
+            helper.make_node("Sub", ["p", "b"], ["d"]),
+            helper.make_node("Abs", ["d"], ["e"]),
+            helper.make_node("Where", ["c", "e", "s"], ["y"])]
+
+
 @pytest.mark.parametrize("dtype", list(TYPES))
 def test_a_chain_wraps_after_every_op(dtype):
     # (a + b) * a < b, then Where: one kernel; an int32 intermediate kept unwrapped
     # (100 + 100 = 200 instead of int8 -56) flips the comparison
     code = TYPES[dtype]
-    nodes = [helper.make_node("Add", ["a", "b"], ["s"]),
-             helper.make_node("Mul", ["s", "a"], ["p"]),
-             helper.make_node("Less", ["p", "b"], ["c"]),
-             helper.make_node("Sub", ["p", "b"], ["d"]),
-             helper.make_node("Abs", ["d"], ["e"]),
-             helper.make_node("Where", ["c", "e", "s"], ["y"])] if dtype in ("int8", "uint8") \
+    nodes = chain_nodes() if dtype in ("int8", "uint8") \
         else [helper.make_node("Add", ["a", "b"], ["s"]),
               helper.make_node("Mul", ["s", "a"], ["p"]),
               helper.make_node("Sub", ["p", "b"], ["d"]),
