@@ -12,8 +12,9 @@ backend calls libcublas -- the copy CuPy already loaded -- itself:
 
 One handle per thread and device (a cuBLAS handle must not be used by two threads at once),
 created with host pointer mode. `handle(stream)` points it at the stream of the call and
-then at its workspace, in that order: cublasSetStream resets the workspace to cuBLAS's
-default pool, which a capture cannot allocate from. The same calls run eagerly and under
+then at its workspace, in that order (cublasSetStream resets the workspace to cuBLAS's
+default pool, which a capture cannot allocate from), and only when the stream changed:
+nothing but these calls uses the handle. The same calls run eagerly and under
 capture, so the eager GPU tests check the captured GEMMs' arguments too.
 """
 
@@ -91,9 +92,12 @@ class Blas:
                         "cublasSetPointerMode")
             local.workspace = self._workspace(WORKSPACE_BYTES)  # kept alive with the handle
             local.handle = h.value
-        self._check(self.lib.cublasSetStream_v2(local.handle, stream), "cublasSetStream")
-        self._check(self.lib.cublasSetWorkspace_v2(local.handle, local.workspace.data.ptr,
-                                                   WORKSPACE_BYTES), "cublasSetWorkspace")
+            local.stream = None
+        if local.stream != stream:  # only our calls touch this handle: set once per stream
+            self._check(self.lib.cublasSetStream_v2(local.handle, stream), "cublasSetStream")
+            self._check(self.lib.cublasSetWorkspace_v2(local.handle, local.workspace.data.ptr,
+                                                       WORKSPACE_BYTES), "cublasSetWorkspace")
+            local.stream = stream
         return local.handle
 
     def gemm_strided_batched_ex(self, handle: int, *args: Any) -> None:
