@@ -37,10 +37,10 @@ def __getattr__(name):
         from autoclust.session import InferenceSession
         return InferenceSession
     if name == "Builder":
-        from autoclust.importers.builder import Builder
+        from autoclust.importers.builder.builder import Builder
         return Builder
-    if name in ("register_op", "unregister_op"):  # custom calls (autoclust/custom.py)
-        from autoclust import custom
+    if name in ("register_op", "unregister_op"):  # custom calls (autoclust/ops/custom.py)
+        from autoclust.ops import custom
         return getattr(custom, name)
     if name in ("jit", "trace"):
         from autoclust import tracing

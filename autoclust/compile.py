@@ -31,14 +31,14 @@ from typing import Any
 import numpy as np
 
 import autoclust
-from autoclust import inject
-from autoclust import kernel_ir as kir
 from autoclust.errors import CompileError, FlagError
 from autoclust.flags import Flags
-from autoclust.fusion import fuse
 from autoclust.ir import Graph
-from autoclust.kernel_passes import collapse_loops, share_code
-from autoclust.memplan import plan_memory
+from autoclust.kernel import inject
+from autoclust.kernel import ir as kir
+from autoclust.kernel.fusion import fuse
+from autoclust.kernel.memplan import plan_memory
+from autoclust.kernel.passes import collapse_loops, share_code
 from autoclust.passes import copy_graph, cse, dce, fold_constants, not_concrete, simplify
 from autoclust.passes import specialize as _specialize
 from autoclust.registry import policy

@@ -77,7 +77,7 @@ SPECS: tuple[FlagSpec, ...] = (
              "compile (as TF's tf_xla_async_compilation)"),
     FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
              "makes the compiled code of the first OP node of each cluster wrong, fail to "
-             "compile, or abort (autoclust/inject.py); for testing bisect and minify",
+             "compile, or abort (autoclust/kernel/inject.py); for testing bisect and minify",
              changes_code=True),
 )
 
@@ -169,7 +169,7 @@ def _convert(spec: FlagSpec, raw: Any) -> Any:
     if spec.type is list and value and spec.name in _NAME_CHECKS:
         _NAME_CHECKS[spec.name](spec.name, value)
     if spec.name == "inject_bug":
-        from autoclust import inject
+        from autoclust.kernel import inject
         inject.parse(value)  # FlagError for a malformed KIND:OP
     return value
 

@@ -28,7 +28,7 @@ from autoclust.errors import FlagError
 BACKENDS = {
     "cpu": "autoclust.backends.cpu",
     "gpu": "autoclust.backends.gpu",
-    "interpreter": "autoclust.interpreter",
+    "interpreter": "autoclust.runtime.interpreter",
 }
 FALLBACK = "autoclust.backends.ort"      # runs whatever is not clustered
 IMPORTERS = {"onnx": "autoclust.importers.onnx"}

@@ -166,7 +166,7 @@ def _fmt_dims(dims: tuple) -> str:
 
 def _uses_custom_ops(model: onnx.ModelProto) -> bool:
     """Whether the model uses an op registered with autoclust.register_op."""
-    from autoclust import custom
+    from autoclust.ops import custom
     return custom.in_model(model)
 
 
@@ -238,9 +238,10 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         return self._full_session()._sess
 
     def _build_plan(self) -> None:
-        from autoclust import registry, runtime
-        from autoclust.clustering import cluster
+        from autoclust import registry
+        from autoclust.clustering.partition import cluster
         from autoclust.importers.onnx import import_model
+        from autoclust.runtime import runner as runtime
         backend = registry.get_backend(self._flags.device)
         if registry.policy(backend).device_memory:
             require = getattr(backend, "require_device", None)
@@ -264,7 +265,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         if self._flags.must_compile:
             runtime.check_must_compile(self.plan)
         if self._flags.dump_to:
-            from autoclust.dump import Dumper
+            from autoclust.report.dump import Dumper
             self._dumper = Dumper.create(self._flags.dump_to, self._flags)
             if self._dumper is not None:
                 self._dumper.write_plan(self.plan)
@@ -293,7 +294,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         if self.plan is None:
             what = "auto_jit is 0" if self._flags.auto_jit == 0 else "model not imported"
             return f"autoclust: active on {where} ({mode}): {what}; onnxruntime runs it all"
-        from autoclust import explain
+        from autoclust.report import explain
         summary = explain.explain_text(self.plan).splitlines()[0]
         tail = "" if self._runtime is not None else "; onnxruntime runs it all"
         return f"autoclust: active on {where} ({mode}): {summary}{tail}"
@@ -466,7 +467,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
 
     def explain(self, as_json: bool = False) -> Any:
         """What was clustered and why the rest was not (text, or the JSON dict)."""
-        from autoclust import explain
+        from autoclust.report import explain
         if self.plan is None:
             reason = "auto_jit is 0" if self._flags.auto_jit == 0 else "model not imported"
             return {"nodes": len(self._model.graph.node), "clusters": [], "unclustered": [],

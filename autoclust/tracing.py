@@ -10,11 +10,11 @@
 A call's signature is the dtypes and shapes of its array arguments plus the values of
 everything else (Python scalars, None, strings, tuples, `static_argnums`/`static_argnames`
 arguments): static, so a new value traces again. Arrays may sit inside lists, tuples and
-dicts. Each signature is traced once (importers/numpy_trace.py) into a graph, written as
+dicts. Each signature is traced once (importers/numpy/trace.py) into a graph, written as
 ONNX and run by an autoclust.InferenceSession, which clusters and compiles it. Results
 come back as NumPy arrays in the function's own structure (tuples, lists, dicts).
 
-The megamorphic rule is the sessions' (autoclust/runtime.py): a function traced more than
+The megamorphic rule is the sessions' (autoclust/runtime/runner.py): a function traced more than
 --megamorphic_compiles times with fewer than RUNS_PER_COMPILE runs per trace stops
 compiling and runs as plain NumPy from then on, with one warning.
 """
@@ -138,21 +138,22 @@ class Traced:
 
     def explain(self) -> str:
         """How autoclust clusters the traced graph, and why the rest does not cluster."""
-        from autoclust import explain, registry
-        from autoclust.clustering import cluster
+        from autoclust import registry
+        from autoclust.clustering.partition import cluster
         from autoclust.importers.onnx import import_model
+        from autoclust.report import explain
         f = flags_mod.parse(**self.flags)
         graph = import_model(self.to_onnx())
         return explain.explain_text(cluster(graph, f, registry.get_backend(f.device).why_not))
 
     def compile(self) -> Any:
         """An autoclust.InferenceSession-backed callable for this signature."""
-        from autoclust.importers.builder import Compiled
+        from autoclust.importers.builder.builder import Compiled
         return Compiled(self.to_onnx(), **self.flags) if self.has_outputs else None
 
     def results(self, outputs: Sequence[np.ndarray]) -> Any:
         """The function's result: graph outputs put back into its structure."""
-        from autoclust.importers.numpy_trace import _OutputSlot
+        from autoclust.importers.numpy.trace import _OutputSlot
         leaves = [outputs[s.index] if isinstance(s, _OutputSlot) else s for s in self.slots]
         return unflatten_result(self.tree, leaves)
 
@@ -214,7 +215,7 @@ class Jitted:
 
     def _trace(self, args: tuple, kwargs: dict[str, Any],
                arrays: list[tuple[str, np.ndarray]]) -> Traced:
-        from autoclust.importers.numpy_trace import trace_graph
+        from autoclust.importers.numpy.trace import trace_graph
         names = _unique_names([n for n, _ in arrays])
 
         def call(tracers: list[Any]) -> Any:
@@ -248,7 +249,7 @@ class Jitted:
 
     def _compile(self, key: Any, args: tuple, kwargs: dict[str, Any],
                  arrays: list[tuple[str, np.ndarray]]) -> _Entry | None:
-        from autoclust.runtime import RUNS_PER_COMPILE
+        from autoclust.runtime.runner import RUNS_PER_COMPILE
         with self._lock:
             entry = self._cache.get(key)
             if entry is not None or self.fallback_reason:

@@ -56,7 +56,7 @@ def _conformance_summary(terminalreporter):
     with open(path) as f:
         results = json.load(f)
     wins = len(compiled_passed & set(results["failures"]))
-    terminalreporter.write_sep("=", "ONNX node suite (autoclust.backend)")
+    terminalreporter.write_sep("=", "ONNX node suite (autoclust.onnx_backend)")
     terminalreporter.write_line(
         f"cases {results['cases']}; onnxruntime passes {results['passed']}; passed in "
         f"default mode {counts['OnnxNodeDefault']}; passed compiled "

@@ -14,7 +14,10 @@ import numpy as np
 import onnx
 import pytest
 from autoclust.models import zoo
-from autoclust.tools import bench_exports, bench_profile, bench_zoo, timing
+from autoclust.tools.bench import exports as bench_exports
+from autoclust.tools.bench import profile as bench_profile
+from autoclust.tools.bench import timing
+from autoclust.tools.bench import zoo as bench_zoo
 
 MODELS = bench_zoo.MODELS_DIR
 
@@ -121,7 +124,7 @@ def test_zoo_row_and_table():
 
 
 def test_micro_gelu_row_times_a_copy(monkeypatch):
-    from autoclust.tools import bench
+    from autoclust.tools.bench import command as bench
     # the real case at 1/64 of its size: the same code path, a fraction of the time
     monkeypatch.setitem(bench.CASES, "gelu", ("gelu", {}, {"n": 1 << 18}, 1 << 20))
     row = bench_zoo.micro_row("gelu", threads=1, rounds=2, block=2)

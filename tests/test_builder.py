@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from autoclust.importers.builder_ops import OPSET
+from autoclust.importers.builder.ops import OPSET
 
 import autoclust
 from autoclust import ops

@@ -14,7 +14,7 @@ from autoclust.models import zoo
 from autoclust.tools import cli
 
 import autoclust
-from autoclust import interpreter
+from autoclust.runtime import interpreter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(REPO, "models")
@@ -57,7 +57,7 @@ def test_run_compiled_wording_and_plurals(capsys):
 
 
 def test_plural():
-    from autoclust.explain import plural
+    from autoclust.report.explain import plural
     assert [plural(n, "kernel") for n in (0, 1, 2)] == ["0 kernels", "1 kernel", "2 kernels"]
     assert plural(1, "child", "children") == "1 child" and plural(3, "child", "children") \
         == "3 children"
@@ -157,7 +157,8 @@ def test_user_mistakes_are_one_line_errors(args, fragment, bad_files, capsys):
 
 
 def test_every_option_has_help():
-    from autoclust.tools import bench, fuzz
+    from autoclust.tools.bench import command as bench
+    from autoclust.tools.fuzz import command as fuzz
     parsers = {"autoclust": cli.parser()}
     sub = next(a for a in parsers["autoclust"]._actions
                if isinstance(a, argparse._SubParsersAction))
@@ -278,13 +279,13 @@ def test_dumped_inputs_feed_onnxruntime_as_is(tmp_path):
                                    providers=["CPUExecutionProvider"])
         outs = ref.run(None, feeds)  # no renaming, no reordering: the file is the feed
         assert len(outs) == len(c.outputs)
-        loaded = autoclust.dump.load_inputs(path)
+        loaded = autoclust.report.dump.load_inputs(path)
         assert list(loaded) == list(feeds)
         assert all(np.array_equal(loaded[k], feeds[k]) for k in feeds)
 
 
 def test_inputs_npz_takes_any_input_name(tmp_path):
-    from autoclust.dump import load_inputs, save_inputs
+    from autoclust.report.dump import load_inputs, save_inputs
     feeds = {"file": np.arange(3), "/enc/x:0": np.ones((2, 0), np.float16), "ü": np.bool_(1)}
     save_inputs(str(tmp_path / "x.inputs.npz"), feeds)
     back = load_inputs(str(tmp_path / "x.inputs.npz"))
@@ -296,11 +297,11 @@ def test_inputs_npz_takes_any_input_name(tmp_path):
 def test_replay_reads_the_old_inputs_layout(tmp_path, capsys):
     _, dump = dump_session(tmp_path)
     path = dump / "cluster_0000.inputs.npz"
-    feeds = autoclust.dump.load_inputs(str(path))
+    feeds = autoclust.report.dump.load_inputs(str(path))
     # the layout before names became keys: __names__ plus input_0, input_1, ...
     np.savez(path, __names__=np.array(list(feeds)),
              **{f"input_{i}": a for i, a in enumerate(feeds.values())})
-    back = autoclust.dump.load_inputs(str(path))
+    back = autoclust.report.dump.load_inputs(str(path))
     assert list(back) == list(feeds)
     assert all(np.array_equal(back[k], feeds[k]) for k in feeds)
     code, out, _ = run_cli(["replay", str(dump / "cluster_0000"), "--device", "interpreter"],
@@ -318,7 +319,7 @@ def test_run_feeds_a_dumped_npz(tmp_path, capsys):
 
 
 def test_dump_names_are_sanitized(tmp_path):
-    from autoclust.dump import Dumper, safe_name
+    from autoclust.report.dump import Dumper, safe_name
     assert safe_name("../../etc/passwd") == "_.._etc_passwd"
     dumper = Dumper.create(str(tmp_path / "d"), autoclust.flags.parse(""))
     dumper.write("../escape.txt", "x")

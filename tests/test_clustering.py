@@ -7,22 +7,22 @@ import time
 
 import numpy as np
 import pytest
-from autoclust.tools.bench_clustering import chain_and_diamond_graph
+from autoclust.tools.bench.clustering import chain_and_diamond_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoclust import flags as flags_mod
-from autoclust.clustering import (
+from autoclust.clustering.partition import (
     Cluster,
     FallbackSegment,
     Plan,
     shape_static_values,
     why_not_candidate,
 )
-from autoclust.clustering import cluster as clustering_cluster
-from autoclust.explain import explain_json, explain_text
+from autoclust.clustering.partition import cluster as clustering_cluster
 from autoclust.ir import Graph, Node, Value
 from autoclust.registry import Policy
+from autoclust.report.explain import explain_json, explain_text
 
 F32 = np.dtype(np.float32)
 I64 = np.dtype(np.int64)

@@ -1,4 +1,4 @@
-"""If, Loop and Scan with clustered bodies (autoclust/control_flow.py), against onnxruntime.
+"""If, Loop and Scan with clustered bodies (autoclust/runtime/control_flow.py), against onnxruntime.
 
 Each model runs through autoclust.InferenceSession and plain onnxruntime; the outputs must
 match, and the bodies' cluster counts, compile counts (one compile serves every iteration)
@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 
 import autoclust
-from autoclust.control_flow import runtime_stats
 from autoclust.errors import NotCompilableError
+from autoclust.runtime.control_flow import runtime_stats
 
 RNG = np.random.default_rng(12)
 

@@ -10,10 +10,10 @@ from autoclust.backends import cpu
 from autoclust.importers.onnx import export_model
 
 from autoclust import flags as flags_mod
-from autoclust import kernel_ir as kir
 from autoclust import ops
 from autoclust.compile import lower_graph
 from autoclust.ir import Graph, Node
+from autoclust.kernel import ir as kir
 
 
 def one_node_graph(op: str, inputs: list, attrs: dict | None = None,

@@ -1,4 +1,4 @@
-"""Custom calls (autoclust/custom.py): ops registered with autoclust.register_op run as
+"""Custom calls (autoclust/ops/custom.py): ops registered with autoclust.register_op run as
 library calls inside compiled clusters, in autoclust's runtime outside them, and never in
 onnxruntime (which cannot load them). onnxruntime cannot run these models, so NumPy
 computing the same math is the reference here."""
@@ -16,9 +16,10 @@ from autoclust.backends import ort as ort_backend
 from onnx import TensorProto, helper
 
 import autoclust
-from autoclust import custom, explain
-from autoclust import kernel_ir as kir
 from autoclust.errors import ModelLoadError, ShapeInferenceError
+from autoclust.kernel import ir as kir
+from autoclust.ops import custom
+from autoclust.report import explain
 
 DOMAIN = "test.custom"
 RNG = np.random.default_rng(12)
@@ -336,11 +337,11 @@ def test_bad_infer_results_stop_the_load(result, message):
     assert "onnxruntime" not in str(info.value)
 
 
-# ---- the GPU backend's hook (on the stand-in CuPy: tests/fake_cupy.py) ----------------------
+# ---- the GPU backend's hook (on the stand-in CuPy: tests/support/fake_cupy.py) ----------------------
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    import fake_cupy
+    from support import fake_cupy
     if shutil.which("gcc") is None and shutil.which("cc") is None:
         pytest.skip("no C compiler for the stand-in CuPy's kernels")
     yield from fake_cupy.installed(monkeypatch)

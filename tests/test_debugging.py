@@ -15,15 +15,16 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from autoclust.tools import bisect, fuzz_check, minify, repro, shrink
-from autoclust.tools import replay as replay_tool
-from autoclust.tools.fuzz_check import Outcome
+from autoclust.tools.debug import bisect, minify, repro, shrink
+from autoclust.tools.debug import replay as replay_tool
+from autoclust.tools.fuzz import check as fuzz_check
+from autoclust.tools.fuzz.check import Outcome
 from onnx import TensorProto, helper
 
 import autoclust
 from autoclust import flags as flags_mod
-from autoclust import inject
 from autoclust.errors import FlagError, NotCompilableError
+from autoclust.kernel import inject
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(REPO, "models")

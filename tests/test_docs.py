@@ -158,7 +158,7 @@ def test_test_output_is_readable(tmp_path):
     assert "XFAIL test_many.py::test_known_gap - a known gap" in out
     assert re.search(r"43 skipped, by reason.*\n +40  onnxruntime fails\n +3  ops not in the "
                      r"op table\n", out), out
-    assert "ONNX node suite (autoclust.backend)" in out
+    assert "ONNX node suite (autoclust.onnx_backend)" in out
     assert "passed in default mode 1; passed compiled 1" in out
     lines = out.strip().splitlines()
     assert lines[-1].startswith("1 failed, 2 passed, 43 skipped, 1 xfailed")

@@ -13,8 +13,9 @@ import onnx
 import pytest
 from autoclust.importers.onnx import import_model
 
-from autoclust import dump, dump_html, flags, registry
-from autoclust.clustering import cluster
+from autoclust import flags, registry
+from autoclust.clustering.partition import cluster
+from autoclust.report import dump, dump_html
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -353,7 +353,7 @@ def test_split_sizes_from_runtime_data_stay_unknown_at_import():
     assert_same(got, want)
 
 
-# ---- found by the extended fuzzer (tools/fuzz.py presets empty and all) -------------------
+# ---- found by the extended fuzzer (tools/fuzz/command.py presets empty and all) -------------------
 
 def test_reduction_inside_a_concat_piece_sums_its_whole_axis():
     """ReduceLogSum over axes [0, -2] feeding Concat along axis 0: the piece's clamp of the

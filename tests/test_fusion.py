@@ -19,10 +19,10 @@ from autoclust.backends.cpu.codegen import _loop_order
 from autoclust.importers.onnx import import_model
 
 from autoclust import flags as flags_mod
-from autoclust import fusion
-from autoclust import kernel_ir as kir_mod
 from autoclust.compile import compile_cluster
-from autoclust.indexing import delinearize, refined_row_domain, split_index
+from autoclust.kernel import fusion
+from autoclust.kernel import ir as kir_mod
+from autoclust.kernel.indexing import delinearize, refined_row_domain, split_index
 
 RNG = np.random.default_rng(1)
 
@@ -364,7 +364,7 @@ def test_chain_faster_than_onnxruntime():
 
 def test_fuse_program_text():
     graph = import_model(chain_model(8))
-    from autoclust import kernel_ir
+    from autoclust.kernel import ir as kernel_ir
     text = kernel_ir.format_program(fusion.fuse(graph))
     assert text.count("kernel ") == 1 and "tanh(" in text
 
@@ -547,7 +547,7 @@ def test_bias_fold_feeding_a_matmul_and_large_gemm():
 def test_delinearize_merge_reshape_matches_numpy():
     # A refined nest [4, 8 | 8, 32, 32] reads x[4, 8, 8192] and y[4, 64, 32, 32] affinely;
     # [4, 64, 1024] cannot read x[4, 8, 8192] without div/mod.
-    from autoclust.kernel_ir import Affine
+    from autoclust.kernel.ir import Affine
     shape, n_inner, idx = refined_row_domain((4, 64, 32, 32), (4, 8, 8192), [2])
     assert shape == (4, 8, 8, 32, 32) and n_inner == 3
     flat = Affine(0, (65536, 8192, 1024, 32, 1))

@@ -6,7 +6,11 @@ import json
 import numpy as np
 import onnx
 import pytest
-from autoclust.tools import cli, fuzz, fuzz_check, fuzz_gen, shrink
+from autoclust.tools import cli
+from autoclust.tools.debug import shrink
+from autoclust.tools.fuzz import check as fuzz_check
+from autoclust.tools.fuzz import command as fuzz
+from autoclust.tools.fuzz import gen as fuzz_gen
 
 from autoclust import ops
 
@@ -25,7 +29,7 @@ GROUPNORM_1E20 = ("mismatch in autoclust: Where values", "mismatch in autoclust:
 # clustering, partitioned execution and the metamorphic variants on the interpreter device
 # (200 graphs) and compiled code on the CPU backend (25 graphs; an LLVM compile costs
 # ~0.3 s per cluster here). One budget per family of edge cases (the presets in
-# tools/fuzz_build.py) runs on the CPU backend, and one mixes every feature on the
+# tools/fuzz/build.py) runs on the CPU backend, and one mixes every feature on the
 # interpreter device. A budget passes when every failure it finds has a known signature,
 # and each known signature it lists is still found: a new bug fails it, and so does a
 # fix (drop the signature then). In-process for speed; isolation is tested below.

@@ -10,7 +10,9 @@ import collections
 import numpy as np
 import onnx
 import pytest
-from autoclust.tools import fuzz_build, fuzz_check, fuzz_gen
+from autoclust.tools.fuzz import build as fuzz_build
+from autoclust.tools.fuzz import check as fuzz_check
+from autoclust.tools.fuzz import gen as fuzz_gen
 from onnx import numpy_helper
 
 CASES = 600
@@ -182,7 +184,7 @@ def test_onnxruntime_reduces_empty_tensors_like_the_spec_with_positive_axes(axes
     # onnxruntime 1.31.1 reduces a zero-size tensor as the spec (and our reference) do when
     # the axes are non-negative, but ignores negative axes then (the spec says (0,)). The
     # generator gives empty inputs non-negative axes only; if the second row fails after an
-    # onnxruntime upgrade, let _reduce_axes (tools/fuzz_gen_edge.py) negate them again.
+    # onnxruntime upgrade, let _reduce_axes (tools/fuzz/gen_edge.py) negate them again.
     model = onnx.parser.parse_model(
         '<ir_version: 10, opset_import: ["" : 18]> g (float[3,0,3,2] x) => (float[?] y) '
         f'{{ a = Constant <value = int64[3] {{{axes}}}> () y = ReduceMean <keepdims = 0> (x, a) }}')

@@ -6,7 +6,9 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
-from autoclust.tools import fuzz_check, fuzz_truth, fuzz_values
+from autoclust.tools.fuzz import check as fuzz_check
+from autoclust.tools.fuzz import truth as fuzz_truth
+from autoclust.tools.fuzz import values as fuzz_values
 
 from autoclust.errors import AutoclustError, ShapeInferenceError
 

@@ -3,7 +3,7 @@
 Each row is a small model in ONNX text, its feeds, the autoclust flags to run it with and
 what must happen:
   - "ort":    autoclust returns what onnxruntime (optimizations off) returns: dtype, shape,
-              NaN positions and values within the fuzzer's tolerance (tools/fuzz_check.py);
+              NaN positions and values within the fuzzer's tolerance (tools/fuzz/check.py);
   - "raises": onnxruntime raises at run time for these feeds, so autoclust must raise an
               autoclust error naming the op;
   - an array: onnxruntime is wrong too; autoclust must return this (exact math).
@@ -18,7 +18,7 @@ import onnx
 import onnx.parser
 import onnxruntime as ort
 import pytest
-from autoclust.tools import fuzz_check
+from autoclust.tools.fuzz import check as fuzz_check
 
 import autoclust
 from autoclust.errors import AutoclustError

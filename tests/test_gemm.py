@@ -16,7 +16,7 @@ from llvmlite import ir
 from onnx import TensorProto, helper
 
 import autoclust
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 RNG = np.random.default_rng(5)
 

@@ -1,4 +1,4 @@
-"""The GPU backend's Python side run for real on a stand-in CuPy (tests/fake_cupy.py), whose
+"""The GPU backend's Python side run for real on a stand-in CuPy (tests/support/fake_cupy.py), whose
 "kernels" are their C rendering: the executable (buffers, slots, launch arguments, grids,
 check flags), the cuBLAS calls' pointers and strides, NVRTC caching and dumps, the
 runtime's moves and the CUDA graph capture and replay. What it cannot tell -- whether the
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import fake_cupy
 import numpy as np
 import onnxruntime as ort
 import pytest
 from autoclust.backends import cpu, gpu
 from autoclust.backends.gpu import blas, device, nvrtc
 from autoclust.models import zoo
+from support import fake_cupy
 from test_cpu_backend import one_node_graph, rand
 from test_gpu_render import (
     CASE_LIST,
@@ -27,9 +27,9 @@ from test_gpu_runtime import KERNELS
 
 import autoclust
 from autoclust import flags as flags_mod
-from autoclust import transfers
 from autoclust.compile import lower_graph
 from autoclust.errors import InvalidInputError
+from autoclust.runtime import transfers
 
 FLAGS = flags_mod.parse("")
 _BUILT: dict[str, list] = {}
@@ -202,7 +202,7 @@ def test_cache_dir_and_dumps(tmp_path):
 def test_bench_kernel_rows(monkeypatch, tmp_path):
     """`autoclust bench --device gpu` end to end on small sizes (timings are meaningless
     here; the rows, the bandwidth arithmetic and the report are what is checked)."""
-    from autoclust.tools import bench_gpu
+    from autoclust.tools.bench import gpu as bench_gpu
     small = {k: (m, kw, {d: 64 for d in dims}, ew) for k, (m, kw, dims, ew)
              in bench_gpu.KERNELS.items()}
     small["rmsnorm_gate"] = ("rmsnorm_gate", {"d": 64}, {"n": 32}, False)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from autoclust.backends.gpu import gemm, library
 
-from autoclust import kernel_ir as kir
 from autoclust.errors import CompileError
+from autoclust.kernel import ir as kir
 
 RNG = np.random.default_rng(3)
 SHAPES = [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)),

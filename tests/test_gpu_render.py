@@ -22,14 +22,15 @@ import numpy as np
 import onnx
 import pytest
 from autoclust.backends import cpu
-from autoclust.backends.gpu import hostsim, launch, source
+from autoclust.backends.gpu import launch, source
+from support import hostsim
 from test_cpu_backend import one_node_graph, rand, run_onnxruntime, with_specials
 from test_lowering import CASES
 
 from autoclust import flags as flags_mod
-from autoclust import kernel_ir as kir
 from autoclust.compile import lower_graph
 from autoclust.errors import InvalidInputError
+from autoclust.kernel import ir as kir
 
 FLAGS = flags_mod.parse("")
 F16, I64 = "float16", "int64"

@@ -1,6 +1,6 @@
 """The runtime and session with a device-memory backend, without a GPU.
 
-Device "gpu-sim" (tests/gpu_sim_backend.py) has the GPU backend's policy and C-rendered
+Device "gpu-sim" (tests/support/gpu_sim_backend.py) has the GPU backend's policy and C-rendered
 kernels, and values in simulated device memory (SimArray: not array-like, so any value
 reaching onnxruntime or NumPy without the runtime's explicit copy fails). Checked here:
 every zoo model against onnxruntime with pinned kernel counts, the copies a run makes
@@ -10,26 +10,27 @@ errors for a GPU this machine lacks.
 
 from __future__ import annotations
 
-import gpu_sim_backend
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from autoclust.backends.gpu import device
 from autoclust.models import zoo
-from gpu_sim_backend import SimArray
 from onnx import numpy_helper
+from support import gpu_sim_backend
+from support.gpu_sim_backend import SimArray
 from test_gpu_render import pytestmark  # noqa: F401 - needs a C compiler
 
 import autoclust
 from autoclust import flags as flags_mod
-from autoclust import registry, transfers
+from autoclust import registry
 from autoclust.errors import DeviceUnavailableError, InvalidInputError
+from autoclust.runtime import transfers
 
 
 @pytest.fixture(autouse=True)
 def sim_device(monkeypatch):
-    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "gpu_sim_backend")
+    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
 
 
 def _ort(model, feeds):

@@ -16,14 +16,15 @@ import numpy as np
 import onnx
 import pytest
 from autoclust.backends import cpu
-from autoclust.backends.gpu import hostsim, launch, source, split
+from autoclust.backends.gpu import launch, source, split
+from support import hostsim
 from test_cpu_backend import infer, one_node_graph, rand, run_onnxruntime
 from test_gpu_render import Case, assert_matches, module_ptx, needs_nvcc
 
 from autoclust import flags as flags_mod
-from autoclust import kernel_ir as kir
 from autoclust.compile import lower_graph
 from autoclust.ir import Graph, Node
+from autoclust.kernel import ir as kir
 
 FLAGS = flags_mod.parse("")
 pytestmark = pytest.mark.skipif(shutil.which(hostsim.CC) is None,
@@ -273,7 +274,7 @@ def test_cuda_split_rendering_compiles(tmp_path):
 
 @pytest.fixture
 def fake(monkeypatch):
-    import fake_cupy
+    from support import fake_cupy
     yield from fake_cupy.installed(monkeypatch)
 
 

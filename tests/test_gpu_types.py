@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import fake_cupy
-import gpu_sim_backend
 import ml_dtypes
 import numpy as np
 import pytest
 from autoclust.backends import cpu, gpu
-from autoclust.backends.gpu import hostsim, source
+from autoclust.backends.gpu import source
 from autoclust.importers.onnx import import_model
 from onnx import TensorProto, helper, numpy_helper
+from support import fake_cupy, gpu_sim_backend, hostsim
 from test_bfloat16 import BF, EDGE, UNARY, model, ort_plain, ort_reference
 from test_gpu_render import (
     VARIANTS,
@@ -37,9 +36,9 @@ from test_narrow_int import UNARY as INT_UNARY
 
 import autoclust
 from autoclust import flags as flags_mod
-from autoclust import kernel_ir as kir
 from autoclust import registry
 from autoclust.compile import lower_graph, optimize, specialize
+from autoclust.kernel import ir as kir
 
 FLAGS = flags_mod.parse("")
 F = TensorProto.FLOAT
@@ -368,7 +367,7 @@ def test_cuda_rendering_compiles(prepared, tmp_path):
 
 @pytest.fixture
 def sim_device(monkeypatch):
-    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "gpu_sim_backend")
+    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
 
 
 def _session(m) -> autoclust.InferenceSession:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoclust.graph_cycles import GraphCycles
+from autoclust.clustering.graph_cycles import GraphCycles
 
 
 def _reach(adj: dict[int, set[int]], x: int, y: int, skip: tuple[int, int] | None = None) -> bool:

@@ -12,8 +12,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 from autoclust.importers import export_model, import_model, load_model_proto
-from autoclust.importers.onnx import LEGACY
-from autoclust.importers.onnx_export import ExportError
+from autoclust.importers.onnx.export import ExportError
+from autoclust.importers.onnx.forms import LEGACY
 from onnx import TensorProto, helper, numpy_helper
 
 from autoclust import ops

@@ -13,8 +13,8 @@ import pytest
 from onnx import numpy_helper
 
 import autoclust
-from autoclust import clustering
 from autoclust import flags as flags_mod
+from autoclust.clustering import partition as clustering
 
 RNG = np.random.default_rng(5)
 
@@ -90,7 +90,7 @@ CACHE_SCRIPT = """
 import json, sys, time
 import numpy as np
 sys.path.insert(0, {tests!r})
-from op_harness import run_ort as ort_run
+from support.op_harness import run_ort as ort_run
 from test_latency import mlp
 import autoclust
 from autoclust import compile as compile_mod
@@ -303,9 +303,9 @@ def test_dump_texts_are_made_only_when_read(monkeypatch):
     from autoclust.backends import cpu
     from autoclust.importers.onnx import import_model
 
-    from autoclust import kernel_ir as kir
     from autoclust.compile import LazyDumps, compile_cluster
     from autoclust.ir import Graph
+    from autoclust.kernel import ir as kir
     made = []
     real_str, real_format = Graph.__str__, kir.format_program
     monkeypatch.setattr(Graph, "__str__", lambda g: made.append("graph") or real_str(g))

@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 from autoclust.backends.cpu import library
-from op_harness import one_node_model, run_ort
+from support.op_harness import one_node_model, run_ort
 
-from autoclust import kernel_ir as kir
 from autoclust import ops
 from autoclust.errors import UnsupportedOpError
+from autoclust.kernel import ir as kir
 
 RNG = np.random.default_rng(7)
 IMPLS = ("mlas", "numpy", "ref")

@@ -14,8 +14,8 @@ import onnx
 import pytest
 from test_cpu_backend import check_compiled, one_node_graph, rand
 
-from autoclust import kernel_ir as kir
 from autoclust import ops
+from autoclust.kernel import ir as kir
 
 F32, I64 = np.float32, np.int64
 TO_INT32 = onnx.TensorProto.INT32

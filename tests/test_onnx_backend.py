@@ -26,8 +26,8 @@ import pytest
 from autoclust.tools import conformance
 from onnx import helper
 
-from autoclust.backend import AutoclustBackend, node_model
 from autoclust.errors import NotCompilableError
+from autoclust.onnx_backend import AutoclustBackend, node_model
 
 CASES = conformance.node_cases()  # built once, warnings silenced; BackendTest reuses them
 DEVICE = conformance.default_device()

@@ -13,7 +13,7 @@ import zlib
 
 import numpy as np
 import pytest
-from op_harness import check_op
+from support.op_harness import check_op
 
 from autoclust import ops
 from autoclust.errors import ShapeInferenceError

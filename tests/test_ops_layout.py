@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from op_harness import check_op
+from support.op_harness import check_op
 
 from autoclust import ops
 from autoclust.errors import InvalidInputError, ShapeInferenceError

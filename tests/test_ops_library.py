@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import check_op
+from support.op_harness import check_op
 
 from autoclust import ops
 from autoclust.errors import ShapeInferenceError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from op_harness import check_op, one_node_model, run_ort
+from support.op_harness import check_op, one_node_model, run_ort
 
 from autoclust import ops
 from autoclust.errors import ShapeInferenceError

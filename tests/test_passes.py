@@ -16,11 +16,11 @@ from autoclust.importers.onnx import import_model
 
 from autoclust import compile as pipeline
 from autoclust import flags as flag_parser
-from autoclust import interpreter
 from autoclust.compile import compile_cluster, optimize, specialize
 from autoclust.errors import CompileError, FlagError, ShapeInferenceError
 from autoclust.ir import Graph, Node, Value
 from autoclust.passes import copy_graph, cse, dce, fold_constants, simplify
+from autoclust.runtime import interpreter
 
 FLAGS = flag_parser.parse("", verify_passes=True)
 RNG = np.random.default_rng(0)

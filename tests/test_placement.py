@@ -1,6 +1,6 @@
-"""Copy-aware placement (autoclust/placement.py) on a device-memory backend, without a GPU.
+"""Copy-aware placement (autoclust/clustering/placement.py) on a device-memory backend, without a GPU.
 
-Device "gpu-sim" (tests/gpu_sim_backend.py) has the GPU's policy, so Conv runs in
+Device "gpu-sim" (tests/support/gpu_sim_backend.py) has the GPU's policy, so Conv runs in
 onnxruntime on the host and clusters in (simulated) device memory, with every copy
 counted. A cluster between two Convs costs two copies per run; it goes back to
 onnxruntime when its host kernels would touch fewer than HOST_TRAFFIC_PER_COPY tensors per
@@ -10,17 +10,19 @@ copies a run makes are counted.
 
 from __future__ import annotations
 
-import gpu_sim_backend  # noqa: F401 - registered below as device "gpu-sim"
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from support import gpu_sim_backend  # noqa: F401 - registered below as device "gpu-sim"
 from test_gpu_render import pytestmark  # noqa: F401 - needs a C compiler
 
 import autoclust
-from autoclust import placement, registry, transfers
+from autoclust import registry
+from autoclust.clustering import placement
 from autoclust.errors import NotCompilableError
+from autoclust.runtime import transfers
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
@@ -28,7 +30,7 @@ X = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
 
 @pytest.fixture(autouse=True)
 def sim_device(monkeypatch):
-    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "gpu_sim_backend")
+    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
 
 
 def _const(name: str, shape: tuple) -> onnx.TensorProto:

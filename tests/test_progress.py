@@ -6,11 +6,12 @@ import sys
 import time
 
 from autoclust.models import zoo
-from autoclust.tools import bench, fuzz
+from autoclust.tools.bench import command as bench
+from autoclust.tools.fuzz import command as fuzz
 
 import autoclust
-from autoclust import progress
-from autoclust.progress import Progress
+from autoclust.report import progress
+from autoclust.report.progress import Progress
 
 
 class Terminal(io.StringIO):
@@ -181,7 +182,7 @@ def test_background_compiles_show_no_bar(monkeypatch):
 
 
 def test_bisect_trials_show_a_bar_and_their_lines_above_it(monkeypatch, capsys):
-    from autoclust.tools import bisect
+    from autoclust.tools.debug import bisect
     terminal = on_terminal(monkeypatch)
     monkeypatch.setattr(progress, "DELAY_S", 0.0)
     trials = bisect.Trials({}, lambda model, feeds, flags: None, desc="autoclust bisect")

@@ -13,12 +13,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 from autoclust.models import zoo
-from autoclust.tools import fuzz, soak
+from autoclust.tools.bench import soak
+from autoclust.tools.fuzz import command as fuzz
 from onnx import TensorProto, helper
 
 import autoclust
-from autoclust import interpreter
 from autoclust.errors import AutoclustError, InvalidInputError, ModelLoadError
+from autoclust.runtime import interpreter
 
 DEVICE = fuzz.default_device()
 

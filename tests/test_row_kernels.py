@@ -23,9 +23,9 @@ from onnx import TensorProto, helper
 
 import autoclust
 from autoclust import flags as flags_mod
-from autoclust import kernel_ir as kir
 from autoclust.compile import lower_graph
 from autoclust.errors import InvalidInputError
+from autoclust.kernel import ir as kir
 
 F32, F16, F64, I64 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, \
     TensorProto.INT64

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import autoclust
-from autoclust import interpreter
 from autoclust.errors import NotCompilableError
+from autoclust.runtime import interpreter
 
 # Clusters formed per zoo model at the default min_cluster_size, on the interpreter (the
 # clustering does not depend on the device for these ops). A change here is a clustering

@@ -17,7 +17,7 @@ from autoclust.backends.cpu import codegen
 from autoclust.models import zoo
 
 import autoclust
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 RNG = np.random.default_rng(11)
 BATCHES = (2, 3, 5)

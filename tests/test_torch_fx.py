@@ -1,7 +1,7 @@
 """torch.compile(backend="autoclust"): blocks match eager torch, clusters and recompiles counted.
 
 Skipped where torch is missing (`pip install ".[torch]"`). The blocks below are also what
-tools/bench_torch.py times. Lowerings are checked one ATen op at a time on the interpreter
+tools/bench/torch.py times. Lowerings are checked one ATen op at a time on the interpreter
 device (NumPy references, fast to compile) against eager torch; the blocks run compiled on
 the CPU backend.
 """
@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 
 import numpy as np
 import torch.nn.functional as F
-from autoclust.importers import torch_fx, torch_run
+from autoclust.importers.torch import fx as torch_fx
+from autoclust.importers.torch import run as torch_run
 from torch import _dynamo, nn
 
 from autoclust.errors import FlagError
@@ -703,7 +704,7 @@ def test_input_mutation_and_training_batch_norm_update_state():
 
 
 def test_bench_torch_times_every_variant_and_writes_a_row(monkeypatch):
-    from autoclust.tools import bench_torch
+    from autoclust.tools.bench import torch as bench_torch
     monkeypatch.setitem(bench_torch.CASES, "attention", {"batch": 1, "seq": 4, "d": 16})
     threads = torch.get_num_threads()
     try:

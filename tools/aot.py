@@ -106,15 +106,15 @@ def input_types(sub: Any, typed: Any, known: dict[str, np.ndarray], missing: lis
 def cluster_files(sub: Any, types: list, values: dict[str, np.ndarray], flags: Any,
                   backend: Any, device: str) -> tuple[dict[str, str], int]:
     """({suffix: text}, kernel count) for one cluster graph with concrete input types."""
-    from autoclust import kernel_ir as kir
     from autoclust.compile import lower_graph, optimize, specialize
+    from autoclust.kernel import ir as kir
     specialized = specialize(sub, types, values)
     optimized = optimize(specialized, flags)
     program = lower_graph(optimized, flags, backend)
     if device == "cpu":
         from autoclust.backends.cpu import codegen
 
-        from autoclust.kernel_passes import distinct_kernels
+        from autoclust.kernel.passes import distinct_kernels
         files = {".ll": str(codegen.build_module(distinct_kernels(program), flags.fast_math)),
                  ".kernels.txt": kir.format_program(program)}
     elif hasattr(backend, "render"):
@@ -150,7 +150,7 @@ def compile_model(model: Any, device: str, dims: dict[str, int], out_dir: str,
     from autoclust.importers.onnx import import_model
 
     from autoclust import registry
-    from autoclust.clustering import cluster
+    from autoclust.clustering.partition import cluster
     backend = registry.get_backend(device)
     graph = import_model(model)
     plan = cluster(graph, flags, backend.why_not)

@@ -47,7 +47,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from autoclust.tools import replay
+    from autoclust.tools.debug import replay
     return replay.main(args)
 
 
@@ -66,22 +66,22 @@ def _cmd_zoo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from autoclust.tools import bench
+    from autoclust.tools.bench import command as bench
     return bench.main(args.rest)
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
-    from autoclust.tools import fuzz
+    from autoclust.tools.fuzz import command as fuzz
     return fuzz.main(args.rest)
 
 
 def _cmd_bisect(args: argparse.Namespace) -> int:
-    from autoclust.tools import bisect
+    from autoclust.tools.debug import bisect
     return bisect.main(args.rest)
 
 
 def _cmd_minify(args: argparse.Namespace) -> int:
-    from autoclust.tools import minify
+    from autoclust.tools.debug import minify
     return minify.main(args.rest)
 
 

@@ -185,7 +185,7 @@ def ort_outcomes(cases: Any = None) -> dict[str, Outcome]:
 
 def our_outcome(case: Any, device: str, flags: dict[str, Any]) -> Outcome:
     """Run autoclust on one case on `device` with `flags`; None when it passes."""
-    from autoclust.backend import AutoclustBackend
+    from autoclust.onnx_backend import AutoclustBackend
     return run_case(case, lambda m: AutoclustBackend.prepare(m, device, **flags))
 
 

@@ -204,7 +204,7 @@ def median_ms(fn: Any, repeat: int, warmup: int = 3) -> float:
 def alternating_ms(sides: dict[str, Any], repeat: int) -> dict[str, float]:
     """Median ms per side over `repeat` timed runs each, in alternating blocks of BLOCK
     (each after an untimed run), so load from other processes hits both sides alike."""
-    from autoclust.tools import timing
+    from autoclust.tools.bench import timing
     rounds = max(1, -(-repeat // BLOCK))
     times = timing.alternate(sides, rounds, min(BLOCK, max(repeat, 1)))
     return {name: timing.median_ms(t) for name, t in times.items()}
@@ -252,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
 
 def cluster_line(stats: dict[str, Any], interpreted: bool) -> str:
     """`compiled once, 5 kernels` / `interpreted, 12 nodes` / `fell back: ...`."""
-    from autoclust.explain import plural
+    from autoclust.report.explain import plural
     counts = stats["kernels"]
     if interpreted:
         text = "interpreted, " + ", ".join(plural(n, "node") for n in counts)
@@ -271,7 +271,7 @@ def _ort_session(path: str, sess: Any) -> Any:
     """onnxruntime on the same model with the same threads as autoclust's kernels,
     ORT_ENABLE_ALL and spinning off (its spinning threads would steal the cores from the
     autoclust runs alternating with it)."""
-    from autoclust.tools import timing
+    from autoclust.tools.bench import timing
     threads = sess.flags.threads if sess.flags.threads > 0 else (os.cpu_count() or 1)
     return timing.ort_session(path, threads)
 
@@ -297,15 +297,16 @@ def explain_main(args: argparse.Namespace) -> int:
 
     from autoclust.importers.onnx import import_model
 
-    from autoclust import explain, flags, registry
-    from autoclust.clustering import cluster
+    from autoclust import flags, registry
+    from autoclust.clustering.partition import cluster
+    from autoclust.report import explain
     model = load_model(args.model)
     f = flags.parse(**_session_kwargs(args.flags))
     graph = import_model(model)
     backend = registry.get_backend(f.device)
     plan = cluster(graph, f, backend.why_not)
     if args.html:
-        from autoclust.dump import to_html
+        from autoclust.report.dump import to_html
         with open(args.html, "w", encoding="utf-8") as f:
             f.write(to_html(plan))
     if args.json:

@@ -3,7 +3,7 @@
 An OpDef holds everything about an op that any part of autoclust reads:
 - `kind`, `infer` (the dtype+shape rule, symbolic-aware) and `ref` (the NumPy reference:
   the semantics, used by constant folding, the interpreter and the tests);
-- `lower`, its lowering to kernel IR, written against autoclust.lowering.LowerCtx; library
+- `lower`, its lowering to kernel IR, written against autoclust.kernel.lowering.LowerCtx; library
   ops (MatMul, Conv, ...) lower to library calls instead, and an op that is never lowered
   says why in `refuse`;
 - `dtypes`: the dtypes compiled code supports for it (None: every COMPILABLE_TYPES dtype);
@@ -137,7 +137,7 @@ class OpDef:
     infer: InferFn
     ref: RefFn
     domain: str = ""
-    lower: Callable[..., Any] | None = None   # kernel-IR lowering (autoclust.lowering)
+    lower: Callable[..., Any] | None = None   # kernel-IR lowering (autoclust.kernel.lowering)
     refuse: str = ""                    # why the op is never lowered (when lower is None)
     refuses: Callable[[Node], str | None] | None = None  # why this node's form is not lowered
     dtypes: frozenset | None = None     # dtypes compiled code supports; None = COMPILABLE_TYPES
@@ -323,7 +323,7 @@ def run_ref(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
 
 
 # ---- ops defined outside the table ---------------------------------------------------------
-# autoclust.custom.register_op adds user ops (custom calls) at run time; unlike the built-in
+# autoclust.ops.custom.register_op adds user ops (custom calls) at run time; unlike the built-in
 # ops they can be removed again, and onnxruntime cannot run them (the runtime asks
 # `is_external` to keep them out of onnxruntime segments).
 _EXTERNAL: set[tuple[str, str]] = set()

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from autoclust.lowering import LowerCtx, cast, const, op, select
+from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops import ELEMENTWISE, InferContext, TypeShape, register
 from autoclust.ops.elementwise import (
     F64,

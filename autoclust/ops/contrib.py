@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from autoclust.errors import UnsupportedOpError
-from autoclust.lowering import LowerCtx, cast, const, op
+from autoclust.kernel.lowering import LowerCtx, cast, const, op
 from autoclust.ops import (
     ELEMENTWISE,
     NORMALIZATION,

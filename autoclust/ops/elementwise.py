@@ -23,7 +23,7 @@ from onnx import helper
 
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Shape
-from autoclust.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
+from autoclust.kernel.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
 from autoclust.ops import (
     ALL_TYPES,
     BFLOAT16,

@@ -16,7 +16,7 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Shape
-from autoclust.lowering import LowerCtx, const
+from autoclust.kernel.lowering import LowerCtx, const
 from autoclust.ops import (
     BOOL,
     LAYOUT,

@@ -17,7 +17,7 @@ import numpy as np
 
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Dim
-from autoclust.lowering import LowerCtx, cast, const, op, select
+from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops import (
     LAYOUT,
     Arrays,

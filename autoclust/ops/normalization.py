@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autoclust.errors import InvalidInputError
-from autoclust.lowering import LowerCtx, cast, compute_dtype, const, op, select
+from autoclust.kernel.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops import (
     BFLOAT16,
     FLOAT_TYPES,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
-from autoclust.lowering import LowerCtx, cast, const, op, select
+from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops import (
     DATA_DEPENDENT,
     INT64,

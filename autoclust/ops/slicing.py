@@ -14,7 +14,7 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim
-from autoclust.lowering import LowerCtx, const, op, select
+from autoclust.kernel.lowering import LowerCtx, const, op, select
 from autoclust.ops import (
     LAYOUT,
     Arrays,

@@ -20,12 +20,12 @@ from autoclust.backends.cpu import cache, codegen, gemm, jit, library
 from autoclust.backends.cpu.executable import Executable
 from llvmlite import ir
 
-from autoclust import kernel_ir as kir
 from autoclust import ops
 from autoclust.compile import LazyDumps
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
-from autoclust.kernel_passes import code_key, distinct_kernels
+from autoclust.kernel import ir as kir
+from autoclust.kernel.passes import code_key, distinct_kernels
 from autoclust.registry import Policy
 
 NAME = "cpu"

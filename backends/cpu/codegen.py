@@ -22,7 +22,7 @@ from autoclust.backends.cpu import mathops, vectorize
 from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
 from llvmlite import ir
 
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 PTR = ir.PointerType()

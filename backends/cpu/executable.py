@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from autoclust import kernel_ir as kir
 from autoclust.errors import InvalidInputError
+from autoclust.kernel import ir as kir
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 # The native driver: driver(fns, bufs, bounds, count) calls fns[i](bufs[i], bounds[2i],

@@ -25,7 +25,7 @@ import math
 from autoclust.backends.cpu.loops import entry_alloca, for_range
 from llvmlite import ir
 
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()

@@ -54,9 +54,10 @@ import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
 from onnx import helper
 
-from autoclust import custom, ops
-from autoclust import kernel_ir as kir
+from autoclust import ops
 from autoclust.errors import UnsupportedOpError
+from autoclust.kernel import ir as kir
+from autoclust.ops import custom
 from autoclust.ops.library import _window_pads  # the semantics' own geometry
 
 TypeShape = tuple[np.dtype, tuple[int, ...]]
@@ -199,7 +200,7 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
 
 
 def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:
-    """A custom op's kernel (autoclust.custom) writing into the cluster's buffers: a C
+    """A custom op's kernel (autoclust.ops.custom) writing into the cluster's buffers: a C
     kernel gets their pointers, a NumPy kernel's results are checked and copied in."""
     node = thunk.nodes[0] if thunk.nodes else ""
     attrs = dict(thunk.attrs)

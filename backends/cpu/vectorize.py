@@ -30,7 +30,7 @@ from __future__ import annotations
 from autoclust.backends.cpu import mathlib
 from llvmlite import ir
 
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 BITS = 512

@@ -20,11 +20,11 @@ from typing import Any
 from autoclust.backends.gpu import device, library, source
 from autoclust.backends.gpu.launch import choose
 
-from autoclust import kernel_ir as kir
 from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
+from autoclust.kernel import ir as kir
 from autoclust.registry import Policy
 
 NAME = "gpu"

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 # dtype -> (storage C type, compute C type)
 TYPES: dict[str, tuple[str, str]] = {

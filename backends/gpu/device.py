@@ -6,7 +6,7 @@
 Moving values: `to_device(x)` takes NumPy arrays (one host-to-device copy), CuPy arrays
 (as they are) and anything with DLPack on the GPU, torch CUDA tensors included (no copy);
 `to_host(x)` copies device arrays back. Both count the bytes they copy into the counter
-of the current run (autoclust.transfers), so `explain` can report them.
+of the current run (autoclust.runtime.transfers), so `explain` can report them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from autoclust import transfers
 from autoclust.errors import DeviceUnavailableError
+from autoclust.runtime import transfers
 
 INSTALL_HINT = "pip install 'autoclust[gpu]' (cupy-cuda13x)"
 

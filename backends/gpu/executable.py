@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from autoclust.backends.gpu import device, library, source, split
 
-from autoclust import kernel_ir as kir
 from autoclust.errors import InvalidInputError
+from autoclust.kernel import ir as kir
 
 CHECK_BLOCK = 128
 

@@ -49,7 +49,7 @@ class GraphRunner:
         self._lock = threading.Lock()
 
     def _structural_reason(self) -> str:
-        from autoclust.runtime import ClusterRunner
+        from autoclust.runtime.runner import ClusterRunner
         rt = self.runtime
         if rt.flags.check_numerics:
             return "--check_numerics inspects every cluster's outputs"

@@ -23,7 +23,7 @@ from autoclust.backends.gpu import cstyle, split
 from autoclust.backends.gpu.launch import Launch, buffer_dtypes, prod, vectorizable
 from autoclust.backends.gpu.prelude import arg_suffix
 
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
 FULL_MASK = "0xffffffffu"

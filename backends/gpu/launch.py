@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 BLOCK = 256           # threads per block, except block-row kernels
 WARP = 32

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 from autoclust.backends.gpu import gemm
 
-from autoclust import custom
-from autoclust import kernel_ir as kir
 from autoclust.errors import CompileError
+from autoclust.kernel import ir as kir
+from autoclust.ops import custom
 
 CUDA_R = {"float32": 0, "float64": 1, "float16": 2}      # cudaDataType_t
 COMPUTE_32F, COMPUTE_32F_PEDANTIC, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 69, 70, 77
@@ -177,7 +177,7 @@ def _einsum(t: kir.LibraryCall, attrs: dict[str, Any]) -> Step:
 
 
 def _custom_step(op: custom.CustomOp, t: kir.LibraryCall) -> Step:
-    """A custom op (autoclust.custom): its gpu_kernel on device pointers (a C function) or
+    """A custom op (autoclust.ops.custom): its gpu_kernel on device pointers (a C function) or
     CuPy arrays (a Python function); without one, its host kernel on copies. Not
     capturable: the host path synchronizes, and a user's launches are not ours to vouch for."""
     node = t.nodes[0] if t.nodes else ""

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from autoclust.backends.gpu import cstyle, kernels, prelude
 from autoclust.backends.gpu.launch import Launch, choose
 
-from autoclust import kernel_ir as kir
-from autoclust.kernel_passes import code_key, distinct_kernels
+from autoclust.kernel import ir as kir
+from autoclust.kernel.passes import code_key, distinct_kernels
 
 
 @dataclasses.dataclass(frozen=True)

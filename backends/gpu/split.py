@@ -33,7 +33,7 @@ from autoclust.backends.gpu import cstyle
 from autoclust.backends.gpu.launch import Launch, prod
 from autoclust.backends.gpu.prelude import arg_suffix
 
-from autoclust import kernel_ir as kir
+from autoclust.kernel import ir as kir
 
 if TYPE_CHECKING:
     from autoclust.backends.gpu.kernels import KernelWriter

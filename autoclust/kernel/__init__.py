@@ -1,0 +1,1 @@
+"""Kernel IR and the steps that make it: lowering, fusion, kernel passes, memory plan."""

@@ -1,0 +1,758 @@
+"""Fusion: a concrete-shape cluster Graph -> kernel IR Program (a list of thunks).
+
+Every value is either *materialized* (a buffer: graph inputs, constants, graph outputs,
+operands of library calls, and values fusion decides to keep) or *inlined*: its
+expression is rebuilt, at the right index, inside each kernel that reads it. Each op's
+expression comes from its own `lower` in the op table, written against
+autoclust.kernel.lowering.LowerCtx; `NodeLowering` below is that context. Kernels are grown from
+the materialized values ("roots") in topological order:
+
+1. A root's expression is built over its own shape (an elementwise loop nest). When it
+   reaches a reduction (ReduceX, Softmax, LayerNorm, ...) or a scan (CumSum) the kernel
+   becomes a row kernel over the reduced tensor's dims (kept dims outer, reduced dims
+   inner) and is rebuilt.
+2. A reduction can be inlined only when its reduced dims are the kernel's inner dims and
+   its row does not move with the inner indices; otherwise its output is materialized
+   (a note says why) and fusion restarts. Each restart materializes one more value.
+3. A root joins an existing kernel with the same loop shape when everything it loads was
+   computed before that kernel (multi-output fusion: LayerNorm's Y and Mean, a chain with
+   an intermediate graph output).
+4. An inlined value read by several kernels is materialized when recomputing it would
+   repeat a reduction or more than RECOMPUTE_LIMIT cost units (its ops, plus LOAD_COST
+   per tensor it reads).
+A root with no elements needs no kernel. Library ops (MatMul, Conv, ...) become
+LibraryCalls; with the backend's `fold_bias` policy a MatMul and its constant bias Add
+become one Gemm call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+from autoclust import ops
+from autoclust.errors import CompileError
+from autoclust.ir import Graph, Node, Value
+from autoclust.kernel import inject
+from autoclust.kernel import ir as kir
+from autoclust.kernel.indexing import (
+    contiguous_strides,
+    flat_index,
+    identity_index,
+    reduced_index,
+    refined_row_domain,
+    reshape_index,
+    row_domain,
+)
+from autoclust.kernel.ir import Affine
+from autoclust.kernel.lowering import (
+    NARROW_FLOATS,
+    NARROW_INTS,
+    Element,
+    Idx,
+    LowerCtx,
+    NeedRowDomain,
+    Refuse,
+    cast,
+    const,
+    op,
+)
+
+RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
+LOAD_COST = 4              # cost units of reading one more tensor while recomputing
+MAX_RESTARTS = 200
+
+
+class KernelBuilder:
+    """Builds the expressions of one kernel (a group of roots sharing a loop nest)."""
+
+    def __init__(self, fusion: Fusion, shape: tuple[int, ...], n_inner: int):
+        self.fusion = fusion
+        self.graph = fusion.graph
+        self.shape = shape
+        self.n_inner = n_inner
+        self.rank = len(shape)
+        self.reductions: list[kir.Reduction] = []
+        self.stores: list[kir.Store] = []
+        self.checks: list[kir.Check] = []
+        self.roots: set[str] = set()
+        self.nodes: dict[str, None] = {}
+        self.inlined: set[str] = set()   # non-materialized values this kernel recomputes
+        self.loads: set[str] = set()     # materialized values it loads
+        self.memo: dict[tuple, kir.Expr] = {}
+        # (loop dim, lo, hi) clamps for loads built now: set while lowering a Concat piece
+        self.clamps: tuple[tuple[int, int, int], ...] = ()
+        self.first_row_value: Value | None = None  # whose reduction or scan came first
+
+    def clone(self) -> KernelBuilder:
+        c = KernelBuilder(self.fusion, self.shape, self.n_inner)
+        c.reductions = list(self.reductions)
+        c.stores = list(self.stores)
+        c.checks = list(self.checks)
+        c.roots = set(self.roots)
+        c.nodes = dict(self.nodes)
+        c.inlined = set(self.inlined)
+        c.loads = set(self.loads)
+        c.memo = dict(self.memo)
+        c.clamps = self.clamps
+        c.first_row_value = self.first_row_value
+        return c
+
+    def scan_conflict(self, out: Value, reason: str) -> Refuse:
+        """A Refuse for `out` when a scan and another reduction or scan meet in this kernel:
+        the value whose row work came first is materialized (its own kernel) when it is
+        inlined here, else `out` is. CumSum -> ReduceSum, ReduceSum -> Add -> CumSum,
+        CumSum -> CumSum then each get a kernel instead of failing to compile."""
+        occupant = self.first_row_value
+        if occupant is not None and occupant.name not in self.roots:
+            return Refuse(occupant, reason)
+        return Refuse(out, reason)
+
+    @property
+    def is_scan(self) -> bool:
+        return bool(self.reductions) and bool(self.reductions[0].scan)
+
+    def moves_with_inner(self, a: Affine) -> bool:
+        return any(a.coeffs[self.rank - self.n_inner:])
+
+    # ---- expressions ---------------------------------------------------------------------
+    def expr(self, v: Value, idx: Idx) -> kir.Expr:
+        """The scalar expression of value `v` at logical index `idx`."""
+        key = (v.name, idx, self.clamps)  # a clamped load differs outside its piece
+        e = self.memo.get(key)
+        if e is None:
+            e = self._expr(v, idx)
+            self.memo[key] = e
+        return e
+
+    def _expr(self, v: Value, idx: Idx) -> kir.Expr:
+        const = self.graph.constant_value(v)
+        if const is not None and const.size == 1:
+            return kir.Const(const.reshape(()).item(), v.dtype.name)
+        if self.is_buffer(v):
+            self.loads.add(v.name)
+            return kir.Load(self.fusion.buffer_of(v), flat_index(idx, v.shape, self.rank),
+                            v.dtype.name, self.clamps)
+        node = v.producer
+        if v.name not in self.roots:
+            self.inlined.add(v.name)
+        self.nodes[node.name] = None
+        return lower_node(self, node, node.outputs.index(v), idx)
+
+    def is_buffer(self, v: Value) -> bool:
+        """Whether this kernel reads v from its buffer (not recomputing it)."""
+        return v.name in self.fusion.materialized and v.name not in self.roots
+
+    # ---- rows ----------------------------------------------------------------------------
+    def inner_index(self, out: Value, sizes: tuple[int, ...]) -> Idx:
+        """Indices of reduced dims `sizes` over this kernel's inner loops."""
+        inner = self.shape[self.rank - self.n_inner:]
+        if sizes == inner:
+            return tuple(kir.unit(self.rank - self.n_inner + k, self.rank)
+                         for k in range(len(sizes)))
+        red_idx = reduced_index(inner, sizes, self.rank)  # a refined nest: merged dims
+        if red_idx is None:
+            raise Refuse(out, f"reduces dims {list(sizes)} but the kernel's rows are "
+                              f"{list(inner)}")
+        return red_idx
+
+    def reduce(self, out: Value, kind: str, shape: tuple[int, ...], axes: list[int],
+               kept: dict[int, Affine], element: Element, dtype: str) -> kir.Reduced:
+        """A reduction phase over `axes` of a tensor of `shape` for the row at `kept`."""
+        if self.n_inner == 0:
+            raise NeedRowDomain(out, shape, axes)
+        if self.is_scan:
+            raise self.scan_conflict(out, "a reduction cannot share a scan kernel")
+        if any(dim >= self.rank - self.n_inner for dim, _, _ in self.clamps):
+            # inside a Concat piece along the reduced loops: the piece's clamp would cut
+            # the reduction's own loads (ReduceLogSum -> Concat summed one row of three)
+            raise Refuse(out, "a reduction inside a Concat piece along its reduced loops")
+        red_idx = self.inner_index(out, tuple(shape[a] for a in axes))
+        if any(self.moves_with_inner(a) for a in kept.values()):
+            raise Refuse(out, "its row index moves along the consumer's reduced dims")
+        it = iter(red_idx)
+        idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
+        red = kir.Reduction(kind, element(idx_x), dtype)
+        if not self.reductions:
+            self.first_row_value = out
+        if red not in self.reductions:
+            self.reductions.append(red)
+        return kir.Reduced(self.reductions.index(red), dtype)
+
+    def scan(self, out: Value, idx: Idx, kind: str, shape: tuple[int, ...], axis: int,
+             element: Element, dtype: str, exclusive: bool, reverse: bool) -> kir.Reduced:
+        """The running `kind` along `axis` at the output's own index (one scan per kernel)."""
+        if self.n_inner == 0:
+            raise NeedRowDomain(out, shape, [axis], scan=True)
+        running = kir.unit(self.rank - 1, self.rank)
+        if self.n_inner != 1 or idx[axis] != running or \
+                any(self.moves_with_inner(a) for d, a in enumerate(idx) if d != axis):
+            raise Refuse(out, "its scan position is not the kernel's running index")
+        red = kir.Reduction(kind, element(idx), dtype,
+                            "exclusive" if exclusive else "inclusive", reverse)
+        if self.reductions and self.reductions != [red]:
+            raise self.scan_conflict(out, "a scan needs a kernel of its own")
+        self.reductions = [red]
+        self.first_row_value = out
+        return kir.Reduced(0, dtype)
+
+    # ---- roots ---------------------------------------------------------------------------
+    def add_root(self, v: Value, idx: Idx) -> None:
+        """Store root `v` (its expression at `idx`) into its buffer."""
+        self.roots.add(v.name)
+        self.memo = {k: e for k, e in self.memo.items() if k[0] != v.name}
+        e = self.expr(v, idx)
+        per_row = self.n_inner > 0 and not any(self.moves_with_inner(a) for a in idx)
+        if per_row and self.is_scan:
+            raise self.scan_conflict(v, "a per-row result cannot share a scan kernel")
+        store = kir.Store(self.fusion.buffer_of(v), flat_index(idx, v.shape, self.rank), e,
+                          per_row)
+        self.stores.append(store)
+
+
+class NodeLowering(LowerCtx):
+    """The LowerCtx of one node output at one index inside a KernelBuilder."""
+
+    def __init__(self, builder: KernelBuilder, node: Node, out: int, idx: Idx):
+        self.b = builder
+        self.node = node
+        self.out = out
+        self.idx = idx
+        self.rank = builder.rank
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        return self.b.shape
+
+    def constant(self, i: int) -> np.ndarray | None:
+        return self.b.graph.constant_value(self.node.inputs[i]) if self.has(i) else None
+
+    def index(self, a: Affine) -> kir.Expr:
+        """The index's value where loads are clamped too: inside a Concat piece or an
+        edge/reflect Pad, a loop index clamped for loads is clamped here (Trilu's mask
+        under an edge Pad reads the row and column of the element it copies)."""
+        clamps = [(d, lo, hi) for d, lo, hi in self.b.clamps if a.coeffs[d]]
+        if not clamps:
+            return kir.Index(a)
+        coeffs = list(a.coeffs)
+        dims = {d: coeffs[d] for d, _, _ in clamps}
+        for d in dims:
+            coeffs[d] = 0
+        e: kir.Expr = kir.Index(Affine(a.const, tuple(coeffs)))
+        for d, c in dims.items():
+            iv: kir.Expr = kir.Index(kir.unit(d, len(coeffs)))
+            for dd, lo, hi in clamps:  # nested pieces: outer clamp first
+                if dd == d:
+                    iv = op("min", op("max", iv, const(lo, "int64")), const(hi, "int64"))
+            e = op("add", e, iv if c == 1 else op("mul", iv, const(c, "int64")))
+        return e
+
+    def value(self, i: int, idx: Idx) -> kir.Expr:
+        return self.b.expr(self.node.inputs[i], idx)
+
+    def view(self, i: int, shape: tuple[int, ...], idx: Idx) -> kir.Expr:
+        x, b = self.node.inputs[i], self.b
+        if b.is_buffer(x):  # the flat offset is the same in x and in the view
+            b.loads.add(x.name)
+            return kir.Load(b.fusion.buffer_of(x), flat_index(idx, shape, b.rank),
+                            x.dtype.name, b.clamps)
+        idx_in = reshape_index(idx, shape, tuple(x.shape), b.shape)
+        if idx_in is None and b.n_inner == 0:
+            _probe_rows(b, x)
+        if idx_in is None:
+            raise Refuse(x, f"read as {list(shape)}, {list(x.shape)} regroups dims of a "
+                            "computed value")
+        return b.expr(x, idx_in)
+
+    def gather(self, i: int, idx: Idx, dyn: dict[int, kir.Expr]) -> kir.Expr:
+        x, b = self.node.inputs[i], self.b
+        const = b.graph.constant_value(x)
+        if const is not None and const.size == 1:
+            return kir.Const(const.reshape(()).item(), x.dtype.name)
+        if not b.is_buffer(x):
+            raise Refuse(x, f"{self.node.op} reads it at data-dependent positions")
+        b.loads.add(x.name)
+        strides = contiguous_strides(tuple(x.shape))
+        terms = tuple((e, strides[d]) for d, e in sorted(dyn.items()))
+        return kir.Load(b.fusion.buffer_of(x), flat_index(idx, tuple(x.shape), b.rank),
+                        x.dtype.name, b.clamps, terms)
+
+    @contextlib.contextmanager
+    def clamped(self, dim: int, lo: int, hi: int) -> Iterator[None]:
+        saved = self.b.clamps
+        self.b.clamps = saved + ((dim, lo, hi),)
+        try:
+            yield
+        finally:
+            self.b.clamps = saved
+
+    def check(self, i: int, kind: str, lo: int = 0, hi: int = 0, message: str = "",
+              column: tuple[int, int] | None = None) -> None:
+        x, b = self.node.inputs[i], self.b
+        const = b.graph.constant_value(x)
+        if const is not None:
+            values = const.reshape(-1)
+            if column is not None:
+                values = values[column[0]::column[1]]
+            bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
+            if np.any(bad):
+                self.refuse(f"constant input {x.name!r} fails its check: {message}")
+            return
+        if not b.is_buffer(x):
+            raise Refuse(x, f"{self.node.op} checks it before the kernel runs")
+        check = kir.Check(b.fusion.buffer_of(x), kind, lo, hi, message, (self.node.name,),
+                          column)
+        if check not in b.checks:
+            b.checks.append(check)
+
+    def rows(self, shape: tuple[int, ...], axes: list[int]) -> None:
+        if self.b.n_inner == 0:
+            raise NeedRowDomain(self.output, shape, axes)
+
+    def reindex(self, idx: Idx, shape: tuple[int, ...], to_shape: tuple[int, ...]) -> Idx:
+        got = reshape_index(idx, shape, to_shape, self.b.shape)
+        if got is None:
+            self.refuse(f"{list(shape)} -> {list(to_shape)} is not affine in this kernel")
+        return got
+
+    def reduce(self, kind: str, shape: tuple[int, ...], axes: list[int],
+               kept: dict[int, Affine], element: Element, dtype: str) -> kir.Expr:
+        return self.b.reduce(self.output, kind, shape, axes, kept, element, dtype)
+
+    def scan(self, kind: str, shape: tuple[int, ...], axis: int, element: Element,
+             dtype: str, exclusive: bool = False, reverse: bool = False) -> kir.Expr:
+        return self.b.scan(self.output, self.idx, kind, shape, axis, element, dtype,
+                           exclusive, reverse)
+
+
+def lower_node(b: KernelBuilder, node: Node, k: int, idx: Idx) -> kir.Expr:
+    """Output k of `node` at idx, from the op's own lowering; float16 results are rounded
+    to float16 here, after every op, where onnxruntime rounds them."""
+    opdef = ops.get(node.op, node.domain)
+    if opdef is None or opdef.lower is None:
+        raise CompileError(f"node {node.name!r}: {node.qualified_op} has no lowering")
+    e = inject.apply(node, opdef.lower(NodeLowering(b, node, k, idx)), b.graph)
+    want = node.outputs[k].dtype.name
+    if e.dtype != want:
+        if (want in NARROW_FLOATS and e.dtype == "float32") or \
+                (want in NARROW_INTS and e.dtype == "int32"):
+            e = cast(e, want)  # rounded (floats) or wrapped (ints) after every op
+        else:
+            raise CompileError(f"node {node.name!r} ({node.op}): lowering gave {e.dtype} for "
+                               f"output {k} of dtype {want}")
+    return e
+
+
+def _probe_rows(b: KernelBuilder, x: Value) -> None:
+    """Re-raise NeedRowDomain if x (in its own loop nest) needs a row kernel: a refined
+    row nest may then make a merging Reshape affine (GroupNorm: see refined_row_domain)."""
+    probe = KernelBuilder(b.fusion, tuple(x.shape), 0)
+    try:
+        probe.expr(x, identity_index(tuple(x.shape)))
+    except NeedRowDomain:
+        raise
+    except (Refuse, CompileError):
+        pass
+
+
+class Group:
+    """A kernel being formed, or a library thunk (builder None)."""
+
+    def __init__(self, index: int, builder: KernelBuilder | None, thunk: kir.Thunk | None):
+        self.index = index
+        self.builder = builder
+        self.thunk = thunk
+
+
+class Materialize(Exception):
+    """Fusion must keep `value` in a buffer and start again."""
+
+    def __init__(self, value: Value, reason: str):
+        super().__init__(reason)
+        self.value = value
+        self.reason = reason
+
+
+class Fusion:
+    """One fusion attempt over a graph with a given set of materialized values."""
+
+    def __init__(self, graph: Graph, materialized: set[str], library: set[str],
+                 folds: dict[str, Node], notes: list[str]):
+        self.graph = graph
+        self.materialized = materialized
+        self.notes = notes
+        self.library = library
+        self.folds = folds  # MatMul name -> the bias Add folded into its Gemm call
+        self.folded = {a.name for a in folds.values()}
+        self.buffers: dict[str, int] = {}
+        self.groups: list[Group] = []
+        self.group_of: dict[str, int] = {}  # materialized value -> group index
+        self.aliases: dict[str, str] = {}  # reshaped value -> the value whose buffer it shares
+        self.live = {v.name for v in graph.outputs}
+        for v in graph.values.values():
+            if v.uses:
+                self.live.add(v.name)
+        for v in list(graph.inputs) + [graph.values[n] for n in graph.initializers
+                                       if n in graph.values]:
+            self.group_of[v.name] = -1
+
+    def buffer_of(self, v: Value) -> int:
+        if v.name not in self.buffers:
+            self.buffers[v.name] = len(self.buffers)
+        return self.buffers[v.name]
+
+    def run(self) -> None:
+        for node in self.graph.nodes:
+            if node.name in self.folded:
+                continue  # computed by its MatMul's Gemm call
+            if node.name in self.library:
+                self._add_library_call(node)
+                continue
+            for v in node.outputs:
+                if v.name in self.materialized and v.name in self.live:
+                    self._place(v)
+
+    def _place(self, v: Value) -> None:
+        """Add root v; a value it cannot inline is materialized on the spot (its own root
+        first, so it is computed before v's kernel reads it), then v is tried again.
+
+        Kernels formed earlier may still recompute that value inline: correct, and for a
+        model's repeated layers far cheaper than restarting fusion once per layer (BERT-base
+        materialized the same merge-heads Transpose in each of its 12 layers)."""
+        while True:
+            if self._alias(v):  # a view of a buffer: shares it, no kernel
+                return
+            try:
+                self._add_root(v)
+                return
+            except Materialize as m:
+                if m.value.name in self.materialized:
+                    raise CompileError(f"fusion of {self.graph.name}: cannot place "
+                                       f"{m.value.name}: {m.reason}") from None
+                self.materialized.add(m.value.name)
+                self.notes.append(f"{m.value.name} materialized: {m.reason}")
+                self._place(m.value)
+
+    def _alias(self, v: Value) -> bool:
+        """Whether `v`, a view (Reshape, ...) of a temp buffer, shares that buffer."""
+        node = v.producer
+        opdef = None if node is None else ops.get(node.op, node.domain)
+        if opdef is None or not opdef.view or v is not node.outputs[0]:
+            return False
+        x = node.inputs[0]
+        root = self.aliases.get(x.name, x.name)
+        g = self.graph
+        outputs = {w.name for w in g.outputs} | {w.name for w in g.inputs}
+        if (x.name not in self.materialized or root in outputs or v.name in outputs
+                or g.is_constant(g.values[root]) or x.name not in self.group_of
+                or x.dtype != v.dtype):
+            return False
+        self.aliases[v.name] = root
+        self.group_of[v.name] = self.group_of[x.name]
+        return True
+
+    def _add_library_call(self, node: Node) -> None:
+        add = self.folds.get(node.name)
+        if add is not None:
+            bias = next(v for v in add.inputs if v is not node.outputs[0])
+            ins = (self.buffer_of(node.inputs[0]), self.buffer_of(node.inputs[1]),
+                   self.buffer_of(bias))
+            out = add.outputs[0]
+            thunk = kir.LibraryCall("Gemm", ins, (self.buffer_of(out),), (),
+                                    (node.name, add.name))
+            self.groups.append(Group(len(self.groups), None, thunk))
+            self.group_of[out.name] = len(self.groups) - 1
+            return
+        ins = tuple(None if v is None else self.buffer_of(v) for v in node.inputs)
+        outs = tuple(self.buffer_of(v) for v in node.outputs)
+        attrs = tuple(sorted(node.attrs.items()))
+        g = Group(len(self.groups), None, kir.LibraryCall(node.op, ins, outs, attrs,
+                                                          (node.name,)))
+        self.groups.append(g)
+        for v in node.outputs:
+            self.group_of[v.name] = g.index
+
+    def _add_root(self, v: Value) -> None:
+        if 0 in v.shape:  # nothing to compute: the buffer is empty
+            self.buffer_of(v)
+            self.group_of[v.name] = -1
+            # ... but the checks computing it needs still run: onnxruntime rejects an
+            # integer divisor holding a zero even when the dividend is empty
+            for check in self._empty_root_checks(v):
+                self.groups.append(Group(len(self.groups), None, check))
+            return
+        for g in reversed(self.groups):
+            if g.builder is None or g.builder.shape != self._loop_shape_hint(v, g):
+                continue
+            trial = g.builder.clone()
+            try:
+                trial.add_root(v, self._root_index(v, trial))
+            except (NeedRowDomain, Refuse):
+                continue
+            if all(self.group_of[m] < g.index for m in trial.loads - trial.roots):
+                g.builder = trial
+                self.group_of[v.name] = g.index
+                return
+        g = Group(len(self.groups), self._new_kernel(v), None)
+        self.groups.append(g)
+        self.group_of[v.name] = g.index
+
+    def _empty_root_checks(self, v: Value) -> list[kir.Check]:
+        """The Checks a kernel computing empty value v would run. Only a probe: what
+        cannot be lowered on an empty domain (Pad reflecting nothing) has nothing to check,
+        and the buffers the probe named are given back (executables index buffers densely),
+        except those its checks read."""
+        before = dict(self.buffers)
+        try:
+            checks = self._new_kernel(v).checks
+        except (CompileError, Refuse, Materialize):
+            checks = []
+        name_of = {bid: name for name, bid in self.buffers.items()}
+        self.buffers = before
+        return [dataclasses.replace(c, buf=self.buffer_of(self.graph.values[name_of[c.buf]]))
+                for c in checks]
+
+    def _new_kernel(self, v: Value) -> KernelBuilder:
+        """A kernel for root v: its own elementwise nest, or the row nest it needs."""
+        trial = KernelBuilder(self, tuple(v.shape), 0)
+        try:
+            trial.add_root(v, identity_index(tuple(v.shape)))
+            return trial
+        except NeedRowDomain as need:
+            domain = row_domain(tuple(v.shape), need.shape, need.axes)
+            if domain is not None:
+                shape, idx = domain
+                n_inner = len(need.axes)
+            else:
+                refined = refined_row_domain(tuple(v.shape), need.shape, need.axes)
+                if refined is None:
+                    raise Materialize(need.value, f"consumer {v.name} of shape "
+                                                  f"{list(v.shape)} fits no row nest of "
+                                                  f"{list(need.shape)}") from None
+                shape, n_inner, idx = refined
+            trial = KernelBuilder(self, shape, n_inner)
+            try:
+                trial.add_root(v, idx)
+            except (NeedRowDomain, Refuse) as exc:
+                raise Materialize(exc.value, str(exc)) from None
+            return trial
+        except Refuse as exc:
+            raise Materialize(exc.value, str(exc)) from None
+
+    def _loop_shape_hint(self, v: Value, g: Group) -> tuple[int, ...] | None:
+        # A root joins a kernel whose loop nest is its own shape (or, for a row kernel,
+        # whose outer dims are its shape: a per-row store).
+        b = g.builder
+        if tuple(v.shape) == b.shape:
+            return b.shape
+        if b.n_inner and tuple(v.shape) in (b.shape[:b.rank - b.n_inner],
+                                            b.shape[:b.rank - b.n_inner] + (1,) * b.n_inner):
+            return b.shape
+        return None
+
+    def _root_index(self, v: Value, b: KernelBuilder) -> Idx:
+        if tuple(v.shape) == b.shape:
+            return identity_index(b.shape)
+        n_outer = b.rank - b.n_inner
+        idx = [kir.unit(k, b.rank) for k in range(n_outer)]
+        if len(v.shape) == b.rank:
+            idx += [kir.constant(0, b.rank)] * b.n_inner
+        return tuple(idx)
+
+
+# ---- what is materialized up front ---------------------------------------------------------
+
+def bias_folds(graph: Graph, library: set[str], mode: str) -> dict[str, Node]:
+    """MatMul name -> its only consumer, an Add of a constant bias [N], to run as one Gemm.
+
+    A is [..., K] (batch dims flattened into Gemm's M), B a constant [K, N]; onnxruntime
+    fuses the same pattern. The Add's output stands in for the MatMul's. `mode` is the
+    backend's policy: "alone" folds only when the Add's result is a graph output or feeds
+    library calls only (no loop kernel reads it, so the fold removes a kernel); "always"
+    also when a kernel reads it; "" never.
+    """
+    outputs = {v.name for v in graph.outputs}
+    folds: dict[str, Node] = {}
+    if not mode:
+        return folds
+    for node in graph.nodes:
+        if node.name not in library or node.op != "MatMul" or node.domain not in ("",
+                                                                                "ai.onnx"):
+            continue
+        a, b = node.inputs[0], node.inputs[1]
+        y = node.outputs[0]
+        if (a is None or b is None or len(a.shape) < 2 or len(b.shape) != 2
+                or not graph.is_constant(b) or y.name in outputs
+                or y.dtype.name not in ("float32", "float64")):
+            continue
+        users = graph.consumers(y)
+        if len(users) != 1 or len(y.uses) != 1:
+            continue
+        add = users[0]
+        if add.op != "Add" or add.domain not in ("", "ai.onnx") or add.name in library:
+            continue
+        bias = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+        if (bias is y or not graph.is_constant(bias) or tuple(bias.shape) != (b.shape[1],)
+                or bias.dtype != y.dtype or tuple(add.outputs[0].shape) != tuple(y.shape)):
+            continue
+        out = add.outputs[0]
+        if mode == "alone" and out.name not in outputs and not all(
+                c.name in library for c in graph.consumers(out)):
+            continue
+        folds[node.name] = add
+    return folds
+
+
+def _initial_materialized(graph: Graph, library: set[str], notes: list[str],
+                          folds: dict[str, Node]) -> set[str]:
+    keep = {v.name for v in graph.inputs} | set(graph.initializers)
+    for add in folds.values():
+        keep.add(add.outputs[0].name)
+        notes.append(f"{add.outputs[0].name}: bias Add ({add.name}) folded into a Gemm call")
+    for v in graph.outputs:
+        if v.name not in keep:
+            keep.add(v.name)
+            notes.append(f"{v.name} materialized: graph output")
+    for node in graph.nodes:
+        if node.name not in library:
+            continue
+        for v in node.all_inputs():
+            if v.name not in keep:
+                keep.add(v.name)
+                notes.append(f"{v.name} materialized: feeds {node.op} ({node.name})")
+        if node.name not in folds:  # a folded MatMul's result is never stored
+            keep.update(v.name for v in node.outputs)
+    return keep
+
+
+def _cost(v: Value, materialized: set[str], graph: Graph) -> int:
+    """Cost units recomputed when `v` is inlined (a reduction counts as unbounded): its ops'
+    costs plus LOAD_COST per tensor it reads. A recomputed chain that reads several
+    tensors re-reads them all in every reader, in every phase of a row kernel: GPT-2's
+    residual stream (embedding Gather + one Add per layer) was recomputed in each
+    layer's LayerNorm, reading up to 8 tensors three times per row."""
+    total, stack, seen, reads = 0, [v], set(), set()
+    while stack:
+        w = stack.pop()
+        if w.name in seen:
+            continue
+        seen.add(w.name)
+        if w.name in materialized or w.producer is None:
+            const = graph.constant_value(w)
+            if const is None or const.size > 1:  # a scalar constant is inlined, not read
+                reads.add(w.name)
+            continue
+        node = w.producer
+        opdef = ops.get(node.op, node.domain)
+        if opdef.kind in (ops.REDUCTION, ops.NORMALIZATION):
+            return RECOMPUTE_LIMIT + 1
+        total += opdef.cost
+        stack += node.all_inputs()
+    return total + LOAD_COST * len(reads)
+
+
+def _shared_expensive(f: Fusion) -> list[Value]:
+    """Inlined values that several kernels recompute at a high cost, to materialize
+    together: in graph order, each judged as if the earlier ones were stored already (a
+    residual chain then needs one or two fusion rounds, not one per layer)."""
+    readers: dict[str, int] = {}
+    for g in f.groups:
+        if g.builder is not None:
+            for name in g.builder.inlined:
+                readers[name] = readers.get(name, 0) + 1
+    order = {v.name: i for i, n in enumerate(f.graph.nodes) for v in n.outputs}
+    shared = sorted((n for n, c in readers.items() if c > 1), key=lambda n: order[n])
+    stored = set(f.materialized)
+    picked = []
+    for name in shared:
+        v = f.graph.values[name]
+        if _cost(v, stored, f.graph) > RECOMPUTE_LIMIT:
+            picked.append(v)
+            stored.add(name)
+    return picked
+
+
+def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
+    """Group `graph` (concrete shapes) into kernels and calls; see the module docstring."""
+    notes: list[str] = []
+    library = {n.name for n in graph.nodes if ops.get(n.op, n.domain).kind == ops.LIBRARY}
+    folds = bias_folds(graph, library, fold_bias)
+    materialized = _initial_materialized(graph, library, notes, folds)
+    for _ in range(MAX_RESTARTS):
+        f = Fusion(graph, materialized, library, folds, notes)
+        f.run()
+        costly = _shared_expensive(f)
+        if not costly:
+            return _program(f, notes)
+        for v in costly:
+            materialized.add(v.name)
+            notes.append(f"{v.name} materialized: read by several kernels and too costly "
+                         "to recompute")
+    raise CompileError(f"fusion of {graph.name} did not settle after {MAX_RESTARTS} rounds")
+
+
+def _add_check(thunks: list[kir.Thunk], checked: dict[tuple, int], c: kir.Check) -> None:
+    """Append Check c unless the same check of the same buffer ran already.
+
+    A buffer is written once, before its first check, and stays live until its last
+    reader, so a second identical check cannot fail where the first passed (a Gather
+    recomputed in several kernels, e.g. GPT-2's embedding in each layer's LayerNorm, was
+    checked once per kernel). The first check keeps its message; it names every node.
+    """
+    key = (c.buf, c.kind, c.lo, c.hi, c.column)
+    at = checked.get(key)
+    if at is None:
+        checked[key] = len(thunks)
+        thunks.append(c)
+        return
+    first = thunks[at]
+    new_nodes = tuple(n for n in c.nodes if n not in first.nodes)
+    if new_nodes:
+        thunks[at] = dataclasses.replace(first, nodes=first.nodes + new_nodes)
+
+
+def _program(f: Fusion, notes: list[str]) -> kir.Program:
+    graph = f.graph
+    for v in graph.inputs + graph.outputs:
+        f.buffer_of(v)
+    thunks: list[kir.Thunk] = []
+    checked: dict[tuple, int] = {}  # (buffer, kind, bounds, column) -> its Check's position
+    n_kernels = 0
+    for g in f.groups:
+        if isinstance(g.thunk, kir.Check):
+            _add_check(thunks, checked, g.thunk)
+            continue
+        if g.builder is None:
+            thunks.append(g.thunk)
+            continue
+        b = g.builder
+        for c in b.checks:
+            _add_check(thunks, checked, c)
+        thunks.append(kir.Kernel(f"k{n_kernels}", b.shape, b.n_inner, tuple(b.reductions),
+                                 tuple(b.stores), tuple(b.nodes)))
+        n_kernels += 1
+    inputs = {v.name for v in graph.inputs}
+    outputs = {v.name for v in graph.outputs}
+    used = set().union(*(set().union(*kir.thunk_buffers(t)) for t in thunks)) if thunks \
+        else set()
+    used |= {f.buffers[v.name] for v in graph.inputs + graph.outputs}
+    used |= {f.buffers[v] for v in f.aliases if v in f.buffers}
+    buffers = []
+    constants = {}
+    for name, bid in sorted(f.buffers.items(), key=lambda kv: kv[1]):
+        if bid not in used:  # taken by a trial that failed: no thunk reads or writes it
+            continue
+        v = graph.values[name]
+        role = ("input" if name in inputs else "const" if graph.is_constant(v)
+                else "output" if name in outputs else "temp")
+        if role == "const":
+            constants[bid] = graph.initializers[name]
+        buffers.append(kir.Buffer(bid, name, v.dtype.name, tuple(v.shape), role))
+    notes = notes + [f"{v} shares {x}'s buffer: a view, no copy" for v, x in f.aliases.items()]
+    aliases = {f.buffers[v]: f.buffers[x] for v, x in f.aliases.items() if v in f.buffers}
+    return kir.Program(buffers, thunks, [f.buffers[v.name] for v in graph.inputs],
+                       [f.buffers[v.name] for v in graph.outputs], notes, constants,
+                       aliases=aliases)

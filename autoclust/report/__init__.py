@@ -1,0 +1,1 @@
+"""What autoclust tells users: explain, dumps, the HTML graph, progress."""

@@ -1,0 +1,1 @@
+"""Running a Plan: cluster and segment runners, control flow, transfers, the interpreter."""

@@ -1,0 +1,533 @@
+"""Partitioned execution: walk a Plan of compiled clusters and onnxruntime segments.
+
+Each cluster compiles lazily per signature (input dtypes and shapes, plus the values of
+inputs that decide shapes) and caches the executable. A cluster that keeps meeting new
+signatures is megamorphic and falls back to onnxruntime; so does one whose compile fails
+(one warning each), unless --must_compile turns that into NotCompilableError.
+The run loop is kept flat: per step it gathers inputs from an environment dict, runs,
+stores outputs and drops values past their last use.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+from autoclust import registry
+from autoclust.errors import AutoclustError, InvalidInputError, NotCompilableError
+from autoclust.flags import Flags
+from autoclust.ir import Graph
+
+# A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
+# fewer than this many times per compile.
+RUNS_PER_COMPILE = 50
+# --async_compile: one background compiler thread per process (LLVM serializes compiles
+# behind its lock anyway, and fusion holds the GIL).
+_COMPILER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                  thread_name_prefix="autoclust-compile")
+
+
+class ClusterRunner:
+    """Runs one cluster: compiled executables per signature, or its onnxruntime fallback."""
+
+    def __init__(self, cluster: Any, graph: Graph, flags: Flags, backend: Any,
+                 ort_options: Any, dumper: Any = None):
+        self.cluster = cluster
+        self.name = cluster.name
+        self.graph = graph
+        self.flags = flags
+        self.check_numerics = flags.check_numerics  # read on every run
+        self.backend = backend
+        self.ort_options = ort_options
+        self.dumper = dumper
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+        shape_names = {v.name for v in cluster.shape_value_inputs}
+        self.shape_value_index = [i for i, n in enumerate(self.input_names) if n in shape_names]
+        self.cache: dict[tuple, Any] = {}
+        self.compiles = 0
+        self.runs = 0
+        self.fallback: Any = None  # an onnxruntime Segment once the cluster falls back
+        self.fallback_reason = ""
+        self.signatures: list[tuple] = []
+        self._lock = threading.Lock()
+        self._dumped_inputs = False
+        self.pending: dict[tuple, concurrent.futures.Future] = {}  # --async_compile
+        self.stand_in_runs = 0
+        self._stand_in: Any = None
+        self._async_lock = threading.Lock()  # not _lock: a compile holds that throughout
+        self.progress: Any = None  # () -> Progress of the run's compiles, set by Runtime
+        # a device backend's values are copied to the host for onnxruntime
+        self._to_host = backend.to_host if registry.policy(backend).device_memory else None
+
+    def signature(self, inputs: list[np.ndarray]) -> tuple:
+        key = tuple([(x.dtype, x.shape) for x in inputs])  # a list: faster than a genexpr
+        if self.shape_value_index:
+            key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
+        return key
+
+    def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
+        if self.fallback is not None:
+            return self.fallback.run(inputs, run_options)
+        key = tuple([(x.dtype, x.shape) for x in inputs])  # self.signature, inlined
+        if self.shape_value_index:
+            key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
+        exe = self.cache.get(key)
+        if exe is None:
+            if self.flags.async_compile and not self.flags.must_compile:
+                return self._run_while_compiling(key, inputs)
+            exe = self._compile(key, inputs)
+            if exe is None:
+                return self.fallback.run(self._host(inputs), run_options)
+        self.runs += 1
+        outs = exe.run(inputs)
+        if self.check_numerics:
+            self._check_numerics(inputs, outs)
+        return outs
+
+    # ---- compiling ------------------------------------------------------------------
+    def _compile(self, key: tuple, inputs: list[np.ndarray]) -> Any:
+        with self._lock:  # several threads meeting a new signature compile it once
+            exe = self.cache.get(key)
+            if exe is not None or self.fallback is not None:
+                return exe
+            if self.dumper is not None and self.flags.dump_inputs and not self._dumped_inputs:
+                self._dumped_inputs = True
+                self.dumper.write_inputs(self.name, self.input_names, self._host(inputs))
+            self.signatures.append(key)
+            if self._is_megamorphic():
+                self._fall_back(f"megamorphic: compiled {self.compiles} times in "
+                                f"{self.runs} runs; varying dims: {self._varying_dims()}")
+                return None
+            try:
+                exe = self._compile_now(inputs)
+            except InvalidInputError:  # these inputs are bad (onnxruntime raises too): say so
+                self.signatures.pop()  # and keep compiling the cluster for good ones
+                raise
+            except Exception as exc:  # a compile failure must never break the run
+                if self.flags.must_compile:
+                    raise NotCompilableError(f"{self.name} failed to compile: "
+                                             f"{type(exc).__name__}: {exc}") from exc
+                self._fall_back(f"compile failed: {type(exc).__name__}: {exc}")
+                return None
+            self.compiles += 1
+            self.cache[key] = exe
+            return exe
+
+    def _host(self, inputs: list[Any]) -> list[Any]:
+        """inputs as host arrays (device values copied back) for onnxruntime and dumps."""
+        return inputs if self._to_host is None else [self._to_host(x) for x in inputs]
+
+    def on_device(self) -> bool:
+        """Whether run() takes device values: a device backend's cluster not falling back
+        (--async_compile runs onnxruntime stand-ins, so it takes host values)."""
+        return (self._to_host is not None and self.fallback is None
+                and not self.flags.async_compile)
+
+    def _run_while_compiling(self, key: tuple, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """--async_compile: start compiling this signature in the background (once) and
+        run the cluster with onnxruntime now."""
+        with self._async_lock:
+            if key not in self.pending:
+                copies = [np.array(x, copy=True) for x in inputs]  # the caller may reuse them
+                self.pending[key] = _COMPILER.submit(self._compile, key, copies)
+            if self._stand_in is None:
+                self._stand_in = self._fallback_segment()
+        self.stand_in_runs += 1
+        return self._stand_in.run(inputs)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until every background compile started so far has finished."""
+        concurrent.futures.wait(list(self.pending.values()), timeout=timeout)
+
+    def _compile_now(self, inputs: list[np.ndarray]) -> Any:
+        from autoclust.compile import compile_cluster
+        types = [(x.dtype, x.shape) for x in inputs]
+        shape_values = {self.input_names[i]: np.array(inputs[i]) for i in self.shape_value_index}
+        bar = self.progress() if self.progress is not None else None
+        if bar is not None:
+            bar.start(self.name)
+        t0 = time.perf_counter()
+        exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
+        if self.flags.log:
+            message = compile_message(self.name, self.backend, exe, inputs,
+                                      time.perf_counter() - t0)
+            if bar is not None:
+                bar.write(message)
+            else:
+                print(message, file=sys.stderr)
+        if bar is not None:
+            bar.update()
+        if self.dumper is not None:
+            self.dumper.write_compile(self.name, getattr(exe, "dumps", {}))
+        return exe
+
+    def _is_megamorphic(self) -> bool:
+        limit = self.flags.megamorphic_compiles
+        return self.compiles >= limit and self.runs < RUNS_PER_COMPILE * self.compiles
+
+    def _varying_dims(self) -> str:
+        parts = []
+        for i, name in enumerate(self.input_names):
+            shapes = {sig[i][1] for sig in self.signatures if i < len(sig)}
+            ranks = {len(s) for s in shapes}
+            if len(ranks) != 1:
+                parts.append(f"{name}: rank")
+                continue
+            for d in range(ranks.pop()):
+                if len({s[d] for s in shapes}) > 1:
+                    parts.append(f"{name}[{d}]")
+        return ", ".join(parts) or "shape-deciding input values"
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason
+        self.fallback = self._fallback_segment()
+        where = "onnxruntime" if hasattr(self.fallback, "session") else \
+            "autoclust's runtime (custom ops onnxruntime cannot load)"
+        warnings.warn(f"autoclust: {self.name} falls back to {where} ({reason})",
+                      RuntimeWarning, stacklevel=4)
+        if self.dumper is not None:
+            self.dumper.write_failure(self.name, reason)
+
+    def _fallback_segment(self) -> Any:
+        """onnxruntime over the cluster's graph; with a custom op (which onnxruntime cannot
+        load) our runtime instead: custom kernels plus the other ops' references."""
+        from autoclust.ops import custom
+        if custom.in_graph(self.graph):
+            return custom.HostRunner(self.graph, self.name)
+        return registry.fallback().Segment(
+            _onnx(self.graph), self.ort_options, name=self.name, input_names=self.input_names,
+            output_names=self.output_names)
+
+    def _check_numerics(self, inputs: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        bad = [name for name, x in zip(self.output_names, outs) if _nonfinite(x)]
+        if bad:  # only now pay for locating the node and summarizing the inputs
+            inputs = self._host(inputs)
+            what = f"output {bad[0]!r} has" if len(bad) == 1 else \
+                f"outputs {', '.join(repr(b) for b in bad)} have"
+            warnings.warn(f"autoclust: {self.name} {what} NaN or inf (--check_numerics); "
+                          f"{first_nonfinite(self.graph, inputs)}; inputs: "
+                          f"{value_ranges(self.input_names, inputs)}", RuntimeWarning,
+                          stacklevel=4)
+
+
+def _nonfinite(x: np.ndarray) -> bool:
+    return x.dtype.kind == "f" and x.size > 0 and not np.isfinite(x).all()
+
+
+def first_nonfinite(graph: Graph, inputs: list[np.ndarray]) -> str:
+    """Which node makes the first NaN/inf: the graph re-run node by node with the references."""
+    from autoclust import ops
+    env = {**graph.initializers, **{v.name: x for v, x in zip(graph.inputs, inputs)}}
+    first = "an input has it"
+    with np.errstate(all="ignore"):
+        for node in graph.nodes:
+            args = [None if v is None else env[v.name] for v in node.inputs]
+            for v, r in zip(node.outputs, ops.run_ref(node, args)):
+                env[v.name] = r = np.asarray(r)
+                if first.startswith("an input") and _nonfinite(r):
+                    fed = any(_nonfinite(a) for a in args if a is not None)
+                    first = (f"first made by node {node.name!r} ({node.op}) output {v.name!r} "
+                             f"from {'NaN/inf' if fed else 'finite'} inputs")
+    if not any(_nonfinite(env[v.name]) for v in graph.outputs):
+        return "the op references give finite outputs from these inputs: the compiled code " \
+            "made the NaN/inf"
+    return first
+
+
+def value_ranges(names: list[str], arrays: list[np.ndarray]) -> str:
+    """min/max (of the finite values) and NaN and inf counts of each array."""
+    parts = []
+    for name, x in zip(names, arrays):
+        text = f"{name} {x.dtype}{list(x.shape)}"
+        if x.size and x.dtype.kind in "fiub":
+            finite = x[np.isfinite(x)] if x.dtype.kind == "f" else x
+            if finite.size:
+                text += f" min {finite.min():.4g} max {finite.max():.4g}"
+            if x.dtype.kind == "f":
+                text += f" NaN {int(np.isnan(x).sum())} inf {int(np.isinf(x).sum())}"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def compile_message(name: str, backend: Any, exe: Any, inputs: list[np.ndarray],
+                    seconds: float) -> str:
+    """The --log line of one compile (the interpreter interprets nodes, it has no kernels)."""
+    from autoclust.report.explain import plural
+    sig = ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
+    count = getattr(exe, "num_kernels", 0)
+    if getattr(backend, "NAME", "") == "interpreter":
+        return (f"autoclust: {name} ({sig}) will be interpreted: {plural(count, 'node')}, "
+                f"optimized in {seconds * 1e3:.0f} ms")
+    return (f"autoclust: compiled {name} ({sig}): {plural(count, 'kernel')} in "
+            f"{seconds * 1e3:.0f} ms")
+
+
+class SegmentRunner:
+    """A fallback segment: an onnxruntime session over the segment's sub-model."""
+
+    def __init__(self, step: Any, graph: Graph, ort_options: Any, providers: Any,
+                 provider_options: Any):
+        self.name = step.name
+        self.input_names = [v.name for v in graph.inputs]
+        self.output_names = [v.name for v in graph.outputs]
+        self.segment = registry.fallback().Segment(
+            _onnx(graph), ort_options, providers, provider_options, name=step.name,
+            input_names=self.input_names, output_names=self.output_names)
+
+    def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
+        return self.segment.run(inputs, run_options)
+
+
+class Runtime:
+    """Executes a Plan: a list of (runner, input names, output names, names to free)."""
+
+    def __init__(self, plan: Any, flags: Flags, backend: Any, sess_options: Any = None,
+                 providers: Any = None, provider_options: Any = None, dumper: Any = None):
+        from autoclust.clustering.partition import Cluster, ControlFlow
+        self.plan = plan
+        self.graph = plan.graph
+        self.backend = backend
+        options = registry.fallback().sub_session_options(sess_options, flags.threads)
+        self.runners: list[Any] = []
+        for step in plan.steps:
+            sub = self.graph.extract(step.nodes, name=step.name)
+            if not sub.outputs:
+                continue  # dead nodes (e.g. a Shape nobody reads): nothing to compute
+            if isinstance(step, Cluster):
+                runner = ClusterRunner(step, sub, flags, backend, options, dumper)
+            elif isinstance(step, ControlFlow):  # an If/Loop/Scan with clustered bodies
+                from autoclust.runtime.control_flow import ControlFlowRunner
+                runner = ControlFlowRunner(step, sub, flags, backend, sess_options, providers,
+                                           provider_options)
+            elif getattr(step, "host", False):  # a custom op: onnxruntime cannot load it
+                from autoclust.ops.custom import HostRunner
+                runner = HostRunner(sub, step.name)
+            else:
+                runner = SegmentRunner(step, sub, options, providers, provider_options)
+            self.runners.append(runner)
+        self.flags = flags
+        self._progress: Any = None  # the compiles of the run in progress (a Progress)
+        self._progress_lock = threading.Lock()
+        if not flags.async_compile or flags.must_compile:  # background compiles block nothing
+            for r in self.compiled_clusters():
+                r.progress = self._compile_progress
+        self.output_names = [v.name for v in self.graph.outputs]
+        # Overridable initializers (also graph inputs) and constant graph outputs start in
+        # the environment.
+        seed = {v.name for v in self.graph.inputs} | set(self.output_names)
+        self.defaults = {name: arr for name, arr in self.graph.initializers.items()
+                         if name in seed}
+        self._plan_frees()
+        self.device = DeviceRun(self) if registry.policy(backend).device_memory else None
+        self._single = self._single_step()
+
+    def _plan_frees(self) -> None:
+        last: dict[str, int] = {}
+        for i, r in enumerate(self.runners):
+            for name in r.input_names:
+                last[name] = i
+        keep = set(self.output_names)
+        self.frees: list[list[str]] = [[] for _ in self.runners]
+        for name, i in last.items():
+            if name not in keep:
+                self.frees[i].append(name)
+        self.steps = [(r.run, r.input_names, r.output_names, f)
+                      for r, f in zip(self.runners, self.frees)]
+
+    def _single_step(self) -> tuple | None:
+        """(run, input names, {graph output: index in the step's outputs}) when the plan is
+        one step reading only required graph inputs and making every graph output."""
+        if len(self.steps) != 1 or self.device is not None:
+            return None
+        run, in_names, out_names, _ = self.steps[0]
+        graph_inputs = {v.name for v in self.graph.inputs}
+        if any(n not in graph_inputs or n in self.defaults for n in in_names):
+            return None
+        if any(n not in out_names for n in self.output_names):
+            return None
+        return run, tuple(in_names), {n: out_names.index(n) for n in self.output_names}
+
+    def run_outputs(self, feeds: dict[str, np.ndarray], names: list[str]) -> list[Any]:
+        """The graph outputs `names` of a run on validated host feeds (no RunOptions): the
+        session's hot path. A one-step plan skips the environment dict."""
+        single = self._single
+        if single is None or self.steps[0][0] is not single[0]:  # steps wrapped (profiler)
+            env = self.run(feeds)
+            return [env[n] for n in names]
+        run, in_names, index = single
+        try:
+            outs = run([feeds[n] for n in in_names])
+        finally:
+            if self._progress is not None:
+                self._end_progress()
+        return [outs[index[n]] for n in names]
+
+    def run(self, feeds: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
+        """Run the plan on validated feeds; returns every graph output by name (a device
+        backend's outputs may be device arrays: see DeviceRun).
+
+        With onnxruntime RunOptions, its segments get them (log severity and tag, config
+        entries) and `terminate` is checked before every step, as onnxruntime does between
+        its nodes (on a device plan: before the run).
+        """
+        if self.device is not None:
+            if run_options is not None and run_options.terminate:
+                raise registry.fallback().terminated_error(self.runners[0].name)
+            return self.device.run(feeds)
+        if run_options is not None:
+            return self._run_with_options(feeds, run_options)
+        env = dict(self.defaults)
+        env.update(feeds)
+        try:
+            for run, in_names, out_names, frees in self.steps:
+                outs = run([env[n] for n in in_names])
+                for name, value in zip(out_names, outs):
+                    env[name] = value
+                for name in frees:
+                    del env[name]
+        finally:  # costs nothing without an exception (zero-cost try since Python 3.11)
+            if self._progress is not None:
+                self._end_progress()
+        return env
+
+    def _run_with_options(self, feeds: dict[str, np.ndarray], options: Any) -> dict[str, Any]:
+        env = dict(self.defaults)
+        env.update(feeds)
+        try:
+            for runner, frees in zip(self.runners, self.frees):
+                if options.terminate:
+                    raise registry.fallback().terminated_error(runner.name)
+                outs = runner.run([env[n] for n in runner.input_names], options)
+                for name, value in zip(runner.output_names, outs):
+                    env[name] = value
+                for name in frees:
+                    del env[name]
+        finally:
+            if self._progress is not None:
+                self._end_progress()
+        return env
+
+    def _compile_progress(self) -> Any:
+        """The progress of this run's compiles, made at its first compile (cold path)."""
+        from autoclust.report.progress import Progress
+        with self._progress_lock:
+            if self._progress is None:
+                # A first run compiles every cluster; a later one those meeting a new signature.
+                todo = sum(1 for r in self.compiled_clusters()
+                           if not r.cache and r.fallback is None)
+                verb = ("autoclust: optimizing for the interpreter"
+                        if getattr(self.backend, "NAME", "") == "interpreter"
+                        else "autoclust: compiling")
+                self._progress = Progress(verb, total=todo or None, unit="cluster",
+                                          log=self.flags.log, leave=False)
+            return self._progress
+
+    def _end_progress(self) -> None:
+        with self._progress_lock:
+            progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.close()
+
+    def compiled_clusters(self) -> list[ClusterRunner]:
+        return [r for r in self.runners if isinstance(r, ClusterRunner)]
+
+    def wait_compiles(self, timeout: float | None = None) -> None:
+        """Block until every cluster's background compiles (--async_compile) are done."""
+        for r in self.compiled_clusters():
+            r.wait(timeout)
+        for r in self.runners:
+            if not isinstance(r, ClusterRunner) and hasattr(r, "wait"):
+                r.wait(timeout)  # control flow: its bodies' compiles
+
+
+class DeviceRun:
+    """Runs a plan whose clusters keep values in device memory (Policy.device_memory).
+
+    Each value is copied to the side that reads it at most once per run (a cluster on the
+    device, an onnxruntime segment or a shape-deciding input on the host) and the bytes are
+    counted (`last_copies`, `autoclust.runtime.transfers`). With --cuda_graphs the backend's
+    capture(runtime) may replay the whole run as one graph.
+    """
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        backend = runtime.backend
+        self.to_device, self.to_host = backend.to_device, backend.to_host
+        self.graphs = backend.capture(runtime) if hasattr(backend, "capture") else None
+        self.last_copies: Any = None
+
+    def run(self, feeds: dict[str, Any], names: list[str] | None = None,
+            on_device: bool = False) -> Any:
+        """The env of a run (names None), or the outputs `names`, moved to the device
+        (on_device) or the host; the copies of the run are counted in last_copies."""
+        from autoclust.runtime import transfers
+        with transfers.measure() as copied:
+            env = self.graphs.run(feeds) if self.graphs is not None else None
+            if env is None:
+                env = self._run_steps(feeds)
+            if names is not None:
+                move = self.to_device if on_device else self.to_host
+                env = [move(env[n]) for n in names]
+        self.last_copies = copied
+        return env
+
+    def _run_steps(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        rt = self.runtime
+        env = dict(rt.defaults)
+        env.update(feeds)
+        other: dict[str, Any] = {}  # name -> the value's copy on the other side
+        for runner, (run, in_names, out_names, frees) in zip(rt.runners, rt.steps):
+            device = isinstance(runner, ClusterRunner) and runner.on_device()
+            host_only = set(runner.shape_value_index) if device else set()
+            args = [self._place(env, other, n, device and i not in host_only)
+                    for i, n in enumerate(in_names)]
+            for name, value in zip(out_names, run(args)):
+                env[name] = value
+                other.pop(name, None)
+            for name in frees:
+                del env[name]
+                other.pop(name, None)
+        return env
+
+    def _place(self, env: dict[str, Any], other: dict[str, Any], name: str,
+               device: bool) -> Any:
+        value = env[name]
+        if self.runtime.backend.is_device(value) == device:
+            return value
+        if name not in other:
+            other[name] = self.to_device(value) if device else self.to_host(value)
+        return other[name]
+
+
+def _onnx(graph: Graph) -> Any:
+    """A sub-graph as an ONNX model for onnxruntime (fallback segments run ONNX)."""
+    return registry.importer("onnx").export_model(graph)
+
+
+def check_must_compile(plan: Any) -> None:
+    """Under --must_compile: every node must be in a cluster, else NotCompilableError."""
+    lines = _unclustered_lines(plan, "")
+    if not lines:
+        return
+    raise NotCompilableError(f"{len(lines)} node(s) could not be compiled "
+                             "(--must_compile):\n" + "\n".join(lines))
+
+
+def _unclustered_lines(plan: Any, prefix: str) -> list[str]:
+    """`  name: reason` for every unclustered node, inside control-flow bodies too."""
+    lines = [f"  {prefix}{name}: {reason}" for name, reason in plan.reasons.items()]
+    for step in getattr(plan, "control_flow", ()):
+        for attr, body in step.bodies.items():
+            lines += _unclustered_lines(body, f"{prefix}{step.nodes[0].name}.{attr}/")
+    return lines
+
+
+__all__ = ["AutoclustError", "ClusterRunner", "DeviceRun", "Runtime", "SegmentRunner",
+           "check_must_compile"]

@@ -1,0 +1,1 @@
+"""The NumPy front end: `autoclust.jit` / `autoclust.trace` trace functions into graphs."""

@@ -1,0 +1,1 @@
+"""The torch front end: `torch.compile(backend="autoclust")` over ATen FX graphs."""

@@ -1,0 +1,1 @@
+"""`autoclust bench`: speed against onnxruntime, torch and the machine's limits."""

@@ -1,0 +1,448 @@
+"""`autoclust bench --exports`: real transformers/CNN exports, autoclust vs onnxruntime.
+
+    autoclust bench --exports                          # all five, writes bench_out/exports.*
+    autoclust bench --exports --models gpt2,bert --rounds 9 --torch none
+    python -m autoclust.tools.bench.exports --list
+
+Builds each model from a transformers config written here (random weights, seed 0, nothing
+downloaded), exports it with `torch.onnx.export(..., dynamo=True)` at batch 1 and caches the
+.onnx file and its inputs in `--cache` (default ~/.cache/autoclust/exports), keyed by the
+torch, transformers, onnxscript and onnx versions and the model's config. Then each model,
+in its own process: onnxruntime (ORT_ENABLE_ALL, `--threads`, spinning off) and autoclust
+(the same SessionOptions, `--threads`), plus torch eager and torch.compile (inductor) on the
+same module with torch.set_num_threads(threads) and OMP_WAIT_POLICY=PASSIVE (unless set),
+timed in alternating blocks over rounds
+(tools/bench/timing.py), medians. Ratio = onnxruntime time / autoclust time (above 1: autoclust is
+faster). Needs the `bench` extra: pip install "autoclust[bench]".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from autoclust.tools.bench import timing
+
+EXPORT_FORMAT = 2  # bump when the export recipe below changes (part of the cache key)
+INSTALL_HINT = ('pip install "autoclust[bench]"   (torch==2.13.0, transformers, onnxscript; '
+                "for a CPU-only torch add --extra-index-url https://download.pytorch.org/whl/cpu)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One export: a title, a builder of (config, module) and its example inputs."""
+
+    title: str
+    build: Callable[[], tuple[Any, Any]]
+    inputs: Callable[[Any], dict[str, np.ndarray]]
+    shape_note: str
+    extra: tuple = ()  # fixed keyword arguments of the model call
+
+
+def _wrap(model: Any, input_names: list[str], extra: dict[str, Any]) -> Any:
+    """A module taking the inputs positionally and returning last_hidden_state."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            kwargs = dict(zip(input_names, args), **extra)
+            return self.model(**kwargs).last_hidden_state
+
+    return Wrapped()
+
+
+def _bert() -> tuple[Any, Any]:
+    from transformers import BertConfig, BertModel
+    cfg = BertConfig()  # BERT-base: 12 layers, hidden 768, 12 heads
+    return cfg, BertModel(cfg, add_pooling_layer=False)
+
+
+def _gpt2() -> tuple[Any, Any]:
+    from transformers import GPT2Config, GPT2Model
+    cfg = GPT2Config(n_layer=4)
+    return cfg, GPT2Model(cfg)
+
+
+def _llama() -> tuple[Any, Any]:
+    from transformers import LlamaConfig, LlamaModel
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=8, vocab_size=32000,
+                      max_position_embeddings=2048)
+    return cfg, LlamaModel(cfg)
+
+
+def _vit() -> tuple[Any, Any]:
+    from transformers import ViTConfig, ViTModel
+    cfg = ViTConfig(num_hidden_layers=4)  # hidden 768, 12 heads, 224x224, patch 16
+    return cfg, ViTModel(cfg, add_pooling_layer=False)
+
+
+def _resnet50() -> tuple[Any, Any]:
+    from transformers import ResNetConfig, ResNetModel
+    cfg = ResNetConfig()  # bottleneck, depths [3, 4, 6, 3], widths 256..2048: ResNet-50
+    return cfg, ResNetModel(cfg)
+
+
+def _ids(seq: int, mask: bool = False) -> Callable[[Any], dict[str, np.ndarray]]:
+    def make(cfg: Any) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(0)
+        out = {"input_ids": rng.integers(0, cfg.vocab_size, (1, seq)).astype(np.int64)}
+        if mask:
+            out["attention_mask"] = np.ones((1, seq), np.int64)
+        return out
+    return make
+
+
+def _pixels(cfg: Any) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    size = getattr(cfg, "image_size", 224)
+    return {"pixel_values": rng.standard_normal((1, 3, size, size)).astype(np.float32)}
+
+
+SPECS: dict[str, Spec] = {
+    "bert": Spec("BERT-base, seq 128", _bert, _ids(128, mask=True), "ids+mask [1,128]"),
+    "gpt2": Spec("GPT-2 (4 layers, seq 64)", _gpt2, _ids(64), "ids [1,64]",
+                 (("use_cache", False),)),
+    "llama": Spec("LLaMA-like (4 layers, hidden 512, seq 128)", _llama, _ids(128),
+                  "ids [1,128]", (("use_cache", False),)),
+    "vit": Spec("ViT (4 layers, 224x224)", _vit, _pixels, "pixels [1,3,224,224]"),
+    "resnet50": Spec("ResNet-50 (224x224)", _resnet50, _pixels, "pixels [1,3,224,224]"),
+}
+
+
+def require() -> None:
+    """Raise SystemExit with the install line when the bench extra is missing."""
+    missing = []
+    for mod in ("torch", "transformers", "onnxscript"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    if missing:
+        raise SystemExit(f"autoclust bench --exports needs {', '.join(missing)}: {INSTALL_HINT}")
+
+
+def dynamic_shapes(inputs: dict[str, np.ndarray]) -> Any:
+    """torch.export's dynamic_shapes: token inputs get a symbolic `seq` dim (as a deployed
+    export has), images stay static. One tuple: Wrapped.forward takes *args."""
+    if "input_ids" not in inputs:
+        return None
+    import torch
+    seq = torch.export.Dim("seq", min=2, max=512)
+    return (tuple({1: seq} for _ in inputs),)
+
+
+def new_seq_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """The feeds at 3/4 of their sequence length (a new signature), or None for images."""
+    if "input_ids" not in feeds:
+        return None
+    seq = feeds["input_ids"].shape[1] * 3 // 4
+    return {k: np.ascontiguousarray(v[:, :seq]) for k, v in feeds.items()}
+
+
+def build_module(name: str) -> tuple[Any, Any, dict[str, np.ndarray]]:
+    """(config, eval-mode wrapped module with seed-0 random weights, numpy inputs)."""
+    import torch
+    spec = SPECS[name]
+    torch.manual_seed(0)
+    cfg, model = spec.build()
+    model.eval()
+    inputs = spec.inputs(cfg)
+    return cfg, _wrap(model, list(inputs), dict(spec.extra)).eval(), inputs
+
+
+def cache_key(name: str, cfg: Any) -> str:
+    """Versions + config + recipe: any change gives a new export."""
+    import onnx
+    import onnxscript
+    import torch
+    import transformers
+    text = json.dumps({"name": name, "format": EXPORT_FORMAT, "torch": torch.__version__,
+                       "transformers": transformers.__version__, "onnx": onnx.__version__,
+                       "onnxscript": onnxscript.__version__, "config": cfg.to_json_string(),
+                       "shape": SPECS[name].shape_note,
+                       "extra": repr(SPECS[name].extra)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def default_cache() -> str:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "autoclust", "exports")
+
+
+def export(name: str, cache: str, log: Callable[[str], None] = print) -> tuple[str, str]:
+    """(model path, inputs .npz path) of model `name`, exported now unless cached."""
+    import onnx
+    import torch
+    cfg, module, inputs = build_module(name)
+    stem = os.path.join(cache, f"{name}-{cache_key(name, cfg)}")
+    path, feeds = stem + ".onnx", stem + ".inputs.npz"
+    if os.path.exists(path) and os.path.exists(feeds):
+        return path, feeds
+    os.makedirs(cache, exist_ok=True)
+    log(f"exporting {name} (torch.onnx.export dynamo=True) -> {path}")
+    args = tuple(torch.from_numpy(x) for x in inputs.values())
+    with torch.no_grad():
+        program = torch.onnx.export(module, args, dynamo=True, input_names=list(inputs),
+                                    output_names=["last_hidden_state"], verbose=False,
+                                    dynamic_shapes=dynamic_shapes(inputs))
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        program.save(os.path.join(tmp, "m.onnx"))
+        model = onnx.load(os.path.join(tmp, "m.onnx"))
+    model.ir_version = min(model.ir_version, 10)  # as the zoo: onnxruntime 1.31 reads <= 13
+    onnx.save(model, path + ".tmp")
+    np.savez(feeds + ".tmp.npz", **inputs)
+    os.replace(feeds + ".tmp.npz", feeds)
+    os.replace(path + ".tmp", path)  # last: a complete pair or nothing
+    return path, feeds
+
+
+# ---- measuring one model (in its own process) ------------------------------------------------
+
+def _torch_sides(name: str, inputs: dict[str, np.ndarray], threads: int, which: list[str],
+                 row: dict[str, Any], want: list[np.ndarray]) -> dict[str, Callable[[], Any]]:
+    """Callables for torch eager / torch.compile; records their first run and error in row."""
+    import torch
+    torch.set_num_threads(threads)
+    _, module, _ = build_module(name)
+    args = tuple(torch.from_numpy(x) for x in inputs.values())
+    sides: dict[str, Callable[[], Any]] = {}
+    for side in which:
+        fn = module if side == "eager" else torch.compile(module)
+
+        def run(fn: Any = fn) -> Any:
+            with torch.inference_mode():
+                return fn(*args)
+
+        out, row[f"{side}_first_ms"] = timing.timed_ms(run)
+        row[f"{side}_err"] = timing.max_abs_err([out.numpy()], want)
+        sides[side] = run
+    return sides
+
+
+def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: int,
+            block: int, torch_sides: list[str], flags: str = "") -> dict[str, Any]:
+    """Measure one exported model in this process; returns its result row."""
+    import onnx
+    model = onnx.load(model_path)
+    with np.load(feeds_path) as z:
+        feeds = {k: z[k] for k in z.files}
+    row: dict[str, Any] = {"model": name, "title": SPECS[name].title, "threads": threads,
+                           "onnx_nodes": len(model.graph.node)}
+    ref = timing.ort_session(model, threads)
+    want = ref.run(None, feeds)
+    sess, row["session_ms"] = timing.timed_ms(
+        lambda: timing.autoclust_session(model_path, threads, flags))
+    got, row["first_run_ms"] = timing.timed_ms(lambda: sess.run(None, feeds))
+    row["max_abs_err"] = timing.max_abs_err(got, want)
+    row["max_abs_out"] = float(max(np.max(np.abs(w)) for w in want))
+    stats = sess.stats()["clusters"]
+    row["clusters"] = len(stats)
+    row["kernels"] = sum(k for c in stats for k in c["kernels"])
+    row["fallbacks"] = [c["fallback"] for c in stats if c["fallback"]]
+    if sess.plan is not None:
+        row["segments"] = len(sess.plan.steps) - len(sess.plan.clusters)
+    # the steady state: weights' prepacked onnxruntime sessions are built in the background
+    # after the first run (backends/cpu/library.py); time runs once they are in place
+    from autoclust.backends.cpu import library
+    library.wait_background(timeout=60)
+    sides: dict[str, Callable[[], Any]] = {
+        "ort": lambda: ref.run(None, feeds), "autoclust": lambda: sess.run(None, feeds)}
+    if torch_sides:
+        sides.update(_torch_sides(name, feeds, threads, torch_sides, row, want))
+    times = timing.alternate(sides, rounds, block)
+    for side, samples in times.items():
+        row[f"{side}_ms"] = timing.median_ms(samples)
+    row["ratio"] = row["ort_ms"] / row["autoclust_ms"]
+    row["ratio_p25"], row["ratio_p75"] = timing.ratio_spread(times, "ort", "autoclust", block)
+    _new_seq(row, sess, ref, feeds)
+    row["load"] = timing.load_note()
+    return row
+
+
+def _new_seq(row: dict[str, Any], sess: Any, ref: Any, feeds: dict[str, np.ndarray]) -> None:
+    """First run at a new sequence length (after the timing: it adds a signature)."""
+    alt = new_seq_feeds(feeds)
+    if alt is None:
+        return
+    got, row["new_seq_ms"] = timing.timed_ms(lambda: sess.run(None, alt))
+    row["new_seq"] = int(alt["input_ids"].shape[1])
+    row["new_seq_err"] = timing.max_abs_err(got, ref.run(None, alt))
+
+
+def cached_run(model_path: str, feeds_path: str, threads: int, flags: str) -> dict[str, Any]:
+    """Session + first run in a fresh process whose --cache_dir an earlier one filled."""
+    with np.load(feeds_path) as z:
+        feeds = {k: z[k] for k in z.files}
+    sess, session_ms = timing.timed_ms(lambda: timing.autoclust_session(model_path, threads,
+                                                                        flags))
+    _, first_ms = timing.timed_ms(lambda: sess.run(None, feeds))
+    return {"cached_session_ms": session_ms, "cached_first_run_ms": first_ms}
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+def _err(r: dict[str, Any], side: str) -> str:
+    value = r.get(f"{side}_err" if side != "autoclust" else "max_abs_err")
+    return "" if value is None else f"{value:.1e}"
+
+
+def _s(ms: float | None) -> str:
+    return "" if ms is None else f"{ms / 1e3:.2f}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The speed table (with a geomean row) and the latency table of the exports."""
+    speed, latency = [], []
+    for r in rows:
+        if "error" in r:
+            speed.append([r["model"], "error: " + r["error"]] + [""] * 7)
+            continue
+        errs = (_err(r, "autoclust"), _err(r, "eager"), _err(r, "inductor"))
+        speed.append([
+            r["title"], timing.fmt_ms(r["ort_ms"]), timing.fmt_ms(r["autoclust_ms"]),
+            f"**{r['ratio']:.2f}x**", f"{r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}",
+            timing.fmt_ms(r.get("eager_ms")), timing.fmt_ms(r.get("inductor_ms")),
+            " / ".join(e for e in errs if e),
+            f"{r['clusters']} / {r.get('segments', 0)} / {r['kernels']}"])
+        new_seq = f"{_s(r['new_seq_ms'])} (seq {r['new_seq']})" if "new_seq_ms" in r else "n/a"
+        latency.append([r["title"], _s(r["session_ms"]), _s(r["first_run_ms"]), new_seq,
+                        _s(r.get("cached_first_run_ms")), _s(r.get("inductor_first_ms"))])
+    ok = [r for r in rows if "ratio" in r]
+    if len(ok) > 1:
+        speed.append(["geomean", "", "", f"**{timing.geomean([r['ratio'] for r in ok]):.2f}x**"]
+                     + [""] * 5)
+    return timing.table(["model", "onnxruntime ms", "autoclust ms", "ratio", "ratio p25-p75",
+                         "torch eager ms", "torch.compile ms",
+                         "max abs err vs onnxruntime (autoclust / eager / inductor)",
+                         "clusters / segments / kernels"], speed) + "\n" + timing.table(
+        ["model", "autoclust session s", "autoclust first run s", "new seq length, first run s",
+         "2nd process --cache_dir, first run s", "torch.compile first run s"], latency)
+
+
+def _versions() -> dict[str, str]:
+    import llvmlite
+    import onnx
+    import onnxruntime
+    out = {"onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+           "llvmlite": llvmlite.__version__}
+    for mod in ("torch", "transformers", "onnxscript"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def _child(args: argparse.Namespace, name: str, path: str, feeds: str) -> dict[str, Any]:
+    """Measure one model in a process of its own, then its cached start in a second one."""
+    with tempfile.TemporaryDirectory(prefix="autoclust-bench-cache-") as cache_dir:
+        flags = f"{args.flags} --cache_dir={cache_dir}".strip()
+        common = ["--model-path", path, "--feeds-path", feeds, "--threads", str(args.threads),
+                  f"--flags={flags}"]
+        row = _subprocess(name, ["--one", name, "--rounds", str(args.rounds), "--block",
+                                 str(args.block), "--torch", args.torch] + common)
+        if "error" not in row:
+            row.update(_subprocess(name, ["--cached", name] + common))
+    return row
+
+
+def _subprocess(name: str, argv: list[str]) -> dict[str, Any]:
+    """The JSON line a child `python -m autoclust.tools.bench.exports ARGV` prints last."""
+    # torch's OpenMP threads spin at barriers by default: under load (or beside another
+    # side's threads) a 2-thread GPT-2 eager run took 858 ms instead of 145 ms. PASSIVE is
+    # torch's counterpart of onnxruntime's allow_spinning=0.
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    proc = subprocess.run([sys.executable, "-m", "autoclust.tools.bench.exports"] + argv,
+                          check=False, capture_output=True, text=True, env=env)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        return {"model": name, "error": tail[:300]}
+    return json.loads(lines[-1])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="autoclust bench --exports",
+                                description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="", help=f"comma-separated of {', '.join(SPECS)}")
+    p.add_argument("--list", action="store_true", help="list the models and exit")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--block", type=int, default=3, help="timed runs per side per round")
+    p.add_argument("--torch", default="eager,inductor",
+                   help="comma-separated torch sides: eager, inductor (default: both), or none")
+    p.add_argument("--flags", default="", help="AUTOCLUST_FLAGS for the autoclust side")
+    p.add_argument("--cache", default=default_cache(), help="export cache directory")
+    p.add_argument("--export-only", action="store_true", help="export (or find) and stop")
+    p.add_argument("--out", default="bench_out")
+    for hidden in ("--one", "--cached", "--model-path", "--feeds-path"):  # internal
+        p.add_argument(hidden, default="", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        for name, spec in SPECS.items():
+            print(f"{name:10s} {spec.title}  ({spec.shape_note})")
+        return 0
+    torch_sides = [s for s in args.torch.split(",") if s and s != "none"]
+    bad = [s for s in torch_sides if s not in ("eager", "inductor")]
+    names = [m for m in args.models.split(",") if m] or list(SPECS)
+    unknown = [m for m in names if m not in SPECS]
+    if bad or unknown:
+        print(f"autoclust bench --exports: unknown {'torch side' if bad else 'model'}(s) "
+              f"{bad or unknown}; known: {'eager, inductor' if bad else ', '.join(SPECS)}",
+              file=sys.stderr)
+        return 2
+    if args.cached:
+        print(json.dumps(cached_run(args.model_path, args.feeds_path, args.threads,
+                                    args.flags)))
+        return 0
+    if args.one:
+        print(json.dumps(run_one(args.one, args.model_path, args.feeds_path, args.threads,
+                                 args.rounds, args.block, torch_sides, args.flags)))
+        return 0
+    require()
+    paths = {name: export(name, args.cache) for name in names}
+    if args.export_only:
+        for name, (path, _) in paths.items():
+            print(f"{name:10s} {path}")
+        return 0
+    rows = []
+    for name in names:
+        row = _child(args, name, *paths[name])
+        rows.append(row)
+        print(f"{name:10s} " + (f"ort {row['ort_ms']:8.2f} ms  autoclust {row['autoclust_ms']:8.2f}"
+                                f" ms  ratio {row['ratio']:5.2f}x  first run "
+                                f"{row['first_run_ms'] / 1e3:5.1f} s"
+                                if "ratio" in row else f"error: {row['error']}"), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"versions": _versions(), "threads": args.threads, "rounds": args.rounds,
+            "block": args.block, "load_after": timing.load_note()}
+    with open(os.path.join(args.out, "exports.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=2)
+    text = markdown(rows)
+    with open(os.path.join(args.out, "exports.md"), "w") as f:
+        f.write(text)
+    print(text + f"wrote {args.out}/exports.json, exports.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

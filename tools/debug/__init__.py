@@ -1,0 +1,1 @@
+"""Debugging tools: bisect, minify, shrink, repro bundles, replay."""

@@ -1,0 +1,115 @@
+"""`autoclust replay DIR/cluster_NNNN`: rerun one dumped cluster on its own.
+
+Loads cluster_NNNN.onnx and its saved inputs (cluster_NNNN.inputs.npz, else generated
+from the model's signature), or a repro bundle folder (model.onnx, inputs.npz), then runs
+it three ways: compiled on the chosen device, onnxruntime, and the interpreter (the NumPy
+reference). Prints max abs/rel error per output and timings; exits 1 when compiled output
+differs beyond tolerance. This is our run_hlo_module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from autoclust.errors import InvalidInputError
+
+
+def resolve(path: str) -> tuple[str, str | None]:
+    """(model path, inputs path or None) for DIR/cluster_NNNN, .onnx, the .npz or a bundle."""
+    from autoclust.tools.debug.repro import resolve as resolve_target
+    return resolve_target(path)
+
+
+def read_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
+    """The saved inputs of a dumped cluster (either .npz layout), checked against `names`."""
+    from autoclust.report import dump
+    try:
+        feeds = dump.load_inputs(path)
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise InvalidInputError(f"cannot read saved inputs {path}: {exc}") from None
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise InvalidInputError(f"{path} lacks input(s) {', '.join(missing)} of the cluster; "
+                                f"it holds: {', '.join(feeds) or 'nothing'}")
+    return feeds
+
+
+def _timed(fn: Any, repeat: int) -> tuple[Any, float]:
+    """fn()'s result (a warm-up run) and its median time in ms over `repeat` more runs."""
+    from autoclust.tools.run import median_ms
+    return fn(), median_ms(fn, repeat)
+
+
+def compare(name: str, got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Max abs and max relative error of got vs want (NaNs must match)."""
+    got = np.asarray(got)
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        raise AssertionError(f"output {name}: shape {got.shape} vs {want.shape}")
+    if got.size == 0:
+        return 0.0, 0.0
+    g = got.astype(np.float64)
+    w = want.astype(np.float64)
+    nan_mismatch = np.isnan(g) != np.isnan(w)
+    if nan_mismatch.any():
+        return float("inf"), float("inf")
+    same = (g == w) | (np.isnan(g) & np.isnan(w))
+    diff = np.where(same, 0.0, np.abs(g - w))
+    rel = diff / np.maximum(np.abs(w), 1e-30)
+    return float(np.max(diff)), float(np.max(np.where(same, 0.0, rel)))
+
+
+def main(args: argparse.Namespace) -> int:
+    """autoclust replay DIR/cluster_NNNN: exit 0 when compiled matches onnxruntime, else 1."""
+    from autoclust.backends import ort as ort_backend
+    from autoclust.importers.onnx import import_model, load_model_proto
+    from autoclust.tools.run import generate_inputs
+
+    from autoclust import flags, registry
+    from autoclust.compile import compile_cluster
+    from autoclust.report.explain import plural
+    from autoclust.runtime import interpreter
+
+    model_path, inputs_path = resolve(args.cluster)
+    overrides = flags.parse_string(args.flags) if args.flags else {}
+    if args.device:
+        overrides["device"] = args.device
+    f = flags.parse(**overrides)
+    proto = load_model_proto(model_path)
+    graph = import_model(proto)
+    names = [v.name for v in graph.inputs]
+    feeds = read_inputs(inputs_path, names) if inputs_path else generate_inputs(proto)
+    inputs = [feeds[n] for n in names]
+    types = [(x.dtype, x.shape) for x in inputs]
+    backend = registry.get_backend(f.device)
+    exe = compile_cluster(graph, types, {}, f, backend)
+    compiled, t_compiled = _timed(lambda: exe.run(inputs), args.repeat)
+    if registry.policy(backend).device_memory:  # device outputs: compare on the host
+        compiled = [backend.to_host(c) for c in compiled]
+    sess = ort_backend.create_session(proto, None)
+    ref, t_ort = _timed(lambda: sess.run(None, {n: feeds[n] for n in names}), args.repeat)
+    interp_exe = compile_cluster(graph, types, {}, f, interpreter)
+    interp = interp_exe.run(inputs)
+    print(f"replay {model_path} on {f.device} "
+          f"({'saved' if inputs_path else 'generated'} inputs)")
+    ok = True
+    for v, c, r, i in zip(graph.outputs, compiled, ref, interp):
+        abs_err, rel_err = compare(v.name, c, r)
+        i_abs, _ = compare(v.name, i, r)
+        close = np.allclose(np.asarray(c, np.float64), np.asarray(r, np.float64),
+                            rtol=args.rtol, atol=args.atol, equal_nan=True) \
+            if np.asarray(c).size else True
+        ok = ok and close
+        print(f"  {v.name}: max abs err {abs_err:.3g}, max rel err {rel_err:.3g} "
+              f"(interpreter vs onnxruntime {i_abs:.3g}) {'ok' if close else 'MISMATCH'}")
+    count = getattr(exe, "num_kernels", 0)
+    if getattr(backend, "NAME", "") == "interpreter":
+        what = f"interpreted {t_compiled:.3f} ms ({plural(count, 'node')})"
+    else:
+        what = f"compiled {t_compiled:.3f} ms ({plural(count, 'kernel')})"
+    print(f"{what}, onnxruntime {t_ort:.3f} ms")
+    return 0 if ok else 1

@@ -1,0 +1,1 @@
+"""`autoclust fuzz`: random graphs compiled and compared with onnxruntime."""
