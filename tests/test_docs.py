@@ -38,7 +38,7 @@ def sample_after(text, intro):
 def test_readme_links_the_architecture_page_in_the_repo():
     text = read(README)
     assert "../shared/ARCHITECTURE.md" not in text
-    assert "[docs/architecture.md](docs/architecture.md)" in text
+    assert "](docs/architecture.md)" in text
     assert os.path.isfile(ARCH)
 
 
@@ -92,8 +92,30 @@ def test_readme_run_sample_is_real_output(capsys, monkeypatch):
     assert _numbers_masked(got) == _numbers_masked(want)
 
 
+def test_readme_links_every_docs_page_and_each_exists():
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", read(README)))
+    pages = {"docs/" + n for n in os.listdir(os.path.join(REPO, "docs")) if n.endswith(".md")}
+    assert linked == pages
+
+
+def test_readme_tour_runs():
+    """The tour's NumPy and builder lines, as written."""
+    tour = read(README)[read(README).index("## A short tour"):]
+    block = re.search(r"```python\n(fast = torch.*?)```", tour, re.DOTALL).group(1)
+    code = "\n".join(ln for ln in block.splitlines() if not ln.startswith("fast ="))
+    import numpy as np
+
+    import autoclust
+    env = {"np": np, "autoclust": autoclust}
+    exec(code, env)  # noqa: S102 - the README's own lines
+    x = np.array([-1.0, 0.5, 3.0], np.float32)
+    assert np.allclose(env["relu2"](x), [0.0, 1.0, 6.0])
+    want = 0.5 * x * (1 + np.tanh(0.79788456 * (x + 0.044715 * x ** 3)))
+    assert np.allclose(env["gelu"](x), want, rtol=1e-5, atol=1e-6)
+
+
 def test_readme_device_choices_match_the_flags():
-    text = " ".join(read(README).split())
+    text = " ".join(read(os.path.join(REPO, "docs", "onnx.md")).split())
     found = re.search(r"`--device` \(([^;)]*)", text)
     named = [w.strip() for w in found.group(1).split(",")]
     assert named == list(registry.BACKENDS)  # the built-in --device choices
