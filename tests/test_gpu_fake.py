@@ -7,6 +7,7 @@ CUDA code is right on the chip -- is tests/test_gpu.py's job on a GPU.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from autoclust.backends import cpu, gpu
 from autoclust.backends.gpu import blas, device, nvrtc
 from autoclust.models import zoo
-from support import fake_cupy
+from support import fake_cublas, fake_cupy
 from test_cpu_backend import one_node_graph, rand
 from test_gpu_render import (
     CASE_LIST,
@@ -125,13 +126,16 @@ def test_cuda_graphs_capture_cublas_gemms(monkeypatch):
     lib = blas.get().lib
     assert eager[0] >= 6 and lib.calls == 2 * eager[0]  # eager + captured; replays add none
     assert set(lib.workspace) == set(lib.stream)  # every handle kept its own workspace
-    # without libcublas the GEMMs go through CuPy's wrapper: no capture, same results
-    monkeypatch.setattr(blas, "_load_library", lambda: None)
+    # without libcublas the GEMMs go through CuPy's wrapper: no capture, same results, and
+    # the reason says what is missing
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", fake_cublas.pathfinder_module(()))
     blas.get.cache_clear()
     sess = _bert_runs(3)
     graphs = sess._runtime.device.graphs
     assert graphs.replays == 0
     assert "calls cuBLAS through CuPy's wrapper" in graphs.reason
+    assert "cuda-pathfinder did not find libcublas" in graphs.reason
+    assert "no libcublas is mapped in this process" in graphs.reason
 
 
 def test_a_capture_on_a_new_thread_creates_its_cublas_handle_first():

@@ -289,9 +289,10 @@ def test_split_kernels_through_the_gpu_executable(fake):
         k = case.program.thunks[0]
         lau = exe.rendered.kernels[k.name].launch
         assert lau.strategy == "split-row" and lau.chunks == 5
-        assert [w.size for w in exe._workspaces] == [split.workspace_bytes(k, lau, k.shape[0])]
         for _ in range(2):
             assert_matches(case, [device.to_host(y) for y in exe.run(case.feeds)], "fake")
+        workspaces = exe.scratch(0).workspaces.values()  # the null stream's
+        assert [w.size for w in workspaces] == [split.workspace_bytes(k, lau, k.shape[0])]
 
 
 def _model(x_shape: tuple) -> onnx.ModelProto:

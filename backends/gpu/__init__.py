@@ -21,7 +21,6 @@ from autoclust.backends.gpu import device, library, source
 from autoclust.backends.gpu.launch import choose
 
 from autoclust import ops
-from autoclust.errors import CompileError
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
@@ -87,8 +86,6 @@ def compile_many(programs: list[kir.Program], flags: Flags,
     from autoclust.backends.gpu import nvrtc
     from autoclust.backends.gpu.executable import Executable
     device.cupy()
-    for p in programs:
-        _check_device_dtypes(p)
     rendered = [source.render_program(p, "cuda", choose_launch) for p in programs]
     text = source.module_source(rendered)
     needs_code = any(r.kernels or r.checks for r in rendered)
@@ -104,15 +101,6 @@ def compile_many(programs: list[kir.Program], flags: Flags,
             exe.dumps[".ptx"] = ptx
         out.append(exe)
     return out
-
-
-def _check_device_dtypes(program: kir.Program) -> None:
-    """CompileError for a buffer CuPy cannot hold: CuPy 14 has no bfloat16 arrays
-    (cupy/cupy#7527), so a bfloat16 cluster falls back (the renderings support it)."""
-    for b in program.buffers:
-        if b.dtype == "bfloat16":
-            raise CompileError(f"buffer {b.name} is bfloat16: CuPy has no bfloat16 arrays to "
-                               "hold it in device memory")
 
 
 def capture(runtime: Any) -> Any:

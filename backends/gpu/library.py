@@ -2,11 +2,13 @@
 
 Float MatMul/Gemm/FusedMatMul are cuBLAS gemmStridedBatchedEx calls planned by gemm.py
 (batched and broadcast MatMuls included) writing straight into the output buffer. float32
-computes in full float32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32, so results match the CPU)
-unless --allow_tf32; float16 multiplies on the tensor cores with float32 accumulation
-(CUBLAS_COMPUTE_32F) and rounds once; float64 in float64. Gemm's C is written into the
-output first (scaled by beta) and accumulated with beta = 1. Integer MatMul and Einsum go
-through CuPy (cupy.matmul / cupy.einsum, then a copy).
+computes in float32 (CUBLAS_COMPUTE_32F: no TF32 on a handle in the default math mode, but
+cuBLAS may pick any float32 kernel, split-K included; _PEDANTIC would forbid those) unless
+--allow_tf32 (CUBLAS_COMPUTE_32F_FAST_TF32); float16 and bfloat16 multiply on the tensor
+cores with float32 accumulation (CUBLAS_COMPUTE_32F, CUDA_R_16F / CUDA_R_16BF) and round
+once; float64 in float64. Gemm's C is written into the output first (scaled by beta) and
+accumulated with beta = 1 (not for bfloat16: CuPy cannot scale it; such a Gemm falls
+back). Integer MatMul and Einsum go through CuPy (cupy.matmul / cupy.einsum, then a copy).
 
 Not here: Conv, ConvTranspose and pooling. CuPy 14 removed every cuDNN binding (its
 upgrade guide: "CuPy v14 no longer supports cuDNN"), so the GPU policy leaves them to
@@ -30,7 +32,7 @@ from autoclust.errors import CompileError
 from autoclust.kernel import ir as kir
 from autoclust.ops import custom
 
-CUDA_R = {"float32": 0, "float64": 1, "float16": 2}      # cudaDataType_t
+CUDA_R = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType_t
 COMPUTE_32F, COMPUTE_32F_PEDANTIC, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 69, 70, 77
 GEMM_DEFAULT = -1
 POINTER_MODE_HOST = 0
@@ -53,34 +55,39 @@ def supported(op: str) -> str | None:
 
 
 def compute_type(dtype: str, allow_tf32: bool) -> int:
+    """cublasComputeType_t of a GEMM whose operands are `dtype`."""
     if dtype == "float64":
         return COMPUTE_64F
-    if dtype == "float16":
+    if dtype in ("float16", "bfloat16"):
         return COMPUTE_32F
-    return COMPUTE_32F_FAST_TF32 if allow_tf32 else COMPUTE_32F_PEDANTIC
+    return COMPUTE_32F_FAST_TF32 if allow_tf32 else COMPUTE_32F
 
 
 def make_step(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], allow_tf32: bool
-              ) -> tuple[Step, bool]:
-    """(step, capturable) for one LibraryCall; CompileError when it cannot run here."""
+              ) -> tuple[Step, str]:
+    """(step, why a CUDA graph cannot capture it: '' when it can) for one LibraryCall;
+    CompileError when it cannot run here."""
     why = supported(t.op)
     if why is not None:
         raise CompileError(f"{', '.join(t.nodes)}: {why}")
     op = custom.for_call(t.op)
     if op is not None:
-        return _custom_step(op, t), False
+        return _custom_step(op, t), f"custom op {t.op}: its GPU kernel may synchronize"
     attrs = dict(t.attrs)
     ins = [None if b is None else buffers[b] for b in t.inputs]
     out = buffers[t.outputs[0]]
     if t.op == "Einsum":
-        return _einsum(t, attrs), False
+        return _einsum(t, attrs), "Einsum runs through cupy.einsum, which allocates"
     if out.dtype not in CUDA_R:
-        return _cupy_matmul(t), False
+        return _cupy_matmul(t), "an integer MatMul runs through cupy.matmul, which allocates"
     if t.op == "Gemm":
         plan = gemm.plan_gemm(ins[0].shape, ins[1].shape, bool(attrs.get("transA", 0)),
                               bool(attrs.get("transB", 0)))
         alpha = float(attrs.get("alpha", 1.0))
         beta = float(attrs.get("beta", 1.0)) if len(ins) > 2 and ins[2] is not None else 0.0
+        if beta and out.dtype == "bfloat16":
+            raise CompileError(f"Gemm ({', '.join(t.nodes)}): a bfloat16 C input (CuPy "
+                               "cannot scale bfloat16 into the output)")
     else:
         trans = t.op == "FusedMatMul"
         plan = gemm.plan_matmul(ins[0].shape, ins[1].shape,
@@ -94,7 +101,8 @@ def make_step(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], allow_tf32: bo
     _check_int32(t, plan)
     from autoclust.backends.gpu import blas
     lib = blas.get()
-    return _cublas_step(t, plan, out.dtype, alpha, beta, allow_tf32, lib), lib is not None
+    return (_cublas_step(t, plan, out.dtype, alpha, beta, allow_tf32, lib),
+            "" if lib is not None else blas.WRAPPER)
 
 
 def _check_int32(t: kir.LibraryCall, plan: gemm.GemmPlan) -> None:
@@ -110,7 +118,8 @@ def _cublas_step(t: kir.LibraryCall, plan: gemm.GemmPlan, dtype: str, alpha: flo
     CuPy's cuBLAS wrapper."""
     from autoclust.backends.gpu import device
     cp = device.cupy()
-    from cupy_backends.cuda.libs import cublas
+    if lib is None:  # the package attribute: it runs CuPy's library-loading hook
+        from cupy_backends.cuda.libs import cublas
     scalar = np.float64 if dtype == "float64" else np.float32
     alpha_h, one_h, zero_h = (np.array([v], scalar) for v in (alpha, 1.0, 0.0))
     size = np.dtype(dtype).itemsize
@@ -184,11 +193,17 @@ def _custom_step(op: custom.CustomOp, t: kir.LibraryCall) -> Step:
     attrs = dict(t.attrs)
     ins, outs = t.inputs, t.outputs
     gpu = op.gpu_kernel
+    from autoclust.backends.gpu import device
+    cp = device.cupy()
     if isinstance(gpu, custom.C_KERNEL):
         call = custom.CCall(op, node, gpu)
 
         def c_step(arrays: list) -> None:
+            # a C function may launch on any stream or touch the memory itself: our work
+            # before it finishes first, and its work before ours continues
+            cp.cuda.get_current_stream().synchronize()
             call([None if b is None else arrays[b] for b in ins], [arrays[b] for b in outs])
+            cp.cuda.Device().synchronize()
 
         return c_step
     if gpu is not None:
@@ -201,8 +216,6 @@ def _custom_step(op: custom.CustomOp, t: kir.LibraryCall) -> Step:
                                          f"{type(exc).__name__}: {exc}") from exc
 
         return py_step
-    from autoclust.backends.gpu import device
-    cp = device.cupy()
 
     def host_step(arrays: list) -> None:  # copies in, the host kernel, copies out
         host_in = [None if b is None else np.ascontiguousarray(cp.asnumpy(arrays[b]))

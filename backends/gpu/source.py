@@ -17,7 +17,7 @@ import hashlib
 from collections.abc import Callable
 
 from autoclust.backends.gpu import cstyle, kernels, prelude
-from autoclust.backends.gpu.launch import Launch, choose
+from autoclust.backends.gpu.launch import BLOCKS_PER_SM, Launch, choose
 
 from autoclust.kernel import ir as kir
 from autoclust.kernel.passes import code_key, distinct_kernels
@@ -31,6 +31,20 @@ class KernelEntry:
     args: tuple[int, ...]     # buffer ids in parameter order (then n0)
 
 
+@dataclasses.dataclass(frozen=True)
+class CallEntry:
+    """A library call rendered as a kernel of the module (fused attention)."""
+
+    symbol: str
+    block: int                # threads per block
+    items: int                # work items (one block each per grid-stride step)
+    args: tuple[int, ...]     # buffer ids in parameter order
+
+    def grid(self, sm_count: int) -> int:
+        """Blocks to launch: one per work item, capped at BLOCKS_PER_SM per SM."""
+        return max(1, min(self.items, BLOCKS_PER_SM * max(sm_count, 1)))
+
+
 @dataclasses.dataclass
 class Rendered:
     target: str
@@ -39,6 +53,7 @@ class Rendered:
     bodies: dict[str, str]                     # symbol -> function text
     vector_types: set[tuple[str, int]]
     check_kinds: set[tuple[str, str]]
+    calls: dict[int, CallEntry] = dataclasses.field(default_factory=dict)  # thunk position
 
     @property
     def source(self) -> str:
@@ -118,4 +133,4 @@ def check_args(t: kir.Check, size: int) -> tuple[int, int, int]:
     return count, start, stride
 
 
-__all__ = ["KernelEntry", "Rendered", "check_args", "cstyle", "module_source", "render_program"]
+__all__ = ["CallEntry", "KernelEntry", "Rendered", "check_args", "cstyle", "module_source", "render_program"]
