@@ -1,0 +1,88 @@
+"""`autoclust doctor`: versions, devices and a compile-and-run on each, one line per problem;
+checked on this machine as it is (no CuPy: the GPU is a note, or a problem when asked for)
+and on the stand-in CuPy (tests/support/fake_cupy.py: a GPU, NVRTC, cuBLAS found through
+cuda-pathfinder, or not)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from autoclust.tools import cli
+from autoclust.tools.debug import doctor
+from support import fake_cublas, fake_cupy
+from test_gpu_render import pytestmark  # noqa: F401 - the stand-in needs a C compiler
+
+from autoclust.backends.gpu import device
+
+
+def _facts(report: doctor.Report) -> dict[str, dict[str, str]]:
+    return report.as_json()["facts"]
+
+
+def test_host_facts_and_the_cpu_compile_and_run():
+    report = doctor.diagnose(["cpu"])
+    facts = _facts(report)
+    assert facts["host"]["LLVM"].count(".") == 2
+    assert "CPU features" in facts["host"] and "enabled" in facts["host"]["CPU features"]
+    assert "torch" in facts["host"] and "not imported" in facts["host"]["torch"]
+    line = facts["cpu"]["compile-and-run"]
+    assert line.startswith("mlp_gelu: 5 kernels/calls") and "max |diff|" in line
+    assert report.problems == []
+    assert "gpu" not in facts
+
+
+def test_without_cupy_the_gpu_is_a_note_unless_asked_for(capsys):
+    reason = device.available()
+    if not reason:
+        pytest.skip("this machine has CuPy and a GPU")
+    report = doctor.diagnose([])
+    assert report.as_json()["facts"]["gpu"]["device"] == f"not available: {reason}"
+    assert report.problems == []
+    assert cli.main(["doctor", "--device", "gpu"]) == 1
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(f"problems (1):\n  gpu: {reason}")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    yield from fake_cupy.installed(monkeypatch)
+
+
+def test_on_the_stand_in_gpu(fake, capsys):
+    assert cli.main(["doctor", "--device", "gpu", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    gpu = got["facts"]["gpu"]
+    assert gpu["GPU"] == "FakeGPU, compute capability 9.0, 4 SMs, 80 GiB"
+    assert gpu["NVRTC"] == "13.0" and gpu["CUDA runtime"] == "13.0 (13000)"
+    assert gpu["cuBLAS"] == "/stand-in/libcublas.so.13 (version 13.1.0)"
+    assert gpu["cuBLASLt"] == "/stand-in/libcublasLt.so.13"
+    assert gpu["compile-and-run"].startswith("mlp_gelu: 5 kernels/calls")
+    assert gpu["CUDA graphs"] == "2 replay(s)"  # runs 2 (the capture) and 3
+    assert got["problems"] == []
+
+
+def test_a_missing_libcublas_is_one_problem_line(fake, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cuda.pathfinder", fake_cublas.pathfinder_module(()))
+    report = doctor.diagnose(["gpu"])
+    assert report.as_json()["facts"]["gpu"]["cuBLAS"].startswith("not loaded: cuda-pathfinder")
+    assert len(report.problems) == 2  # the library, and the graph it keeps from capture
+    assert report.problems[0].startswith("gpu: cuda-pathfinder did not find libcublas")
+    assert report.problems[0].endswith("not captured as CUDA graphs")
+    assert report.problems[1].startswith("gpu: CUDA graph not captured: cluster_0000 calls "
+                                         "cuBLAS through CuPy's wrapper")
+
+
+def test_a_failing_compile_is_a_problem_not_a_crash(fake, monkeypatch):
+    from autoclust.backends.gpu import nvrtc
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("NVRTC is broken today")
+
+    monkeypatch.setattr(nvrtc, "compile_source", broken)
+    report = doctor.diagnose(["gpu"])
+    assert report.as_json()["facts"]["gpu"]["compile-and-run"] == "FAILED"
+    assert report.problems == ["gpu: mlp_gelu failed to compile or run on device 'gpu': "
+                               "NotCompilableError: cluster_0000 failed to compile: "
+                               "RuntimeError: NVRTC is broken today"]
