@@ -9,12 +9,11 @@ import json
 import sys
 
 import pytest
+from autoclust.backends.gpu import device
 from autoclust.tools import cli
 from autoclust.tools.debug import doctor
 from support import fake_cublas, fake_cupy
 from test_gpu_render import pytestmark  # noqa: F401 - the stand-in needs a C compiler
-
-from autoclust.backends.gpu import device
 
 
 def _facts(report: doctor.Report) -> dict[str, dict[str, str]]:
@@ -83,6 +82,6 @@ def test_a_failing_compile_is_a_problem_not_a_crash(fake, monkeypatch):
     monkeypatch.setattr(nvrtc, "compile_source", broken)
     report = doctor.diagnose(["gpu"])
     assert report.as_json()["facts"]["gpu"]["compile-and-run"] == "FAILED"
-    assert report.problems == ["gpu: mlp_gelu failed to compile or run on device 'gpu': "
-                               "NotCompilableError: cluster_0000 failed to compile: "
-                               "RuntimeError: NVRTC is broken today"]
+    want = ("gpu: mlp_gelu failed to compile or run on device 'gpu': NotCompilableError: "
+            "cluster_0000 failed to compile: RuntimeError: NVRTC is broken today")
+    assert report.problems == [want]

@@ -151,11 +151,11 @@ def split_row_step(out: str) -> dict[str, Any]:
 def _gemm_error(dtype: str, allow_tf32: bool = False) -> float:
     """max |C - C64| / max |C64| of a [256, 512] @ [512, 384] MatMul compiled for the GPU."""
     import ml_dtypes
-
     from autoclust.backends import gpu
+    from autoclust.importers.onnx import import_model
+
     from autoclust.compile import lower_graph, optimize, specialize
     from autoclust.flags import parse
-    from autoclust.importers.onnx import import_model
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     onnx_type = helper.np_dtype_to_tensor_dtype(np_dtype)
     rng = np.random.default_rng(1)
