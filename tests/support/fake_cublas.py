@@ -119,10 +119,13 @@ class FakeLibcublas:
     than the capturing one, fails (cublasSetStream resets the workspace, as the real one
     does)."""
 
-    def __init__(self, later: Callable, current_stream: Callable, captures: dict):
+    def __init__(self, later: Callable, current_stream: Callable, captures: dict,
+                 alive: Callable[[int], bool]):
         self._later, self._current, self._captures = later, current_stream, captures
+        self._alive = alive
         self.stream: dict[int, int] = {}
         self.workspace: dict[int, int] = {}
+        self.workspace_stream: dict[int, int] = {}  # workspace -> the one stream using it
         self.calls = 0
         for name in ("cublasCreate_v2", "cublasSetPointerMode_v2", "cublasSetStream_v2",
                      "cublasSetWorkspace_v2", "cublasGetStatusString", "cublasGetVersion_v2",
@@ -145,6 +148,9 @@ class FakeLibcublas:
         return SUCCESS
 
     def _cublasSetWorkspace_v2(self, handle: int, ptr: int, size: int) -> int:
+        # cuBLAS: a workspace must not be shared by streams (their GEMMs would overlap)
+        if self.workspace_stream.setdefault(ptr, self.stream[handle]) != self.stream[handle]:
+            return INVALID_VALUE
         self.workspace[handle] = ptr
         return SUCCESS
 
@@ -166,8 +172,12 @@ class FakeLibcublas:
             return INVALID_VALUE  # the handle's stream is not the one this work belongs to
         self.calls += 1
         status = [SUCCESS]
+        workspace = self.workspace.get(handle)
 
         def run() -> None:
+            if workspace is not None and not self._alive(workspace):
+                raise RuntimeError("stand-in cuBLAS: this GEMM's workspace was freed (a graph "
+                                   "or a handle outlived it)")
             status[0] = gemm(*args)
             if status[0] != SUCCESS:
                 raise RuntimeError(f"stand-in cuBLAS: status {status[0]} on {args}")
@@ -221,11 +231,11 @@ def pathfinder_module(found: tuple[str, ...] = ("cublas", "cublasLt", "nvrtc", "
     return m
 
 
-def open_library(later: Callable, current_stream: Callable, captures: dict
-                 ) -> Callable[[str], Any]:
+def open_library(later: Callable, current_stream: Callable, captures: dict,
+                 alive: Callable[[int], bool]) -> Callable[[str], Any]:
     """blas._open for the stand-in: the fake libcublas at the path pathfinder gave."""
     def open_(path: str) -> Any:
         if path.startswith("/stand-in/libcublas.so"):
-            return FakeLibcublas(later, current_stream, captures)
+            return FakeLibcublas(later, current_stream, captures, alive)
         raise OSError(f"{path}: cannot open shared object file")
     return open_

@@ -38,6 +38,7 @@ import re
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -79,6 +80,7 @@ _SEQ = [0]
 _CAPTURES: dict[int, list] = {}  # capturing stream -> its recording
 _LOCAL = threading.local()       # this thread's stack of current streams
 _KEEP: list[Any] = []            # allocations kept alive until the queued work has run
+_LIVE: dict[int, Any] = {}       # allocation address -> weakref of its array
 
 
 class _Stream:
@@ -265,9 +267,18 @@ def _alloc(a: np.ndarray) -> FakeArray:
     if _capturing():
         raise CudaError("stand-in CuPy: allocation while a stream captures (the graph would "
                         "point at memory its capture allocated)")
+    out = FakeArray(a)
     with _LOCK:
         _KEEP.append(a)
-    return FakeArray(a)
+        _LIVE[out.data.ptr] = weakref.ref(out)
+    return out
+
+
+def alive(ptr: int) -> bool:
+    """Whether the allocation at `ptr` is still held by its owner (a device pointer a
+    graph or a handle keeps must not outlive the array it came from)."""
+    ref = _LIVE.get(ptr)
+    return ref is not None and ref() is not None
 
 
 def _unwrap(x: Any) -> Any:
@@ -650,7 +661,7 @@ def install(monkeypatch: Any) -> None:
     monkeypatch.setattr(source, "render_program", recording)
     from autoclust.backends.gpu import blas
     monkeypatch.setattr(blas, "_open", fake_cublas.open_library(later, current_stream,
-                                                                _CAPTURES))
+                                                                _CAPTURES, alive))
 
 
 def installed(monkeypatch: Any) -> Iterator[None]:

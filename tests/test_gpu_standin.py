@@ -1,0 +1,217 @@
+"""The stand-in CuPy behaves like a GPU where bugs hide, and the backend holds up there:
+launch arguments packed by their C size, device arrays that refuse host reads, capture
+that refuses synchronization, transfers, allocation and legacy-stream work, FMA
+contraction as NVRTC's, asynchronous streams (two threads on two streams at once), and
+cuBLAS workspaces that outlive the thread that captured a graph with them.
+
+Each rule here was broken on purpose once (in the backend or the stand-in) and a test
+failed; the report of issue 21 lists which.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from autoclust.backends import cpu, gpu
+from autoclust.backends.gpu import blas, device
+from autoclust.models import zoo
+from support import fake_cupy, hostsim
+from test_cpu_backend import one_node_graph, rand
+from test_gpu_render import pytestmark  # noqa: F401 - the stand-in needs a C compiler
+
+import autoclust
+from autoclust import flags as flags_mod
+from autoclust.compile import lower_graph
+
+FLAGS = flags_mod.parse("")
+
+
+@pytest.fixture(autouse=True)
+def fake(monkeypatch):
+    yield from fake_cupy.installed(monkeypatch)
+
+
+def _ort(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _gather_exe():
+    x = rand((5, 4))
+    idx = np.array([[0, 3]], np.int64)
+    program = lower_graph(one_node_graph("Gather", [x, idx], {"axis": 0}), FLAGS, cpu)
+    return gpu.compile(program, FLAGS), x, idx
+
+
+# ---- launch arguments ----------------------------------------------------------------------
+
+def test_launch_arguments_are_checked_against_the_kernel_parameters():
+    exe, x, idx = _gather_exe()
+    check = next(iter(exe.rendered.checks.values()))
+    fn = exe.module.get_function(check)
+    cp = device.cupy()
+    flags = cp.zeros(1, dtype=cp.int32)
+    good = [device.to_device(idx).data.ptr, 2, 0, 1, 0, 4, flags.data.ptr, np.int32(0)]
+    fn((1,), (128,), good)
+    with pytest.raises(fake_cupy.LaunchError, match=r"parameter 7 is 'int' \(4 bytes\), the "
+                       r"argument 0 packs 8 bytes"):
+        fn((1,), (128,), good[:7] + [0])  # a Python int is an int64 to CuPy
+    kernel = exe.rendered.kernels["k0"]
+    fn = exe.module.get_function(kernel.symbol)
+    with pytest.raises(fake_cupy.LaunchError, match="'long long' \\(8 bytes\\)"):
+        fn((1,), (256,), [0] * len(kernel.args) + [np.int32(2)])  # n0 is a long long
+    np.testing.assert_array_equal(device.to_host(exe.run([x, idx])[0]), x[idx])
+
+
+# ---- device memory -------------------------------------------------------------------------
+
+def test_device_arrays_refuse_host_reads():
+    exe, x, idx = _gather_exe()
+    (y,) = exe.run([x, idx])
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array"):
+        np.asarray(y)
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.testing.assert_array_equal(y, x[idx])
+    np.testing.assert_array_equal(device.to_host(y), x[idx])  # the explicit copy
+
+
+def test_capture_refuses_synchronization_transfers_allocation_and_the_legacy_stream():
+    cp = device.cupy()
+    y = cp.zeros(4, dtype=cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        try:
+            with pytest.raises(fake_cupy.CudaError, match="allocation while a stream captures"):
+                cp.empty(4, dtype=cp.float32)
+            with pytest.raises(fake_cupy.CudaError, match="CaptureUnsupported"):
+                y.get()
+            with pytest.raises(fake_cupy.CudaError, match="CaptureUnsupported"):
+                s.synchronize()
+            with pytest.raises(RuntimeError, match="H2D transfers are disallowed"):
+                cp.asarray(np.ones(4, np.float32))
+            with cp.cuda.Stream.null, pytest.raises(fake_cupy.CudaError,
+                                                    match="CaptureImplicit"):
+                y.fill(1.0)
+            y.fill(2.0)  # on the capturing stream: recorded, not run
+        finally:
+            graph = s.end_capture()
+    assert y.get().tolist() == [0.0] * 4
+    graph.launch()
+    assert y.get().tolist() == [2.0] * 4
+
+
+# ---- FMA contraction -----------------------------------------------------------------------
+
+@pytest.mark.skipif(not hostsim.CONTRACTS, reason="this CPU has no FMA instructions")
+def test_host_rendering_contracts_a_multiply_add_as_nvrtc_does():
+    """x * y + z with x = y = 1 + 2^-12, z = -(1 + 2^-11): rounded apart the product is
+    1 + 2^-11 (a tie, to even) and the sum 0; fused, 2^-24. NVRTC (--fmad=true) fuses."""
+    import onnx
+    h = onnx.helper
+    v = np.float32(1 + 2.0 ** -12)
+    nodes = [h.make_node("Mul", ["x", "y"], ["p"]), h.make_node("Add", ["p", "z"], ["o"])]
+    f = onnx.TensorProto.FLOAT
+    graph = h.make_graph(nodes, "fma", [h.make_tensor_value_info(n, f, [3]) for n in "xyz"],
+                         [h.make_tensor_value_info("o", f, [3])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    feeds = {"x": np.full(3, v), "y": np.full(3, v), "z": np.full(3, -(1 + 2.0 ** -11),
+                                                                  np.float32)}
+    got = autoclust.InferenceSession(model, device="gpu", must_compile=True).run(None, feeds)
+    assert got[0].tolist() == [2.0 ** -24] * 3
+    assert _ort(model, feeds)[0].tolist() == [0.0] * 3  # onnxruntime rounds apart
+
+
+@pytest.mark.skipif(not hostsim.CONTRACTS, reason="this CPU has no FMA instructions")
+def test_an_exact_multiply_is_never_contracted():
+    """DequantizeLinear's x * scale is kernel IR mul_exact: rounded before the Add that
+    follows (as onnxruntime does), even where the renderer contracts everything else."""
+    import onnx
+    h = onnx.helper
+    nodes = [h.make_node("DequantizeLinear", ["q", "s"], ["d"]),
+             h.make_node("Add", ["d", "z"], ["o"])]
+    f = onnx.TensorProto.FLOAT
+    graph = h.make_graph(nodes, "deq", [h.make_tensor_value_info("q", onnx.TensorProto.INT32,
+                                                                 [2]),
+                                        h.make_tensor_value_info("z", f, [2])],
+                         [h.make_tensor_value_info("o", f, [2])],
+                         [h.make_tensor("s", f, [], [float(np.float32(1 + 2.0 ** -12))])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 21)])
+    model.ir_version = 10
+    q = np.array([4097, 4097], np.int32)  # 4097 * (1 + 2^-12) = 4098 + 2^-12: rounds apart
+    feeds = {"q": q, "z": np.array([-4098.0, -4098.0], np.float32)}
+    got = autoclust.InferenceSession(model, device="gpu", must_compile=True,
+                                     min_cluster_size=1).run(None, feeds)
+    np.testing.assert_array_equal(got[0], _ort(model, feeds)[0])
+
+
+# ---- streams and threads -------------------------------------------------------------------
+
+def _two_streams(sess, model, seeds=(1, 2)):
+    """Each of two threads runs `sess` on a stream of its own with device outputs; both
+    runs are queued before either is read, so their kernels interleave as on a GPU."""
+    cp = device.cupy()
+    feeds = [zoo.feeds(model, seed=s) for s in seeds]
+    queued = threading.Barrier(2)
+    got: dict[int, list] = {}
+    errors = []
+
+    def worker(i: int) -> None:
+        try:
+            with cp.cuda.Stream(non_blocking=True):
+                outs = sess.run(None, feeds[i], output_device="gpu")
+                queued.wait()
+                got[i] = [device.to_host(y) for y in outs]
+        except Exception as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+            queued.abort()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return feeds, got
+
+
+@pytest.mark.parametrize("name", ["mlp_gelu", "llama_block"])
+def test_two_threads_on_two_streams_keep_their_scratch_apart(name):
+    """Temps (memory-plan slots), split-row workspaces, check flags and cuBLAS workspaces
+    are per stream: two runs overlapping on two streams both give onnxruntime's answer."""
+    model = zoo.build(name)
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True,
+                                      cuda_graphs=False)
+    sess.run(None, zoo.feeds(model))  # compile first: the threads only run
+    feeds, got = _two_streams(sess, model)
+    for i in range(2):
+        for g, w in zip(got[i], _ort(model, feeds[i])):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    assert len(exe._scratch) == 3  # the first run's stream, then one per thread
+    lib = blas.get()
+    assert len(set(map(id, lib.workspaces.values()))) == len(lib.workspaces) >= 3
+
+
+def test_a_graph_keeps_its_cublas_workspace_after_the_capturing_thread_exits():
+    model = zoo.build("bert_encoder")
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
+    feeds = [zoo.feeds(model, seed=s) for s in range(3)]
+    sess.run(None, feeds[0])
+    worker = threading.Thread(target=lambda: sess.run(None, feeds[1]))  # the capture
+    worker.start()
+    worker.join()
+    del worker
+    gc.collect()
+    graphs = sess._runtime.device.graphs
+    assert graphs.replays == 1 and graphs.reason == ""
+    captured = next(iter(graphs.graphs.values()))
+    assert captured.keep and captured.keep[0] is blas.get().workspaces[captured.stream.ptr]
+    for g, w in zip(sess.run(None, feeds[2]), _ort(model, feeds[2])):  # replayed here
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+    assert graphs.replays == 2
