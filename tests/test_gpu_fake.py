@@ -24,7 +24,7 @@ from test_gpu_render import (
     assert_matches,
     pytestmark,  # noqa: F401 - needs a C compiler
 )
-from test_gpu_runtime import KERNELS
+from test_gpu_runtime import KERNELS, assert_no_fallback, strict_session
 
 import autoclust
 from autoclust import flags as flags_mod
@@ -67,7 +67,7 @@ def test_lowered_op_through_the_gpu_executable(variant, index):
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_zoo_model_with_device_gpu(name):
     model = zoo.build(name)
-    sess = autoclust.InferenceSession(model, device="gpu")
+    sess = strict_session(name, model)
     for seed in range(3):  # eager, then captured and replayed where the plan allows
         feeds = zoo.feeds(model, seed=seed)
         for g, w in zip(sess.run(None, feeds), _ort(model, feeds)):
@@ -78,11 +78,12 @@ def test_zoo_model_with_device_gpu(name):
             assert copied.copies == len(transfers.plan_copies(sess.plan))
     # (data-dependent shapes recompile per seed: compare each cluster's first compile)
     assert [c["kernels"][:1] for c in sess.stats()["clusters"]] == KERNELS[name]
+    assert_no_fallback(sess)
 
 
 def test_cuda_graph_capture_and_replay():
     model = zoo.build("rmsnorm_gate")
-    sess = autoclust.InferenceSession(model, device="gpu")
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
     graphs = sess._runtime.device.graphs
     assert graphs.reason == ""
     for seed in range(4):  # new data every run: a replay must read the new feeds
@@ -107,7 +108,7 @@ def _bert_runs(runs: int, after_first: Any = None) -> Any:
     """A BERT session on device gpu run `runs` times on new data, checked each time;
     after_first() is called after the first (eager) run."""
     model = zoo.build("bert_encoder")
-    sess = autoclust.InferenceSession(model, device="gpu")
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
     for seed in range(runs):
         feeds = zoo.feeds(model, seed=seed)
         for g, w in zip(sess.run(None, feeds), _ort(model, feeds)):
@@ -143,7 +144,7 @@ def test_a_capture_on_a_new_thread_creates_its_cublas_handle_first():
     # its handle must exist before the capture begins (creating one allocates)
     import threading
     model = zoo.build("bert_encoder")
-    sess = autoclust.InferenceSession(model, device="gpu")
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
     feeds = [zoo.feeds(model, seed=s) for s in range(2)]
     sess.run(None, feeds[0])
     got = []
@@ -160,7 +161,7 @@ def test_device_arrays_in_and_out():
     cp = device.cupy()
     model = zoo.build("layernorm")
     x = zoo.feeds(model)["x"]
-    sess = autoclust.InferenceSession(model, device="gpu")
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
     y = sess.run(None, {"x": cp.asarray(x)}, output_device="gpu")[0]
     assert isinstance(y, cp.ndarray)
     copied = sess._runtime.device.last_copies

@@ -324,7 +324,8 @@ def test_split_kernels_replay_in_a_cuda_graph(fake, monkeypatch):
     monkeypatch.setattr(executable.split, "workspace_bytes",
                         lambda *a: sized.append(a[1].chunks) or real(*a))
     model = _model((2, 70000))
-    sess = autoclust.InferenceSession(model, device="gpu", min_cluster_size=1)
+    sess = autoclust.InferenceSession(model, device="gpu", min_cluster_size=1,
+                                      must_compile=True)
     ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for seed in range(4):
         x = rand((2, 70000))
