@@ -41,6 +41,7 @@ from autoclust.kernel.memplan import plan_memory
 from autoclust.kernel.passes import collapse_loops, share_code
 from autoclust.passes import copy_graph, cse, dce, fold_constants, not_concrete, simplify
 from autoclust.passes import specialize as _specialize
+from autoclust.passes.attention import fuse_attention
 from autoclust.registry import policy
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
@@ -49,6 +50,8 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("cse", cse),
     ("dce", dce),
 ]
+# Graph passes lower_graph runs for some backends only (after the rounds, before fusion)
+LOWERING_PASSES = ("fuse_attention",)
 # Each round can expose work for the next (a fold makes x*1 visible, a simplification makes
 # two nodes identical); real clusters settle in two rounds.
 MAX_ROUNDS = 4
@@ -120,9 +123,14 @@ def lazy_dumps(exe: Any) -> LazyDumps:
 
 
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
-    """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
+    """An optimized concrete-shape graph -> the kernel IR Program a backend compiles (for
+    a backend whose policy asks, with attention fused into FusedAttention calls first)."""
     COUNTS["lowered"] += 1
-    program = fuse(graph, policy(backend).fold_bias)
+    pol = policy(backend)
+    if pol.fused_attention and "fuse_attention" not in flags.disable_passes \
+            and any(n.op == "Softmax" for n in graph.nodes):
+        graph = fuse_attention(copy_graph(graph), pol.fused_attention)
+    program = fuse(graph, pol.fold_bias)
     return plan_memory(share_code(collapse_loops(program)))
 
 
@@ -266,7 +274,7 @@ def _fingerprint(graph: Graph) -> tuple:
 
 def optimize(graph: Graph, flags: Flags) -> Graph:
     """Run PASSES in order to a fixed point (at most MAX_ROUNDS), on a copy of `graph`."""
-    names = [name for name, _ in PASSES]
+    names = [name for name, _ in PASSES] + list(LOWERING_PASSES)
     unknown = [p for p in flags.disable_passes if p not in names]
     if unknown:
         raise FlagError(f"--disable_passes names unknown passes {unknown}; passes: "

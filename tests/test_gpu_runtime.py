@@ -38,9 +38,10 @@ def _ort(model, feeds):
     return sess.run(None, feeds)
 
 
-# zoo model -> kernels per cluster (the GPU policy: Conv and pooling stay in onnxruntime)
+# zoo model -> kernels per cluster (the GPU policy: Conv and pooling stay in onnxruntime;
+# attention is one FusedAttention call)
 KERNELS = {
-    "mlp_gelu": [[5]], "bert_encoder": [[33]], "llama_block": [[16]], "resnet_block": [],
+    "mlp_gelu": [[5]], "bert_encoder": [[24]], "llama_block": [[14]], "resnet_block": [],
     "diffusion_block": [[1], [3], [1]], "elementwise_chain": [[1]], "gelu": [[1]],
     "layernorm": [[1]], "softmax_mask": [[1]], "rmsnorm_gate": [[1]],
     "mixed_dynamic": [[1], [1], [1], [1]],

@@ -206,8 +206,11 @@ def _matches(node: Node, opdef: ops.OpDef, names: Collection[str]) -> bool:
     return any(n == node.op or n.upper() in groups for n in names)
 
 
-def _dtype_reason(node: Node, opdef: ops.OpDef) -> str | None:
+def _dtype_reason(node: Node, opdef: ops.OpDef, library_dtypes: frozenset = frozenset()
+                  ) -> str | None:
     allowed = opdef.compiled_dtypes
+    if opdef.kind == ops.LIBRARY:
+        allowed = allowed | library_dtypes  # the backend's (Policy.library_dtypes)
     shape_allowed = allowed | ops.COMPILABLE_TYPES  # shape inputs are read at compile time
     for i, v in enumerate(node.inputs):
         if v is None:
@@ -241,7 +244,8 @@ def why_not_lowered(node: Node, graph: Graph, opdef: ops.OpDef) -> str | None:
 
 def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Collection[str],
                       backend_why_not: WhyNot | None = None,
-                      lowers: bool = True) -> str | None:
+                      lowers: bool = True, library_dtypes: frozenset = frozenset()
+                      ) -> str | None:
     """Why `node` may not be clustered (fuel aside), or None when it is a candidate."""
     if node.domain == LEGACY_DOMAIN:
         return "old opset form"
@@ -252,7 +256,7 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
         return f"unsupported op {node.qualified_op}"
     if opdef.data_dependent:
         return f"data-dependent output shape ({node.op})"
-    reason = _dtype_reason(node, opdef) or _random_reason(node, graph)
+    reason = _dtype_reason(node, opdef, library_dtypes) or _random_reason(node, graph)
     if reason:
         return reason
     for i in opdef.shape_inputs:
@@ -295,7 +299,8 @@ def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None, policy
     candidate = []
     left: set[int] = set()
     for i, node in enumerate(an.nodes):
-        reason = why_not_candidate(node, an.graph, flags, an.static, why_not, policy.lowers)
+        reason = why_not_candidate(node, an.graph, flags, an.static, why_not, policy.lowers,
+                                   policy.library_dtypes)
         if reason is None:
             reason = _left_to_onnxruntime(an, i, flags, policy, left)
         elif node.op in policy.leave_to_onnxruntime:

@@ -354,6 +354,7 @@ def _load_all() -> None:
     # Imported for their registrations; order does not matter.
     from autoclust.ops import (  # noqa: F401
         activations,
+        attention,
         contrib,
         elementwise,
         layout,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoclust.backends.gpu import device, library, source
+from autoclust.backends.gpu import attention, device, library, source
 from autoclust.backends.gpu.launch import choose
 
 from autoclust import ops
@@ -37,6 +37,8 @@ POLICY = Policy(
                                      "Sigmoid", "Tanh", "HardSigmoid", "Add"}),
     fold_bias="alone",
     device_memory=True,
+    fused_attention=attention.MAX_HEAD_DIM,
+    library_dtypes=frozenset({ops.BFLOAT16}),
 )
 
 to_device = device.to_device
@@ -52,10 +54,14 @@ def why_not(node: Node, graph: Graph) -> str | None:
     CuPy 14), so --must_compile names them at clustering; POLICY leaves them, and the
     epilogues onnxruntime fuses into them, to onnxruntime. bfloat16 and int8/uint8/int16/
     uint16 render as on the CPU (float32 / int32 math); which ops take them is the op
-    table's `compiled_dtypes` (no library call does)."""
+    table's `compiled_dtypes`, plus bfloat16 GEMMs (POLICY.library_dtypes: cuBLAS
+    CUDA_R_16BF with float32 accumulation)."""
     d = ops.get(node.op, node.domain)
     if d is None or d.kind != ops.LIBRARY:
         return None
+    if node.op not in library.BF16_OPS and any(
+            v is not None and v.dtype == ops.BFLOAT16 for v in node.inputs + node.outputs):
+        return f"bfloat16 {node.op}: only cuBLAS GEMMs take bfloat16 (CuPy has no bfloat16)"
     return library.supported(node.op)
 
 

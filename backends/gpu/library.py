@@ -30,6 +30,7 @@ from autoclust.backends.gpu import gemm
 
 from autoclust.errors import CompileError
 from autoclust.kernel import ir as kir
+from autoclust.ops import attention as attn
 from autoclust.ops import custom
 
 CUDA_R = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}  # cudaDataType_t
@@ -38,6 +39,7 @@ GEMM_DEFAULT = -1
 POINTER_MODE_HOST = 0
 INT32_MAX = (1 << 31) - 1
 OPS = ("MatMul", "Gemm", "FusedMatMul", "Einsum")
+BF16_OPS = ("MatMul", "Gemm", "FusedMatMul")  # (cuBLAS; CuPy's einsum has no bfloat16)
 NO_CUDNN = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
             "GlobalMaxPool")
 
@@ -46,8 +48,9 @@ Step = Callable[[list], None]
 
 
 def supported(op: str) -> str | None:
-    """None when this backend runs library op `op`, else why not."""
-    if op in OPS or custom.for_call(op) is not None:
+    """None when this backend runs library op `op`, else why not (FusedAttention, made by
+    passes/attention.py, runs as a kernel of the module: attention.py)."""
+    if op in OPS or op == attn.OP or custom.for_call(op) is not None:
         return None
     if op in NO_CUDNN:
         return f"{op} needs cuDNN, which CuPy 14 no longer binds"

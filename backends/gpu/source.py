@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 
-from autoclust.backends.gpu import cstyle, kernels, prelude
+from autoclust.backends.gpu import attention, cstyle, kernels, prelude
 from autoclust.backends.gpu.launch import BLOCKS_PER_SM, Launch, choose
 
 from autoclust.kernel import ir as kir
@@ -100,13 +100,31 @@ def render_program(program: kir.Program, target: str,
             owner, ids = program.sharing[t.name]
             symbol, launch = symbols[owner]
             entries[t.name] = KernelEntry(t.name, symbol, launch, tuple(ids))
+    calls = _render_calls(program, target, bodies)
     checks, kinds = {}, set()
     dtypes = {b.id: b.dtype for b in program.buffers}
     for i, t in enumerate(program.thunks):
         if isinstance(t, kir.Check):
             kinds.add((t.kind, dtypes[t.buf]))
             checks[i] = kernels.check_name(t.kind, dtypes[t.buf])
-    return Rendered(target, entries, checks, bodies, vtypes, kinds)
+    return Rendered(target, entries, checks, bodies, vtypes, kinds, calls)
+
+
+def _render_calls(program: kir.Program, target: str, bodies: dict[str, str]
+                  ) -> dict[int, CallEntry]:
+    """The library calls this renderer turns into kernels of the module (FusedAttention),
+    their text added to `bodies`."""
+    buffers = {b.id: b for b in program.buffers}
+    calls = {}
+    for i, t in enumerate(program.thunks):
+        if isinstance(t, kir.LibraryCall) and t.op == attention.attn.OP:
+            s = attention.spec(t, buffers)
+            symbol = attention.symbol(s)
+            if symbol not in bodies:
+                bodies[symbol] = attention.render(s, target, symbol)
+            ids = tuple(b for b in t.inputs if b is not None) + tuple(t.outputs)
+            calls[i] = CallEntry(symbol, attention.BLOCK, s.items, ids)
+    return calls
 
 
 def module_source(parts: list[Rendered]) -> str:

@@ -129,6 +129,8 @@ class Executable:
                     self._kernel(t, arrays)
                 elif isinstance(t, kir.Check):
                     self._check(i, t, arrays)
+                elif i in self.rendered.calls:  # rendered as a kernel (attention)
+                    self._rendered_call(self.rendered.calls[i], arrays)
                 else:
                     self._call(t, arrays)
             seen: set[int] = set()
@@ -164,6 +166,11 @@ class Executable:
         getattr(self.lib, self.rendered.checks[i])(*args)
         if flags[0]:
             raise InvalidInputError(t.message)
+
+    def _rendered_call(self, e: source.CallEntry, arrays: dict[int, np.ndarray]) -> None:
+        args = [ctypes.c_void_p(arrays[b].ctypes.data) for b in e.args]
+        args += [ctypes.c_uint(min(e.grid(1), GRID)), ctypes.c_uint(e.block)]
+        getattr(self.lib, e.symbol)(*args)
 
     def _call(self, t: kir.LibraryCall, arrays: dict[int, np.ndarray]) -> None:
         from autoclust.backends.cpu import library
