@@ -65,7 +65,13 @@ def test_lowered_op_through_the_gpu_executable(variant, index):
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_zoo_model_with_device_gpu(name):
+def test_zoo_model_with_device_gpu(name, monkeypatch):
+    from autoclust.backends.gpu import conv
+    # Conv: timed once per path (runs 1 and 2), the GPU's faster; then run 3 copies only
+    # what the plan predicts (the host path's copies while timing are its own)
+    monkeypatch.setattr(conv, "RUNS", 1)
+    monkeypatch.setattr(conv, "TIMERS", {"gpu": lambda fn: fn() or 1.0,
+                                         "onnxruntime": lambda fn: fn() or 2.0})
     model = zoo.build(name)
     sess = strict_session(name, model)
     for seed in range(3):  # eager, then captured and replayed where the plan allows
@@ -73,7 +79,7 @@ def test_zoo_model_with_device_gpu(name):
         for g, w in zip(sess.run(None, feeds), _ort(model, feeds)):
             assert type(g) is np.ndarray
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
-        if sess._runtime is not None:
+        if sess._runtime is not None and seed == 2:
             copied = sess._runtime.device.last_copies
             assert copied.copies == len(transfers.plan_copies(sess.plan))
     # (data-dependent shapes recompile per seed: compare each cluster's first compile)

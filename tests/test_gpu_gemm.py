@@ -77,15 +77,16 @@ def test_gemm_plan_refuses_transposed_batched_a():
 
 
 def test_library_support_and_compute_types():
-    assert library.supported("MatMul") is None
-    assert "cuDNN" in library.supported("Conv")
+    assert library.supported("MatMul") is None and library.supported("Conv") is None
+    assert "cuDNN" in library.supported("MaxPool")
     assert library.compute_type("float32", False) == library.COMPUTE_32F  # not _PEDANTIC
     assert library.compute_type("float32", True) == library.COMPUTE_32F_FAST_TF32
     assert library.compute_type("float16", False) == library.COMPUTE_32F  # fp32 accumulate
+    assert library.compute_type("bfloat16", False) == library.COMPUTE_32F
     with pytest.raises(CompileError, match="cuDNN"):
         buf = {0: kir.Buffer(0, "x", "float32", (1, 1, 4, 4), "input"),
-               1: kir.Buffer(1, "y", "float32", (1, 1, 4, 4), "output")}
-        library.make_step(kir.LibraryCall("Conv", (0,), (1,), (), ("conv",)), buf, False)
+               1: kir.Buffer(1, "y", "float32", (1, 1, 2, 2), "output")}
+        library.make_step(kir.LibraryCall("MaxPool", (0,), (1,), (), ("pool",)), buf, False)
 
 
 def _through_cublas(plan: gemm.GemmPlan, x: np.ndarray, y: np.ndarray, alpha: float

@@ -215,3 +215,99 @@ def test_a_graph_keeps_its_cublas_workspace_after_the_capturing_thread_exits():
     for g, w in zip(sess.run(None, feeds[2]), _ort(model, feeds[2])):  # replayed here
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
     assert graphs.replays == 2
+
+
+# ---- Conv: im2col and cuBLAS, or onnxruntime, chosen by timing --------------------------
+
+def _timers(gpu_ms: float, ort_ms: float) -> dict:
+    """Injected timers: each runs the candidate and reports a fixed time."""
+    def timer(ms: float):
+        def run(fn) -> float:
+            fn()
+            return ms
+        return run
+    return {"gpu": timer(gpu_ms), "onnxruntime": timer(ort_ms)}
+
+
+def _conv_model(x_shape, w_shape, dtype=np.float32, **attrs):
+    import onnx
+    h = onnx.helper
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    b = rng.standard_normal(w_shape[0]).astype(dtype)
+    t = h.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    nodes = [h.make_node("Mul", ["x", "two"], ["xm"]),
+             h.make_node("Conv", ["xm", "w", "b"], ["c"], **attrs),
+             h.make_node("Relu", ["c"], ["y"])]
+    graph = h.make_graph(nodes, "conv", [h.make_tensor_value_info("x", t, list(x_shape))],
+                         [h.make_tensor_value_info("y", t, None)],
+                         [onnx.numpy_helper.from_array(w, "w"),
+                          onnx.numpy_helper.from_array(b, "b"),
+                          onnx.numpy_helper.from_array(np.array(2, dtype), "two")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+CONVS = [  # id, x shape, w shape, attrs
+    ("3x3-pad", (2, 3, 9, 7), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("stride-dilation", (1, 4, 13, 11), (6, 4, 3, 2), {"strides": [2, 3], "dilations": [2, 1],
+                                                       "pads": [2, 0, 1, 1]}),
+    ("groups", (1, 6, 8, 8), (9, 2, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),
+    ("depthwise", (2, 4, 6, 6), (4, 1, 3, 3), {"group": 4, "auto_pad": "SAME_UPPER"}),
+    ("1-D", (2, 5, 17), (3, 5, 4), {"strides": [2], "pads": [1, 2]}),
+    ("1x1", (1, 8, 5, 5), (16, 8, 1, 1), {}),
+]
+
+
+@pytest.mark.parametrize("case_id,x_shape,w_shape,attrs", CONVS, ids=[c[0] for c in CONVS])
+def test_conv_on_the_gpu_path_matches_onnxruntime(monkeypatch, case_id, x_shape, w_shape,
+                                                  attrs):
+    from autoclust.backends.gpu import conv
+    monkeypatch.setattr(conv, "TIMERS", _timers(1.0, 5.0))
+    model = _conv_model(x_shape, w_shape, **attrs)
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True,
+                                      min_cluster_size=1)
+    for seed in range(2 * conv.RUNS + 2):  # both paths while timing, then the GPU's
+        feeds = {"x": np.random.default_rng(seed).standard_normal(x_shape).astype(np.float32)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0],
+                                   rtol=1e-4, atol=1e-5)
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    assert [c.chosen for c in exe.choices] == ["gpu"]
+
+
+def test_conv_in_float16_on_the_gpu_path(monkeypatch):
+    from autoclust.backends.gpu import conv
+    monkeypatch.setattr(conv, "TIMERS", _timers(1.0, 5.0))
+    model = _conv_model((1, 8, 10, 10), (8, 8, 3, 3), np.float16, pads=[1, 1, 1, 1])
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True,
+                                      min_cluster_size=1)
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 8, 10, 10)).astype(np.float16)}
+    for _ in range(2):  # run 1 on the GPU path
+        got = sess.run(None, feeds)[0]
+    np.testing.assert_allclose(got.astype(np.float32), _ort(model, feeds)[0].astype(np.float32),
+                               rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("gpu_ms,ort_ms,chosen", [(1.0, 5.0, "gpu"), (4.0, 2.0, "onnxruntime")])
+def test_conv_is_placed_by_its_timings(monkeypatch, gpu_ms, ort_ms, chosen):
+    """Each candidate runs RUNS times by turns; the smaller median wins, the note says so,
+    and only a plan whose Conv stays on the GPU is captured as a CUDA graph afterwards."""
+    from autoclust.backends.gpu import conv
+    monkeypatch.setattr(conv, "TIMERS", _timers(gpu_ms, ort_ms))
+    model = zoo.build("diffusion_block")
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
+    runs = 2 * conv.RUNS + 3
+    for seed in range(runs):
+        feeds = zoo.feeds(model, seed=seed)
+        for g, w in zip(sess.run(None, feeds), _ort(model, feeds)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    assert [c.chosen for c in exe.choices] == [chosen, chosen]
+    assert exe.notes[0] == (f"Conv /conv1/Conv: {chosen} chosen by timing (median ms: gpu "
+                            f"{gpu_ms:.3g}, onnxruntime {ort_ms:.3g})")
+    graphs = sess._runtime.device.graphs
+    if chosen == "gpu":  # decided after 2 * RUNS runs; the next captures (and launches) it
+        assert graphs.reason == "" and graphs.replays == runs - 2 * conv.RUNS
+    else:
+        assert graphs.replays == 0 and graphs.reason == f"cluster_0000: {exe.notes[0]}"

@@ -27,8 +27,9 @@ from autoclust.kernel import ir as kir
 from autoclust.registry import Policy
 
 NAME = "gpu"
-# Conv and pooling: CuPy 14 has no cuDNN (library.py), so they stay in onnxruntime on the
-# host, and with them the epilogues onnxruntime fuses into a Conv (as on the CPU). Bias
+# ConvTranspose and pooling: CuPy 14 has no cuDNN (library.py), so they stay in onnxruntime
+# on the host, and with them the epilogues onnxruntime fuses into them. Conv runs here (as
+# im2col and cuBLAS) or in onnxruntime, decided by timing at each call site (conv.py). Bias
 # Adds fold into a Gemm call only when no loop kernel reads the sum: a fused epilogue
 # adds the bias for free, inside the Gemm it costs a pre-fill of the output.
 POLICY = Policy(
@@ -59,6 +60,9 @@ def why_not(node: Node, graph: Graph) -> str | None:
     d = ops.get(node.op, node.domain)
     if d is None or d.kind != ops.LIBRARY:
         return None
+    if node.op == "Conv" and node.inputs[0].shape is not None \
+            and len(node.inputs[0].shape) not in (3, 4):
+        return f"{len(node.inputs[0].shape) - 2}-D Conv: only 1-D and 2-D Conv run on the GPU"
     if node.op not in library.BF16_OPS and any(
             v is not None and v.dtype == ops.BFLOAT16 for v in node.inputs + node.outputs):
         return f"bfloat16 {node.op}: only cuBLAS GEMMs take bfloat16 (CuPy has no bfloat16)"

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from autoclust.backends.gpu import device, library, source, split
+from autoclust.backends.gpu import conv, device, library, source, split
 
 from autoclust.errors import InvalidInputError
 from autoclust.kernel import ir as kir
@@ -73,7 +73,8 @@ class Executable:
                 host = np.ascontiguousarray(program.constants[b.id], dtype=b.dtype)
                 self.consts[b.id] = device.to_device(host.reshape(b.shape), count=False)
         self.messages = [t.message for t in program.thunks if isinstance(t, kir.Check)]
-        self._sm = device.info().sm_count
+        self._sm = self.sm_count = device.info().sm_count
+        self.choices: list[conv.Choice] = []  # steps choosing their implementation by timing
         self.workspace_bytes: dict[int, int] = {}  # thunk index -> split-row workspace bytes
         self.uncapturable = ""  # why a CUDA graph cannot capture a run ('' when it can)
         self._steps: list[Callable[[list, Scratch], None]] = []
@@ -85,6 +86,10 @@ class Executable:
             elif isinstance(t, kir.Check):
                 self._steps.append(self._check_step(i, t, slot))
                 slot += 1
+            elif isinstance(t, kir.LibraryCall) and t.op == "Conv":
+                choice = conv.make_step(self, i, t, allow_tf32)
+                self.choices.append(choice)
+                self._steps.append(choice)
             elif i in rendered.calls:  # a library call rendered as a kernel (attention)
                 self._steps.append(self._call_step(rendered.calls[i]))
             else:
@@ -102,7 +107,19 @@ class Executable:
 
     @property
     def capturable(self) -> bool:
-        return not self.uncapturable
+        """Whether a CUDA graph can capture a run now (a Conv still timing its choices, or
+        run in onnxruntime, cannot be)."""
+        return not self.uncapturable and all(c.chosen == "gpu" for c in self.choices)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a step is still choosing its implementation (capture may come later)."""
+        return any(not c.chosen for c in self.choices)
+
+    @property
+    def notes(self) -> list[str]:
+        """What the timed choices decided (or that they are still timing)."""
+        return [c.reason for c in self.choices]
 
     def scratch(self, stream: int) -> Scratch:
         """The scratch memory of `stream` (allocated at its first use: a capture makes its

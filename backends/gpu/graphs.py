@@ -98,9 +98,9 @@ class GraphRunner:
             args = [env[n] for n in in_names]
             exe = runner.cache.get(runner.signature(args))
             if exe is None or not getattr(exe, "capturable", False):
-                if exe is not None:
+                if exe is not None and not getattr(exe, "pending", False):
                     self.reason = _not_capturable(runner.name, exe)
-                return None
+                return None  # (a step still timing its choice: try again next run)
             outs = exe.prepare() if prepared is None else prepared[i]
             if prepared is not None:
                 exe.launch(args, outs)
@@ -183,4 +183,7 @@ def _not_capturable(name: str, exe: Any) -> str:
     why = getattr(exe, "uncapturable", "")
     if why and why != blas.WRAPPER:
         return f"{name}: {why}"
+    hosted = [c.reason for c in getattr(exe, "choices", ()) if c.chosen != "gpu"]
+    if hosted:
+        return f"{name}: {hosted[0]}"
     return f"{name} {blas.WRAPPER}: {blas.reason() or 'no libcublas for blas.py'}"

@@ -10,9 +10,11 @@ once; float64 in float64. Gemm's C is written into the output first (scaled by b
 accumulated with beta = 1 (not for bfloat16: CuPy cannot scale it; such a Gemm falls
 back). Integer MatMul and Einsum go through CuPy (cupy.matmul / cupy.einsum, then a copy).
 
-Not here: Conv, ConvTranspose and pooling. CuPy 14 removed every cuDNN binding (its
-upgrade guide: "CuPy v14 no longer supports cuDNN"), so the GPU policy leaves them to
-onnxruntime on the host (with the BatchNorm/activation epilogues it fuses into them).
+Conv (1-D, 2-D): conv.py, im2col and cuBLAS or onnxruntime on the host, chosen by timing
+at each call site. Not here: ConvTranspose and pooling. CuPy 14 removed every cuDNN
+binding (its upgrade guide: "CuPy v14 no longer supports cuDNN"), so the GPU policy leaves
+them to onnxruntime on the host (with the BatchNorm/activation epilogues it fuses into
+them).
 
 CUDA graphs: CuPy 14's cuBLAS wrapper refuses calls while a stream is capturing (its
 setStream raises NotImplementedError), so the GEMMs call libcublas through ctypes on
@@ -40,8 +42,7 @@ POINTER_MODE_HOST = 0
 INT32_MAX = (1 << 31) - 1
 OPS = ("MatMul", "Gemm", "FusedMatMul", "Einsum")
 BF16_OPS = ("MatMul", "Gemm", "FusedMatMul")  # (cuBLAS; CuPy's einsum has no bfloat16)
-NO_CUDNN = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
-            "GlobalMaxPool")
+NO_CUDNN = ("ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
 
 # A step reads and writes device arrays by buffer id: step(arrays)
 Step = Callable[[list], None]
@@ -49,8 +50,9 @@ Step = Callable[[list], None]
 
 def supported(op: str) -> str | None:
     """None when this backend runs library op `op`, else why not (FusedAttention, made by
-    passes/attention.py, runs as a kernel of the module: attention.py)."""
-    if op in OPS or op == attn.OP or custom.for_call(op) is not None:
+    passes/attention.py, runs as a kernel of the module: attention.py; Conv as im2col and
+    cuBLAS, or in onnxruntime, by timing: conv.py)."""
+    if op in OPS or op in (attn.OP, "Conv") or custom.for_call(op) is not None:
         return None
     if op in NO_CUDNN:
         return f"{op} needs cuDNN, which CuPy 14 no longer binds"
@@ -88,9 +90,6 @@ def make_step(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], allow_tf32: bo
                               bool(attrs.get("transB", 0)))
         alpha = float(attrs.get("alpha", 1.0))
         beta = float(attrs.get("beta", 1.0)) if len(ins) > 2 and ins[2] is not None else 0.0
-        if beta and out.dtype == "bfloat16":
-            raise CompileError(f"Gemm ({', '.join(t.nodes)}): a bfloat16 C input (CuPy "
-                               "cannot scale bfloat16 into the output)")
     else:
         trans = t.op == "FusedMatMul"
         plan = gemm.plan_matmul(ins[0].shape, ins[1].shape,
@@ -104,8 +103,49 @@ def make_step(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], allow_tf32: bo
     _check_int32(t, plan)
     from autoclust.backends.gpu import blas
     lib = blas.get()
+    if beta:
+        step = _bias_epilogue(t, plan, ins, out.dtype, alpha, beta, allow_tf32, lib)
+        if step is not None:
+            return step, ""
+        if out.dtype == "bfloat16":
+            raise CompileError(f"Gemm ({', '.join(t.nodes)}): a bfloat16 C input that is "
+                               "no bias row (CuPy cannot scale bfloat16 into the output)")
     return (_cublas_step(t, plan, out.dtype, alpha, beta, allow_tf32, lib),
             "" if lib is not None else blas.WRAPPER)
+
+
+def _bias_epilogue(t: kir.LibraryCall, plan: gemm.GemmPlan, ins: list, dtype: str,
+                   alpha: float, beta: float, allow_tf32: bool, lib: Any) -> Step | None:
+    """A Gemm whose C is a bias row ([N] or [1, N], beta 1) as one cuBLASLt matmul with
+    the BIAS epilogue (no pre-fill kernel); None where that does not apply or cuBLASLt
+    offers no algorithm."""
+    from autoclust.backends.gpu import blaslt, device
+    c = ins[2]
+    n = plan.out_shape[-1] if plan.out_shape else 0
+    if (beta != 1.0 or lib is None or len(plan.calls) != 1 or plan.calls[0].batch != 1
+            or c.dtype != dtype or tuple(c.shape) not in ((n,), (1, n))):
+        return None
+    lt = blaslt.get()
+    call = plan.calls[0]
+    lt_plan = None if lt is None else lt.plan(call, CUDA_R[dtype], compute_type(dtype, allow_tf32),
+                                              CUDA_R["float64" if dtype == "float64"
+                                                     else "float32"], blaslt.BIAS)
+    if lt_plan is None:
+        return None
+    cp = device.cupy()
+    scalar = np.float64 if dtype == "float64" else np.float32
+    alpha_h, zero_h = np.array([alpha], scalar), np.array([0.0], scalar)
+    size = np.dtype(device.host_dtype(dtype)).itemsize
+    x_id, y_id, c_id, out_id = t.inputs[0], t.inputs[1], t.inputs[2], t.outputs[0]
+
+    def step(arrays: list) -> None:
+        stream = cp.cuda.get_current_stream().ptr
+        out = arrays[out_id].data.ptr
+        lt.matmul(lt_plan, alpha_h.ctypes.data, arrays[y_id].data.ptr + call.y_off * size,
+                  arrays[x_id].data.ptr + call.x_off * size, zero_h.ctypes.data, out,
+                  arrays[c_id].data.ptr, lib.workspace(stream).data.ptr, stream)
+
+    return step
 
 
 def _check_int32(t: kir.LibraryCall, plan: gemm.GemmPlan) -> None:
@@ -115,41 +155,27 @@ def _check_int32(t: kir.LibraryCall, plan: gemm.GemmPlan) -> None:
                                "32-bit limit")
 
 
-def _cublas_step(t: kir.LibraryCall, plan: gemm.GemmPlan, dtype: str, alpha: float,
-                 beta: float, allow_tf32: bool, lib: Any) -> Step:
-    """The GEMM calls of `plan`, through blas.Blas `lib` (capturable) or, when it is None,
+def gemm_launcher(plan: gemm.GemmPlan, dtype: str, alpha: float, beta: float,
+                  allow_tf32: bool, lib: Any) -> Callable[[int, int, int], None]:
+    """launch(x_ptr, y_ptr, c_ptr): the GEMM calls of `plan` on the current stream, C =
+    alpha * X @ Y + beta * C, through blas.Blas `lib` (capturable) or, when it is None,
     CuPy's cuBLAS wrapper."""
     from autoclust.backends.gpu import device
     cp = device.cupy()
     if lib is None:  # the package attribute: it runs CuPy's library-loading hook
         from cupy_backends.cuda.libs import cublas
     scalar = np.float64 if dtype == "float64" else np.float32
-    alpha_h, one_h, zero_h = (np.array([v], scalar) for v in (alpha, 1.0, 0.0))
-    size = np.dtype(dtype).itemsize
+    alpha_h, beta_h = np.array([alpha], scalar), np.array([beta], scalar)
+    size = np.dtype(device.host_dtype(dtype)).itemsize
     dt, comp = CUDA_R[dtype], compute_type(dtype, allow_tf32)
-    x_id, y_id = t.inputs[0], t.inputs[1]
-    c_id = t.inputs[2] if len(t.inputs) > 2 else None
-    out_id = t.outputs[0]
 
-    def step(arrays: list) -> None:
-        y = arrays[out_id]
-        if plan.k == 0 or not plan.calls:
-            y.fill(0)
-        prefill = c_id is not None and beta != 0.0
-        if prefill:  # Y = beta * C (broadcast), then Y += alpha * A @ B
-            cp.multiply(arrays[c_id], beta, out=y)
-            if plan.k == 0:
-                return
-        elif plan.k == 0:
-            return
+    def launch(xp: int, yp: int, cptr: int) -> None:
         if lib is not None:
             handle, call = lib.handle(cp.cuda.get_current_stream().ptr), \
                 lib.gemm_strided_batched_ex
         else:
             handle, call = cp.cuda.device.get_cublas_handle(), cublas.gemmStridedBatchedEx
             cublas.setPointerMode(handle, POINTER_MODE_HOST)
-        xp, yp, cptr = arrays[x_id].data.ptr, arrays[y_id].data.ptr, y.data.ptr
-        beta_h = one_h if prefill else zero_h
         for c in plan.calls:
             call(
                 handle, c.transa, c.transb, c.m, c.n, c.k, alpha_h.ctypes.data,
@@ -157,6 +183,30 @@ def _cublas_step(t: kir.LibraryCall, plan: gemm.GemmPlan, dtype: str, alpha: flo
                 xp + c.x_off * size, dt, c.ldb, c.stride_b,
                 beta_h.ctypes.data, cptr + c.c_off * size, dt, c.ldc, c.stride_c,
                 c.batch, comp, GEMM_DEFAULT)
+
+    return launch
+
+
+def _cublas_step(t: kir.LibraryCall, plan: gemm.GemmPlan, dtype: str, alpha: float,
+                 beta: float, allow_tf32: bool, lib: Any) -> Step:
+    """A MatMul/Gemm/FusedMatMul: its planned GEMM calls (gemm_launcher), after the
+    pre-fill of the output with beta * C when the Gemm has a C."""
+    from autoclust.backends.gpu import device
+    cp = device.cupy()
+    x_id, y_id = t.inputs[0], t.inputs[1]
+    c_id = t.inputs[2] if len(t.inputs) > 2 else None
+    out_id = t.outputs[0]
+    prefill = c_id is not None and beta != 0.0
+    launch = gemm_launcher(plan, dtype, alpha, 1.0 if prefill else 0.0, allow_tf32, lib)
+
+    def step(arrays: list) -> None:
+        y = arrays[out_id]
+        if plan.k == 0 or not plan.calls:
+            y.fill(0)
+        if prefill:  # Y = beta * C (broadcast), then Y += alpha * A @ B
+            cp.multiply(arrays[c_id], beta, out=y)
+        if plan.k != 0:
+            launch(arrays[x_id].data.ptr, arrays[y_id].data.ptr, y.data.ptr)
 
     return step
 

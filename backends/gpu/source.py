@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 
-from autoclust.backends.gpu import attention, cstyle, kernels, prelude
+from autoclust.backends.gpu import attention, conv, cstyle, kernels, prelude
 from autoclust.backends.gpu.launch import BLOCKS_PER_SM, Launch, choose
 
 from autoclust.kernel import ir as kir
@@ -112,18 +112,21 @@ def render_program(program: kir.Program, target: str,
 
 def _render_calls(program: kir.Program, target: str, bodies: dict[str, str]
                   ) -> dict[int, CallEntry]:
-    """The library calls this renderer turns into kernels of the module (FusedAttention),
-    their text added to `bodies`."""
+    """The library calls this renderer turns into kernels of the module (FusedAttention;
+    Conv's im2col), their text added to `bodies`."""
     buffers = {b.id: b for b in program.buffers}
     calls = {}
     for i, t in enumerate(program.thunks):
-        if isinstance(t, kir.LibraryCall) and t.op == attention.attn.OP:
-            s = attention.spec(t, buffers)
-            symbol = attention.symbol(s)
-            if symbol not in bodies:
-                bodies[symbol] = attention.render(s, target, symbol)
-            ids = tuple(b for b in t.inputs if b is not None) + tuple(t.outputs)
-            calls[i] = CallEntry(symbol, attention.BLOCK, s.items, ids)
+        if not isinstance(t, kir.LibraryCall) or t.op not in (attention.attn.OP, "Conv"):
+            continue
+        kind = attention if t.op == attention.attn.OP else conv
+        s = kind.spec(t, buffers)
+        symbol = kind.symbol(s)
+        if symbol not in bodies:
+            bodies[symbol] = kind.render(s, target, symbol)
+        ids = tuple(b for b in t.inputs if b is not None) + tuple(t.outputs)
+        items = s.items if kind is attention else conv.items(s)
+        calls[i] = CallEntry(symbol, kind.BLOCK, items, ids)
     return calls
 
 

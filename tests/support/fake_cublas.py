@@ -47,23 +47,16 @@ def _tf32(x: np.ndarray) -> np.ndarray:
     return u.view(np.float32)
 
 
-def gemm(transa: int, transb: int, m: int, n: int, k: int, alpha: int, a: int, atype: int,
-         lda: int, sa: int, b: int, btype: int, ldb: int, sb: int, beta: int, c: int,
-         ctype: int, ldc: int, sc: int, batch: int, compute: int, algo: int) -> int:
-    """cublasGemmStridedBatchedEx on raw pointers (host pointer mode); its status."""
-    if not atype == btype == ctype or compute not in LEGAL.get(ctype, ()):
-        return NOT_SUPPORTED
-    ar, ac = (m, k) if transa == 0 else (k, m)
-    br, bc = (k, n) if transb == 0 else (n, k)
-    if min(m, n, k, batch) < 0 or lda < max(1, ar) or ldb < max(1, br) or ldc < max(1, m):
-        return INVALID_VALUE
-    CALLS.append({"m": m, "n": n, "k": k, "batch": batch, "compute": compute, "type": ctype})
-    dtype = DTYPES[ctype]
+def _product(transa: int, transb: int, m: int, n: int, k: int, alpha: int, a: int,
+             atype: int, lda: int, sa: int, b: int, ldb: int, sb: int, beta: int, c: int,
+             ldc: int, sc: int, batch: int, compute: int) -> tuple[np.ndarray, np.ndarray]:
+    """(C's column-major view, alpha * op(A) op(B) + beta * C in float64)."""
+    dtype = DTYPES[atype]
     scalar = np.float64 if compute == COMPUTE_64F else np.float32
     al = float(np.frombuffer((ctypes.c_char * 8).from_address(alpha), scalar, 1)[0])
     be = float(np.frombuffer((ctypes.c_char * 8).from_address(beta), scalar, 1)[0])
-    if m == 0 or n == 0 or batch == 0:
-        return SUCCESS
+    ar, ac = (m, k) if transa == 0 else (k, m)
+    br, bc = (k, n) if transb == 0 else (n, k)
     out = _view(c, dtype, m, n, ldc, batch, sc)
     if k == 0:
         prod = np.zeros((batch, m, n))
@@ -76,9 +69,36 @@ def gemm(transa: int, transb: int, m: int, n: int, k: int, alpha: int, a: int, a
         opb = bv if transb == 0 else np.swapaxes(bv, 1, 2)
         prod = np.matmul(opa.astype(np.float64), opb.astype(np.float64))
     res = al * prod
-    if be != 0.0:
+    if be != 0.0:  # (beta 0: C is not read)
         res = res + be * out.astype(np.float64)
-    out[...] = res.astype(dtype)
+    return out, res
+
+
+def _legal(transa: int, transb: int, m: int, n: int, k: int, atype: int, lda: int,
+           btype: int, ldb: int, ctype: int, ldc: int, batch: int, compute: int) -> int:
+    """cuBLAS's status for these types and dimensions (SUCCESS when it would run)."""
+    if not atype == btype == ctype or compute not in LEGAL.get(ctype, ()):
+        return NOT_SUPPORTED
+    ar = m if transa == 0 else k
+    br = k if transb == 0 else n
+    if min(m, n, k, batch) < 0 or lda < max(1, ar) or ldb < max(1, br) or ldc < max(1, m):
+        return INVALID_VALUE
+    return SUCCESS
+
+
+def gemm(transa: int, transb: int, m: int, n: int, k: int, alpha: int, a: int, atype: int,
+         lda: int, sa: int, b: int, btype: int, ldb: int, sb: int, beta: int, c: int,
+         ctype: int, ldc: int, sc: int, batch: int, compute: int, algo: int) -> int:
+    """cublasGemmStridedBatchedEx on raw pointers (host pointer mode); its status."""
+    status = _legal(transa, transb, m, n, k, atype, lda, btype, ldb, ctype, ldc, batch, compute)
+    if status != SUCCESS:
+        return status
+    CALLS.append({"m": m, "n": n, "k": k, "batch": batch, "compute": compute, "type": ctype})
+    if m == 0 or n == 0 or batch == 0:
+        return SUCCESS
+    out, res = _product(transa, transb, m, n, k, alpha, a, atype, lda, sa, b, ldb, sb, beta,
+                        c, ldc, sc, batch, compute)
+    out[...] = res.astype(DTYPES[ctype])
     return SUCCESS
 
 
@@ -233,9 +253,117 @@ def pathfinder_module(found: tuple[str, ...] = ("cublas", "cublasLt", "nvrtc", "
 
 def open_library(later: Callable, current_stream: Callable, captures: dict,
                  alive: Callable[[int], bool]) -> Callable[[str], Any]:
-    """blas._open for the stand-in: the fake libcublas at the path pathfinder gave."""
+    """blas._open for the stand-in: the fake libcublas (or libcublasLt) at the path
+    pathfinder gave."""
     def open_(path: str) -> Any:
         if path.startswith("/stand-in/libcublas.so"):
             return FakeLibcublas(later, current_stream, captures, alive)
+        if path.startswith("/stand-in/libcublasLt.so"):
+            return FakeLibcublasLt(later, current_stream, alive)
         raise OSError(f"{path}: cannot open shared object file")
     return open_
+
+
+# ---- cuBLASLt ------------------------------------------------------------------------------
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """cuBLASLt's GELU epilogue: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+class FakeLibcublasLt:
+    """libcublasLt as backends/gpu/blaslt.py calls it: descriptors, layouts, a heuristic
+    offering one algorithm for legal problems, and cublasLtMatmul with the DEFAULT, BIAS,
+    GELU and GELU_BIAS epilogues (bias: one value per row of D, added before GELU; the
+    whole epilogue in float64, rounded once)."""
+
+    def __init__(self, later: Callable, current_stream: Callable, alive: Callable):
+        self._later, self._current, self._alive = later, current_stream, alive
+        self.objects: dict[int, dict] = {}
+        self.calls: list[dict] = []
+        for name in ("cublasLtCreate", "cublasLtMatmulDescCreate",
+                     "cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutCreate",
+                     "cublasLtMatrixLayoutSetAttribute", "cublasLtMatmulPreferenceCreate",
+                     "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic",
+                     "cublasLtMatmul"):
+            setattr(self, name, _Fn(getattr(self, "_" + name)))
+
+    def _new(self, ref: Any, **fields: Any) -> int:
+        key = 0x7000 + len(self.objects)
+        self.objects[key] = dict(fields)
+        ref._obj.value = key
+        return SUCCESS
+
+    def _cublasLtCreate(self, ref: Any) -> int:
+        return self._new(ref, kind="handle")
+
+    def _cublasLtMatmulDescCreate(self, ref: Any, compute: int, scale: int) -> int:
+        return self._new(ref, kind="desc", compute=compute, scale=scale, transa=0, transb=0,
+                         epilogue=1, bias=0)
+
+    def _set(self, obj: int, attr: int, buf: Any, size: int, names: dict) -> int:
+        if attr not in names:
+            return INVALID_VALUE
+        self.objects[obj][names[attr]] = buf._obj.value
+        return SUCCESS
+
+    def _cublasLtMatmulDescSetAttribute(self, desc: int, attr: int, buf: Any, size: int) -> int:
+        return self._set(desc, attr, buf, size, {3: "transa", 4: "transb", 7: "epilogue",
+                                                 8: "bias"})
+
+    def _cublasLtMatrixLayoutCreate(self, ref: Any, dtype: int, rows: int, cols: int,
+                                    ld: int) -> int:
+        return self._new(ref, kind="layout", dtype=dtype, rows=rows, cols=cols, ld=ld, batch=1,
+                         stride=0)
+
+    def _cublasLtMatrixLayoutSetAttribute(self, lay: int, attr: int, buf: Any, size: int
+                                          ) -> int:
+        return self._set(lay, attr, buf, size, {5: "batch", 6: "stride"})
+
+    def _cublasLtMatmulPreferenceCreate(self, ref: Any) -> int:
+        return self._new(ref, kind="pref", workspace=0)
+
+    def _cublasLtMatmulPreferenceSetAttribute(self, pref: int, attr: int, buf: Any,
+                                              size: int) -> int:
+        return self._set(pref, attr, buf, size, {1: "workspace"})
+
+    def _problem(self, desc: int, a: int, b: int, c: int) -> tuple:
+        d, la, lb, lc = (self.objects[x] for x in (desc, a, b, c))
+        m, n = lc["rows"], lc["cols"]
+        k = la["cols"] if d["transa"] == 0 else la["rows"]
+        return d, la, lb, lc, m, n, k
+
+    def _cublasLtMatmulAlgoGetHeuristic(self, handle: int, desc: int, a: int, b: int, c: int,
+                                        dd: int, pref: int, requested: int, result: Any,
+                                        count: Any) -> int:
+        d, la, lb, lc, m, n, k = self._problem(desc, a, b, c)
+        status = _legal(d["transa"], d["transb"], m, n, k, la["dtype"], la["ld"], lb["dtype"],
+                        lb["ld"], lc["dtype"], lc["ld"], lc["batch"], d["compute"])
+        ok = status == SUCCESS and d["epilogue"] in (1, 4, 32, 36)
+        result._obj.state = SUCCESS
+        count._obj.value = 1 if ok else 0
+        return SUCCESS
+
+    def _cublasLtMatmul(self, handle: int, desc: int, alpha: int, a: int, adesc: int, b: int,
+                        bdesc: int, beta: int, c: int, cdesc: int, d_ptr: int, ddesc: int,
+                        algo: Any, workspace: int, wsize: int, stream: int) -> int:
+        d, la, lb, lc, m, n, k = self._problem(desc, adesc, bdesc, cdesc)
+        if stream != self._current().ptr or c != d_ptr:
+            return INVALID_VALUE  # (the backend always runs D = C on the current stream)
+        self.calls.append({"m": m, "n": n, "k": k, "epilogue": d["epilogue"]})
+        bias, epilogue = d["bias"], d["epilogue"]
+
+        def run() -> None:
+            if not self._alive(workspace):
+                raise RuntimeError("stand-in cuBLASLt: the workspace was freed")
+            out, res = _product(d["transa"], d["transb"], m, n, k, alpha, a, la["dtype"],
+                                la["ld"], la["stride"], b, lb["ld"], lb["stride"], beta, c,
+                                lc["ld"], lc["stride"], lc["batch"], d["compute"])
+            if epilogue in (4, 36):  # BIAS, GELU_BIAS
+                res = res + _view(bias, DTYPES[lc["dtype"]], m, 1, m, 1, 0).astype(np.float64)
+            if epilogue in (32, 36):  # GELU, GELU_BIAS
+                res = gelu_tanh(res)
+            out[...] = res.astype(DTYPES[lc["dtype"]])
+
+        self._later(run, "cublasLtMatmul")
+        return SUCCESS

@@ -79,7 +79,10 @@ _QUEUES: dict[int, _Queue] = collections.defaultdict(_Queue)
 _SEQ = [0]
 _CAPTURES: dict[int, list] = {}  # capturing stream -> its recording
 _LOCAL = threading.local()       # this thread's stack of current streams
-_KEEP: list[Any] = []            # allocations kept alive until the queued work has run
+# (array's weakref, its memory): an allocation lives until a drain ends (nothing queued can
+# read it any more) with its array gone; a run may drop its input while kernels queued with
+# its address still wait, as CuPy's pool allows on one stream
+_KEEP: list[tuple[Any, np.ndarray]] = []
 _LIVE: dict[int, Any] = {}       # allocation address -> weakref of its array
 
 
@@ -214,7 +217,7 @@ def drain() -> None:
                 progressed = True
             if not progressed:
                 raise CudaError("stand-in CuPy: streams wait on each other (deadlock)")
-        _KEEP.clear()
+        _KEEP[:] = [(ref, a) for ref, a in _KEEP if ref() is not None]
 
 
 class _Event:
@@ -268,9 +271,10 @@ def _alloc(a: np.ndarray) -> FakeArray:
         raise CudaError("stand-in CuPy: allocation while a stream captures (the graph would "
                         "point at memory its capture allocated)")
     out = FakeArray(a)
+    ref = weakref.ref(out)
     with _LOCK:
-        _KEEP.append(a)
-        _LIVE[out.data.ptr] = weakref.ref(out)
+        _KEEP.append((ref, a))
+        _LIVE[out.data.ptr] = ref
     return out
 
 
@@ -484,7 +488,7 @@ def get_default_memory_pool() -> _Pool:
 
 # ---- kernels: modules, functions and argument packing ------------------------------------
 
-_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?'
+_SIGNATURE = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([\d, ]+\) )?'
                         r"(\w+)\(([^)]*)\)")
 # C parameter type -> (bytes, kind): what CUDA reads from the packed argument
 _PARAM = {"long long": (8, "i"), "unsigned long long": (8, "i"), "int": (4, "i"),
@@ -667,12 +671,12 @@ def install(monkeypatch: Any) -> None:
 def installed(monkeypatch: Any) -> Iterator[None]:
     """install(), with the GPU backend's cached imports and compiled modules forgotten
     before and after: the body of a pytest fixture (`yield from fake_cupy.installed(mp)`)."""
-    from autoclust.backends.gpu import blas, device, nvrtc
+    from autoclust.backends.gpu import blas, blaslt, device, nvrtc
     install(monkeypatch)
-    for cached in (device._import, device.info, blas.get):
+    for cached in (device._import, device.info, blas.get, blaslt.get):
         cached.cache_clear()
     yield
     drain()
-    for cached in (device._import, device.info, blas.get):
+    for cached in (device._import, device.info, blas.get, blaslt.get):
         cached.cache_clear()
     nvrtc._MODULES.clear()
