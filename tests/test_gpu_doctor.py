@@ -85,3 +85,20 @@ def test_a_failing_compile_is_a_problem_not_a_crash(fake, monkeypatch):
     want = ("gpu: mlp_gelu failed to compile or run on device 'gpu': NotCompilableError: "
             "cluster_0000 failed to compile: RuntimeError: NVRTC is broken today")
     assert report.problems == [want]
+
+
+def test_first_light_steps_on_the_stand_in(fake, tmp_path, monkeypatch):
+    """The GPU session's script (tools/debug/first_light.py) runs its in-process steps on
+    the stand-in (the subprocess steps need a real CuPy): every check passes and the
+    results land in OUT."""
+    from autoclust.tools.debug import first_light
+    monkeypatch.setattr(first_light, "_attention_timing", lambda: {"skipped": "stand-in"})
+    steps = ["denormals", "split_row_bits", "gemm", "attention", "zoo"]
+    results = first_light.run_steps(str(tmp_path), steps)
+    assert {k: r.get("ok") for k, r in results.items()} == dict.fromkeys(steps, True), results
+    assert results["split_row_bits"]["identical_bits"]
+    assert results["gemm"]["rel_err"]["float32_tf32"] > 10 * results["gemm"]["rel_err"]["float32"]
+    assert set(results["zoo"]["models"]) >= {"bert_encoder", "llama_block", "resnet_block"}
+    saved = json.loads((tmp_path / "first_light.json").read_text())
+    assert list(saved) == steps
+    assert "| denormals | yes |" in first_light.summary(results)

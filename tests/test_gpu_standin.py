@@ -311,3 +311,80 @@ def test_conv_is_placed_by_its_timings(monkeypatch, gpu_ms, ort_ms, chosen):
         assert graphs.reason == "" and graphs.replays == runs - 2 * conv.RUNS
     else:
         assert graphs.replays == 0 and graphs.reason == f"cluster_0000: {exe.notes[0]}"
+
+
+# ---- cuBLASLt epilogues, bfloat16 GEMMs ---------------------------------------------------
+
+def test_bias_gemms_run_as_cublaslt_bias_epilogues():
+    """BERT's Q/K/V projections are Gemm calls with a bias row: one cuBLASLt matmul each
+    (epilogue BIAS), captured into the CUDA graph with everything else."""
+    from autoclust.backends.gpu import blaslt
+    model = zoo.build("bert_encoder")
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
+    for seed in range(3):
+        feeds = zoo.feeds(model, seed=seed)
+        for g, w in zip(sess.run(None, feeds), _ort(model, feeds)):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+    calls = blaslt.get().lib.calls
+    assert {c["epilogue"] for c in calls} == {blaslt.BIAS}
+    assert len(calls) == 2 * 6  # 3 per layer, 2 layers: the eager run and the capture
+    assert sess._runtime.device.graphs.replays == 2
+
+
+@pytest.mark.parametrize("epilogue", ["BIAS", "GELU", "GELU_BIAS"])
+def test_cublaslt_epilogues_through_the_binding(epilogue):
+    """y = epilogue(x @ w + b) for y [5, 6] = x [5, 8] @ w [8, 6]: cuBLASLt's GELU is the
+    tanh approximation; the plan's layouts are gemm.py's column-major ones."""
+    from autoclust.backends.gpu import blaslt, gemm, library
+    from support import fake_cublas
+    cp = device.cupy()
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((5, 8)).astype(np.float32), rng.standard_normal((8, 6)).astype(
+        np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    (call,) = gemm.plan_matmul(x.shape, w.shape).calls
+    lt = blaslt.get()
+    plan = lt.plan(call, 0, library.COMPUTE_32F, 0, getattr(blaslt, epilogue))
+    dx, dw, db = cp.asarray(x), cp.asarray(w), cp.asarray(b)
+    y = cp.empty((5, 6), dtype=cp.float32)
+    one, zero = np.array([1.0], np.float32), np.array([0.0], np.float32)
+    ws = blas.get().workspace(0)
+    lt.matmul(plan, one.ctypes.data, dw.data.ptr, dx.data.ptr, zero.ctypes.data, y.data.ptr,
+              db.data.ptr, ws.data.ptr, 0)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    if "BIAS" in epilogue:
+        want = want + b
+    if "GELU" in epilogue:
+        want = fake_cublas.gelu_tanh(want)
+    np.testing.assert_allclose(y.get(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_bfloat16_gemm_end_to_end():
+    """bfloat16 in, MatMul (cuBLAS CUDA_R_16BF, float32 accumulation) and a bias Add, out
+    as ml_dtypes bfloat16; onnxruntime's CPU provider has no bfloat16 MatMul, so the
+    reference is float64 on the same values, rounded once."""
+    import ml_dtypes
+    import onnx
+    h = onnx.helper
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((32, 16)).astype(bf16)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Relu", ["m"], ["y"])]
+    bt = onnx.TensorProto.BFLOAT16
+    graph = h.make_graph(nodes, "bf", [h.make_tensor_value_info("x", bt, [4, 32])],
+                         [h.make_tensor_value_info("y", bt, [4, 16])],
+                         [onnx.numpy_helper.from_array(w, "w")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True)
+    x = rng.standard_normal((4, 32)).astype(bf16)
+    for _ in range(3):  # eager, captured, replayed: the bfloat16 feed through every path
+        (got,) = sess.run(None, {"x": x})
+        assert got.dtype == bf16
+        want = np.maximum(x.astype(np.float64) @ w.astype(np.float64), 0).astype(bf16)
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                   rtol=2 ** -7, atol=1e-6)
+    assert sess._runtime.device.graphs.replays == 2
+    y = sess.run(None, {"x": device.to_device(x)}, output_device="gpu")[0]
+    assert isinstance(y, device.BF16Array) and y.dtype == bf16
+    np.testing.assert_array_equal(device.to_host(y), got)

@@ -98,7 +98,9 @@ def compile_many(programs: list[kir.Program], flags: Flags,
     device.cupy()
     rendered = [source.render_program(p, "cuda", choose_launch) for p in programs]
     text = source.module_source(rendered)
-    needs_code = any(r.kernels or r.checks for r in rendered)
+    # calls rendered as kernels (fused attention) live in the module too: a cluster of one
+    # attention call still needs it loaded
+    needs_code = any(r.kernels or r.checks or r.calls for r in rendered)
     module = nvrtc.load(text, flags.cache_dir) if needs_code else None
     ptx = ""
     if flags.dump_to and needs_code:
