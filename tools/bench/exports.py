@@ -46,6 +46,7 @@ class Spec:
     inputs: Callable[[Any], dict[str, np.ndarray]]
     shape_note: str
     extra: tuple = ()  # fixed keyword arguments of the model call
+    held_out: bool = False  # an architecture nobody tuned for: reported apart
 
 
 def _wrap(model: Any, input_names: list[str], extra: dict[str, Any]) -> Any:
@@ -96,6 +97,42 @@ def _resnet50() -> tuple[Any, Any]:
     return cfg, ResNetModel(cfg)
 
 
+# ---- held out: architectures nobody tuned for (reported apart from the five above) ----------
+
+def _t5() -> tuple[Any, Any]:
+    from transformers import T5Config, T5EncoderModel
+    cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64,
+                   vocab_size=32128)  # t5-small's encoder: relative position bias, RMSNorm
+    return cfg, T5EncoderModel(cfg)
+
+
+def _qwen2() -> tuple[Any, Any]:
+    from transformers import Qwen2Config, Qwen2Model
+    cfg = Qwen2Config(hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, vocab_size=32000,
+                      max_position_embeddings=2048)  # grouped-query attention, QKV bias
+    return cfg, Qwen2Model(cfg)
+
+
+def _whisper() -> tuple[Any, Any]:
+    from transformers import WhisperConfig, WhisperModel
+    # whisper-tiny's encoder (4 layers, d_model 384) on 15 s of audio (1500 mel frames)
+    cfg = WhisperConfig(max_source_positions=750)
+    return cfg, WhisperModel(cfg).encoder
+
+
+def _convnext() -> tuple[Any, Any]:
+    from transformers import ConvNextConfig, ConvNextModel
+    cfg = ConvNextConfig()  # ConvNeXt-tiny: depths [3, 3, 9, 3], 7x7 depthwise, LayerNorm
+    return cfg, ConvNextModel(cfg)
+
+
+def _swin() -> tuple[Any, Any]:
+    from transformers import SwinConfig, SwinModel
+    cfg = SwinConfig()  # Swin-tiny: windowed attention, patch merging, 224x224
+    return cfg, SwinModel(cfg, add_pooling_layer=False)
+
+
 def _ids(seq: int, mask: bool = False) -> Callable[[Any], dict[str, np.ndarray]]:
     def make(cfg: Any) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(0)
@@ -104,6 +141,13 @@ def _ids(seq: int, mask: bool = False) -> Callable[[Any], dict[str, np.ndarray]]
             out["attention_mask"] = np.ones((1, seq), np.int64)
         return out
     return make
+
+
+def _mel(cfg: Any) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    frames = 2 * cfg.max_source_positions
+    return {"input_features":
+            rng.standard_normal((1, cfg.num_mel_bins, frames)).astype(np.float32)}
 
 
 def _pixels(cfg: Any) -> dict[str, np.ndarray]:
@@ -120,7 +164,20 @@ SPECS: dict[str, Spec] = {
                   "ids [1,128]", (("use_cache", False),)),
     "vit": Spec("ViT (4 layers, 224x224)", _vit, _pixels, "pixels [1,3,224,224]"),
     "resnet50": Spec("ResNet-50 (224x224)", _resnet50, _pixels, "pixels [1,3,224,224]"),
+    # held out
+    "t5": Spec("T5-small encoder (seq 128)", _t5, _ids(128, mask=True), "ids+mask [1,128]",
+               held_out=True),
+    "qwen2": Spec("Qwen2-like GQA decoder (4 layers, hidden 512, seq 128)", _qwen2, _ids(128),
+                  "ids [1,128]", (("use_cache", False),), held_out=True),
+    "whisper": Spec("Whisper-tiny encoder (1500 frames)", _whisper, _mel,
+                    "mel [1,80,1500]", held_out=True),
+    "convnext": Spec("ConvNeXt-tiny (224x224)", _convnext, _pixels, "pixels [1,3,224,224]",
+                     held_out=True),
+    "swin": Spec("Swin-tiny (224x224)", _swin, _pixels, "pixels [1,3,224,224]",
+                 held_out=True),
 }
+TUNED = [n for n, s in SPECS.items() if not s.held_out]
+HELD_OUT = [n for n, s in SPECS.items() if s.held_out]
 
 
 def require() -> None:
