@@ -56,6 +56,27 @@ def autoclust_session(model: Any, threads: int, flags: str = "") -> Any:
     return autoclust.InferenceSession(model, ort_options(threads), **overrides)
 
 
+def settle(sess: Any, feeds: dict[str, Any], max_runs: int = 80) -> int:
+    """Run `sess` until its steady state: prepacked GEMM weights built in the background
+    and measured placement decided for this signature. Returns the runs it took."""
+    from autoclust.runtime import autotune
+    runtime = getattr(sess, "_runtime", None)
+    runners = runtime.compiled_clusters() if runtime is not None else []
+    for n in range(max_runs):
+        trials = [t for r in runners for t in r.route.values()
+                  if isinstance(t, autotune.Trial) and not t.finished]
+        if not trials:
+            return n
+        sess.run(None, feeds)
+    return max_runs
+
+
+def placement(sess: Any) -> list[dict[str, Any]]:
+    """The session's measured placement decisions (autoclust/runtime/autotune.py)."""
+    plan = getattr(sess, "plan", None)
+    return [d.as_json() for d in getattr(plan, "placement", [])]
+
+
 def alternate(sides: Mapping[str, Callable[[], Any]], rounds: int, block: int
               ) -> dict[str, list[float]]:
     """Seconds per timed run of each side, timed in alternating blocks over `rounds`."""
