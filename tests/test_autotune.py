@@ -27,6 +27,9 @@ from autoclust.runtime.autotune import COMPILED, ONNXRUNTIME
     ([10] * 9, [10.1, 9.9, 10.2, 9.8, 10, 10.1, 9.9, 10, 10], False, COMPILED),  # noise
     ([10] * 9, [9, 9.2, 11, 8.9, 9.1, 9.3, 10.5, 9, 9.2], False, ONNXRUNTIME),  # median
     ([10] * 9, [9.8, 9.9, 9.75, 9.9, 9.8, 9.85, 9.9, 9.8, 9.9], False, COMPILED),  # <3%
+    # the median pair says onnxruntime, the sides' medians do not (load moved): keep
+    ([10, 11, 12, 13, 14, 1, 1, 1, 1], [9.6, 10.6, 11.6, 12.6, 13.5, 20, 20, 20, 20], False,
+     COMPILED),
 ])
 def test_decide(compiled, onnx_rt, final, want):
     verdict = autotune.decide(compiled, onnx_rt, final)

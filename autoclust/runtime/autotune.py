@@ -14,8 +14,8 @@ a few pairs `decide` keeps the faster:
     -> onnxruntime, faster in every pair: handed back (its session serves)
 
 Only clear differences count: every pair beyond MARGIN decides early; otherwise up to
-MAX_PAIRS are taken and the median pair ratio must be beyond MARGIN; anything closer keeps
-the compiled code. The extra work (onnxruntime's session, its runs, repeats of short
+MAX_PAIRS are taken and both the median pair ratio and the ratio of the sides' medians
+must be beyond MARGIN; anything closer keeps the compiled code. The extra work (onnxruntime's session, its runs, repeats of short
 clusters) is charged to a per-session `Budget` (--autotune_budget_ms); a trial that runs
 out decides on what it has, and a signature that finds the budget spent takes the
 cluster's last decision. Every decision, with both times, goes to `explain` and, with
@@ -98,7 +98,10 @@ def decide(compiled: Sequence[float], ort: Sequence[float], final: bool = False
     if n < MAX_PAIRS and not final:
         return None
     med = statistics.median(ratios)
-    if n >= MIN_PAIRS and med < 1 - MARGIN:
+    # both the median pair and the sides' medians must say so: under load the two can
+    # disagree, and a doubt keeps the compiled code
+    sides = statistics.median(ort) / max(statistics.median(compiled), 1e-12)
+    if n >= MIN_PAIRS and med < 1 - MARGIN and sides < 1 - MARGIN:
         return ONNXRUNTIME, f"onnxruntime faster by {_pct(1 / med)} (median of {n} pairs)"
     if med > 1 + MARGIN:
         return COMPILED, f"faster by {_pct(med)} (median of {n} pairs)"
