@@ -240,3 +240,58 @@ def test_end_to_end_real_clock():
     winner = runner.onnxruntime_segment() if d.winner == ONNXRUNTIME else \
         next(iter(runner.cache.values()))
     assert target is winner
+
+
+# ---- the whole plan against onnxruntime over the whole model ----------------------------
+
+def _inject_whole(monkeypatch, plan_ms: float, whole_ort_ms: float) -> None:
+    """Clusters win their own trials (1 ms against 2); the whole plan takes plan_ms against
+    onnxruntime's whole_ort_ms."""
+    def timed(self, side, inputs):
+        outs = side.run(inputs)
+        if isinstance(side, autotune._PlanSide):
+            ms = plan_ms
+        elif isinstance(side, autotune._OrtSide):
+            ms = whole_ort_ms
+        else:
+            ms = 1.0 if side is self.exe else 2.0
+        return ms * self.repeat / 1e3, outs
+    monkeypatch.setattr(autotune.Trial, "_time", timed)
+
+
+def test_whole_plan_handed_back_when_boundaries_lose(monkeypatch, tmp_path):
+    # mixed_dynamic: 4 small clusters around an onnxruntime segment (NonZero, TopK)
+    _inject_whole(monkeypatch, plan_ms=5.0, whole_ort_ms=2.0)
+    model = zoo.build("mixed_dynamic")
+    feeds = zoo.feeds(model)
+    sess = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for _ in range(15):
+        got = sess.run(None, feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.shape, w.shape)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    decisions = sess.explain(as_json=True)["placement"]
+    assert [d["winner"] for d in decisions] == [COMPILED] * 4 + [ONNXRUNTIME], decisions
+    assert decisions[-1]["cluster"] == autotune.WHOLE
+    assert "whole model" in sess.explain() and "onnxruntime 2.000 ms" in sess.explain()
+    assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._OrtSide)
+    # a second session reads all five decisions and measures nothing
+    monkeypatch.setattr(autotune.Trial, "_time", None)
+    again = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
+    for _ in range(4):
+        again.run(None, feeds)
+    assert [d["source"] for d in again.explain(as_json=True)["placement"]] == ["cache"] * 5
+    assert not autotune.measuring(again._runtime)
+
+
+def test_whole_plan_kept_when_it_wins(monkeypatch):
+    _inject_whole(monkeypatch, plan_ms=1.0, whole_ort_ms=2.0)
+    model = zoo.build("mixed_dynamic")
+    feeds = zoo.feeds(model)
+    sess = autoclust.InferenceSession(model)
+    for _ in range(15):
+        sess.run(None, feeds)
+    whole = sess.explain(as_json=True)["placement"][-1]
+    assert whole["cluster"] == autotune.WHOLE and whole["winner"] == COMPILED
+    assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._PlanSide)

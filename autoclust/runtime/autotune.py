@@ -310,6 +310,128 @@ class Placement:
             log(decision, self.budget)
 
 
+# ---- the whole plan against one onnxruntime session ------------------------------------------
+
+WHOLE = "whole model"
+
+
+class WholePlan:
+    """A plan of several steps against onnxruntime over the whole model, per feed signature.
+
+    Clusters handed back one by one still leave a segment boundary on each side of them
+    (and onnxruntime cannot fuse across it): a model of many small clusters between
+    onnxruntime Convs can lose although every cluster wins or goes back. Once every
+    cluster has decided for a signature, the plan as it now runs is timed against one
+    onnxruntime session over the whole model, like a cluster against its subgraph.
+    """
+
+    def __init__(self, runtime: Any, placement: Placement):
+        self.runtime, self.placement = runtime, placement
+        self.route: dict[tuple, Any] = {}
+        self.seen: set[tuple] = set()  # signatures run once through the steps
+        self._session: Any = None
+        self._fingerprint = ""
+        self._lock = threading.Lock()
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The graph outputs by name, or None: run the plan's steps as usual."""
+        names = tuple(feeds)
+        key = (names, *[(x.dtype, x.shape) for x in feeds.values()])
+        target = self.route.get(key)
+        if target is None:
+            target = self._start(key, names, feeds)
+            if target is None:
+                return None
+        run_feeds = getattr(target, "run_feeds", None)  # a decided onnxruntime: by name
+        outs = run_feeds(feeds) if run_feeds is not None else target.run(list(feeds.values()))
+        return dict(zip(self.runtime.output_names, outs))
+
+    def _start(self, key: tuple, names: tuple, feeds: dict[str, np.ndarray]) -> Any:
+        """A Trial of the plan against the whole model once its clusters have decided."""
+        rt = self.runtime
+        if key not in self.seen or any(isinstance(t, Trial) and not t.finished
+                                       for r in rt.compiled_clusters()
+                                       for t in r.route.values()):
+            self.seen.add(key)
+            return None  # its clusters first meet it, or still measure: not yet
+        with self._lock:
+            if key in self.route:
+                return self.route[key]
+            sig = signature_text(list(feeds.values()))
+            plan_side = _PlanSide(rt, names)
+            entry = entry_key(self.fingerprint(), key, self.placement.flags.threads) \
+                if self.placement.flags.cache_dir else ""
+            stored = load(self.placement.flags.cache_dir, entry) if entry else None
+            if stored is not None:
+                stored.cluster, stored.signature, stored.source = WHOLE, sig, "cache"
+                self.placement._record(stored)
+                target = self._ort_side(names) if stored.winner == ONNXRUNTIME else plan_side
+            elif self.placement.budget.left_ms() <= 0:
+                self.placement._record(Decision(WHOLE, sig, COMPILED,
+                                                "not measured: measuring budget spent"))
+                target = plan_side
+            else:
+                def done(decision: Decision, winner: Any) -> None:
+                    self.route[key] = winner
+                    self.placement._record(decision)
+                    if entry:
+                        store(self.placement.flags.cache_dir, entry, decision)
+
+                target = Trial(WHOLE, sig, plan_side, lambda: self._ort_side(names),
+                               self.placement.budget, done, self.placement.clock)
+            self.route[key] = target
+            return target
+
+    def _ort_side(self, names: tuple) -> Any:
+        if self._session is None:
+            self._session = self.runtime.whole_model_segment()
+        return _OrtSide(self._session, names, self.runtime.output_names)
+
+    def fingerprint(self) -> str:
+        """A hash of the whole graph (structure, weights' names and types, code flags)."""
+        if not self._fingerprint:
+            from autoclust.compile import program_key
+            rt = self.runtime
+            self._fingerprint = WHOLE + program_key(rt.graph, rt.flags, rt.backend)
+        return self._fingerprint
+
+
+def measuring(runtime: Any) -> bool:
+    """Whether a Trial of `runtime` (a cluster's or the whole plan's) is still deciding."""
+    if runtime is None or getattr(runtime, "placement", None) is None:
+        return False
+    sides = [t for r in runtime.compiled_clusters() for t in r.route.values()]
+    if runtime.whole is not None:
+        if not runtime.whole.route:
+            return True
+        sides += list(runtime.whole.route.values())
+    return any(isinstance(t, Trial) and not t.finished for t in sides)
+
+
+class _PlanSide:
+    """The plan's steps as one side of a Trial (inputs in the feeds' order)."""
+
+    def __init__(self, runtime: Any, names: tuple):
+        self.runtime, self.names = runtime, names
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        env = self.runtime.run_steps(dict(zip(self.names, inputs)))
+        return [env[n] for n in self.runtime.output_names]
+
+
+class _OrtSide:
+    """onnxruntime's session over the whole model as one side of a Trial."""
+
+    def __init__(self, segment: Any, names: tuple, output_names: list[str]):
+        self.segment, self.names, self.output_names = segment, names, output_names
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return self.segment.run_feeds(dict(zip(self.names, inputs)))
+
+    def run_feeds(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.segment.run_feeds(feeds)
+
+
 # ---- --cache_dir entries ---------------------------------------------------------------------
 
 def signature_text(inputs: Sequence[Any], shape_value_index: Sequence[int] = ()) -> str:

@@ -295,7 +295,8 @@ class ControlFlowRunner:
         from autoclust.runtime.runner import Runtime
 
         def make_runtime(plan: Plan) -> Runtime:
-            return Runtime(plan, flags, backend, sess_options, providers, provider_options)
+            return Runtime(plan, flags, backend, sess_options, providers, provider_options,
+                           whole_plan=False)  # a body is no model of its own
 
         self.name = step.name
         self.node = graph.nodes[0]

@@ -337,12 +337,14 @@ class Runtime:
     """Executes a Plan: a list of (runner, input names, output names, names to free)."""
 
     def __init__(self, plan: Any, flags: Flags, backend: Any, sess_options: Any = None,
-                 providers: Any = None, provider_options: Any = None, dumper: Any = None):
+                 providers: Any = None, provider_options: Any = None, dumper: Any = None,
+                 whole_plan: bool = True):
         from autoclust.clustering.partition import Cluster, ControlFlow
         self.plan = plan
         self.graph = plan.graph
         self.backend = backend
         options = registry.fallback().sub_session_options(sess_options, flags.threads)
+        self._ort = (options, providers, provider_options)  # for whole_model_segment
         self.runners: list[Any] = []
         for step in plan.steps:
             sub = self.graph.extract(step.nodes, name=step.name)
@@ -376,6 +378,7 @@ class Runtime:
         self._plan_frees()
         self.device = DeviceRun(self) if registry.policy(backend).device_memory else None
         self._single = self._single_step()
+        self.whole = self._whole_plan() if whole_plan else None
 
     def _placement(self, plan: Any, flags: Flags, backend: Any) -> Any:
         """The session's measured placement (autotune.py), its decisions shown by explain;
@@ -388,6 +391,26 @@ class Runtime:
         for r in self.compiled_clusters():
             r.tuner = placement
         return placement
+
+    def _whole_plan(self) -> Any:
+        """The plan against onnxruntime over the whole model (autotune.WholePlan), for a
+        plan of several steps that clusters and onnxruntime segments alone make up."""
+        from autoclust.runtime import autotune
+        if self.placement is None or len(self.runners) < 2 or not self.compiled_clusters():
+            return None
+        if any(not isinstance(r, (ClusterRunner, SegmentRunner)) or
+               (isinstance(r, ClusterRunner) and r.unmeasurable()) for r in self.runners):
+            return None  # control flow, custom ops: onnxruntime cannot run the whole model
+        return autotune.WholePlan(self, self.placement)
+
+    def whole_model_segment(self) -> Any:
+        """onnxruntime over the whole model, with the plan's sub-session options."""
+        options, providers, provider_options = self._ort
+        model, external = _onnx(self.graph)
+        return registry.fallback().Segment(
+            model, options, providers, provider_options, name="whole model",
+            input_names=[v.name for v in self.graph.inputs], output_names=self.output_names,
+            external=external)
 
     def _plan_frees(self) -> None:
         last: dict[str, int] = {}
@@ -444,6 +467,14 @@ class Runtime:
             return self.device.run(feeds)
         if run_options is not None:
             return self._run_with_options(feeds, run_options)
+        if self.whole is not None:  # measured placement of the whole plan
+            outs = self.whole.run(feeds)
+            if outs is not None:
+                return outs
+        return self.run_steps(feeds)
+
+    def run_steps(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the plan's steps on validated host feeds; the environment at the end."""
         env = dict(self.defaults)
         env.update(feeds)
         try:

@@ -133,7 +133,10 @@ class Segment:
 
     def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
         """Run with inputs in input_names order; outputs in output_names order."""
-        feeds = dict(zip(self.input_names, inputs))
+        return self.run_feeds(dict(zip(self.input_names, inputs)), run_options)
+
+    def run_feeds(self, feeds: dict[str, Any], run_options: Any = None) -> list[np.ndarray]:
+        """Run on feeds by name (optional inputs may be left out); outputs in order."""
         if self.ort_values:
             return values.run(self.session, self.output_names, feeds, run_options)
         return self._run(self.output_names, feeds, run_options)

@@ -61,11 +61,8 @@ def settle(sess: Any, feeds: dict[str, Any], max_runs: int = 80) -> int:
     and measured placement decided for this signature. Returns the runs it took."""
     from autoclust.runtime import autotune
     runtime = getattr(sess, "_runtime", None)
-    runners = runtime.compiled_clusters() if runtime is not None else []
     for n in range(max_runs):
-        trials = [t for r in runners for t in r.route.values()
-                  if isinstance(t, autotune.Trial) and not t.finished]
-        if not trials:
+        if n and not autotune.measuring(runtime):
             return n
         sess.run(None, feeds)
     return max_runs
