@@ -440,7 +440,8 @@ def _floor_cells(r: dict[str, Any]) -> list[str]:
 
 SPEED_HEADER = ["model", "onnxruntime ms", "autoclust ms", "ratio", "ratio spread",
                 "OpenVINO ms", "OpenVINO ratio", "floor ratio autoclust / onnxruntime",
-                "GEMM ms autoclust / onnxruntime", "placement", "max abs err (autoclust / OpenVINO)",
+                "GEMM+Conv ms autoclust / onnxruntime", "placement",
+                "max abs err (autoclust / OpenVINO)",
                 "clusters / segments / kernels"]
 
 

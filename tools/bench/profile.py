@@ -182,6 +182,9 @@ def instrument(sess: Any, rec: Recorder) -> tuple[list[dict], list[dict]]:
         ops_ = [n.op_type for n in sess._model.graph.node]
         return [{"key": "session", "name": "whole model", "kind": "onnxruntime pass-through",
                  "nodes": [n.name for n in sess._model.graph.node], "ops": ops_}], []
+    # measured placement may have handed the whole model to onnxruntime: profile the
+    # plan's steps as they run without it (profile() reports the decision)
+    rt.whole = None
     op_of = {n.name: n.op for n in rt.graph.nodes}
     steps, thunks = [], []
     for i, (runner, (run, ins, outs, frees)) in enumerate(zip(rt.runners, rt.steps)):
@@ -287,8 +290,9 @@ def profile(path: str, feeds: dict[str, np.ndarray], threads: int = 2, rounds: i
 
 def floor(autoclust_ms: float, ort_ms: float, cats: dict[str, tuple[float, float]]
           ) -> dict[str, dict[str, float]]:
-    """Per side: GEMM ms (from the instrumented runs), the rest of the plain run, and the
-    floor ratio (plain run / GEMM time; 1.0 is the limit of a GEMM-bound model).
+    """Per side: GEMM ms (GEMMs and convolutions, from the instrumented runs), the rest of
+    the plain run, and the floor ratio (plain run / GEMM time; 1.0 is the limit of a
+    GEMM-bound model; NaN where the side's GEMMs are not visible: a pass-through session).
 
     The whole-run times are the uninstrumented medians: onnxruntime's profiler slows its
     own runs (a 19.1 ms run reads 22.3 ms profiled), so only the GEMM shares come from the
@@ -296,7 +300,8 @@ def floor(autoclust_ms: float, ort_ms: float, cats: dict[str, tuple[float, float
     """
     out = {}
     for side, whole, k in (("autoclust", autoclust_ms, 0), ("onnxruntime", ort_ms, 1)):
-        gemm = cats.get("gemm", (0.0, 0.0))[k] / 1e3
+        # convolutions are a CNN's GEMMs (im2col or direct, MLAS either way)
+        gemm = sum(cats.get(c, (0.0, 0.0))[k] for c in ("gemm", "conv")) / 1e3
         out[side] = {"run_ms": whole, "gemm_ms": gemm, "rest_ms": whole - gemm,
                      "floor_ratio": whole / gemm if gemm > 0 else float("nan")}
     return out
@@ -305,7 +310,7 @@ def floor(autoclust_ms: float, ort_ms: float, cats: dict[str, tuple[float, float
 def floor_table(fl: dict[str, dict[str, float]]) -> str:
     """The floor report as a Markdown table."""
     return timing.table(
-        ["side", "run ms (plain)", "GEMM ms (instrumented)", "rest ms", "floor ratio"],
+        ["side", "run ms (plain)", "GEMM+Conv ms (instrumented)", "rest ms", "floor ratio"],
         [[side, f"{f['run_ms']:.3f}", f"{f['gemm_ms']:.3f}", f"{f['rest_ms']:.3f}",
           f"{f['floor_ratio']:.2f}"] for side, f in fl.items()])
 
@@ -396,8 +401,17 @@ def markdown(p: dict[str, Any], top: int = 25) -> str:
            f"onnxruntime {p['ort_profiled_ms']:.3f} ms, autoclust instrumented "
            f"{p['autoclust_instrumented_ms']:.3f} ms. autoclust first run "
            f"{p['first_run_ms']:.0f} ms; max abs err vs onnxruntime {p['max_abs_err']:.1e}.\n")]
+    if p.get("placement"):
+        out.append(f"Measured placement (after {p.get('settle_runs', 0)} settling runs; the "
+                   "plain autoclust median runs as it decided, the instrumented run profiles "
+                   "the compiled plan):\n")
+        out += [f"- {d['cluster']}: {d['winner']} ({d['reason']})" for d in p["placement"]]
+        out.append("")
     out.append("### GEMM floor (floor ratio = plain run / GEMM time)\n")
     out.append(floor_table(p["floor"]))
+    out.append("GEMM+Conv ms: the GEMM and convolution kernels' own time in the instrumented "
+               "runs (onnxruntime's profiler, our timers); run ms: the plain, uninstrumented "
+               "median, since onnxruntime's profiler slows its own runs.\n")
     rows = [[c, f"{a:.1f}", _pct(a, run_us), f"{b:.1f}", _pct(b, ort_us), f"{a - b:+.1f}"]
             for c, (a, b) in p["categories"].items()]
     rows.append(["total (one run)", f"{run_us:.1f}", "", f"{ort_us:.1f}", "",

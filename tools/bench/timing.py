@@ -59,13 +59,17 @@ def autoclust_session(model: Any, threads: int, flags: str = "") -> Any:
 def settle(sess: Any, feeds: dict[str, Any], max_runs: int = 80) -> int:
     """Run `sess` until its steady state: prepacked GEMM weights built in the background
     and measured placement decided for this signature. Returns the runs it took."""
+    from autoclust.backends.cpu import library
+
     from autoclust.runtime import autotune
     runtime = getattr(sess, "_runtime", None)
-    for n in range(max_runs):
-        if n and not autotune.measuring(runtime):
-            return n
+    library.wait_background(timeout=60)
+    runs = 0
+    while runs < max_runs and (runs == 0 or autotune.measuring(runtime)):
         sess.run(None, feeds)
-    return max_runs
+        runs += 1
+    library.wait_background(timeout=60)  # a new session's weights prepack after its runs
+    return runs
 
 
 def placement(sess: Any) -> list[dict[str, Any]]:
