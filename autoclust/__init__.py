@@ -5,7 +5,7 @@
     outs = sess.run(None, {"x": x})
 """
 
-__version__ = "0.1.0"
+from autoclust.version import __version__  # noqa: F401
 
 
 def _add_source_tree() -> None:
