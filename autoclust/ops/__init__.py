@@ -90,6 +90,7 @@ from autoclust.ops.table import (  # noqa: F401 - the table's names, as ops.<nam
     normalize_axis,
     register,
     register_external,
+    replace,
     run_ref,
     same_as_input,
     unregister_external,

@@ -174,6 +174,15 @@ def register(op: str, kind: str, infer: InferFn, ref: RefFn, **kw: Any) -> OpDef
     return d
 
 
+def replace(opdef: OpDef) -> OpDef:
+    """Put `opdef` in place of the registered op of its name; returns the one it replaced.
+    For fault injection (`autoclust fuzz --self-test` and tests), never for real ops."""
+    key = (opdef.domain, opdef.op)
+    old = _TABLE[key]
+    _TABLE[key] = opdef
+    return old
+
+
 def get(op: str, domain: str = "") -> OpDef | None:
     """The OpDef for (domain, op), or None when the op is not in the table."""
     if domain == "ai.onnx":
