@@ -390,7 +390,7 @@ class WholePlan:
     def fingerprint(self) -> str:
         """A hash of the whole graph (structure, weights' names and types, code flags)."""
         if not self._fingerprint:
-            from autoclust.compile import program_key
+            from autoclust.runtime.program_cache import program_key
             rt = self.runtime
             self._fingerprint = WHOLE + program_key(rt.graph, rt.flags, rt.backend)
         return self._fingerprint
@@ -483,12 +483,12 @@ def store(cache_dir: str, key: str, decision: Decision) -> None:
 def _versions() -> str:
     from importlib import metadata
 
-    import autoclust
+    from autoclust.version import __version__
     try:
         ort = metadata.version("onnxruntime")
     except metadata.PackageNotFoundError:
         ort = "?"
-    return f"autoclust {autoclust.__version__} onnxruntime {ort} numpy {np.__version__}"
+    return f"autoclust {__version__} onnxruntime {ort} numpy {np.__version__}"
 
 
 _CPU: list[str] = []

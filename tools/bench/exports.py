@@ -317,14 +317,22 @@ def _openvino_side(model_path: str, feeds: dict[str, np.ndarray], threads: int,
     return run
 
 
-def _floor(row: dict[str, Any], model_path: str, feeds: dict[str, np.ndarray], threads: int,
+def _floor(row: dict[str, Any], model_path: str, feeds_path: str, threads: int,
            flags: str) -> None:
-    """GEMM time and floor ratio of each side (tools/bench/profile.py), autoclust's with
-    measured placement off so the figure is its compiled code's."""
-    from autoclust.tools.bench import profile
-    p = profile.profile(model_path, feeds, threads, rounds=3, block=2,
-                        flags=f"{flags} --autotune=false".strip())
-    row["floor"] = p["floor"]
+    """GEMM time and floor ratio of each side (tools/bench/profile.py, in a process of its
+    own), autoclust's with measured placement off so the figure is its compiled code's."""
+    with tempfile.TemporaryDirectory(prefix="autoclust-floor-") as tmp:
+        out = os.path.join(tmp, "profile.json")
+        proc = subprocess.run(
+            [sys.executable, "-m", "autoclust.tools.bench.profile", model_path, "--feeds",
+             feeds_path, "--threads", str(threads), "--rounds", "3", "--block", "2",
+             f"--flags={flags} --autotune=false", "--json", out],
+            check=False, capture_output=True, text=True)
+        if proc.returncode != 0 or not os.path.exists(out):
+            row["floor_error"] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]
+            return
+        with open(out) as f:
+            row["floor"] = json.load(f)["floor"]
 
 
 def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: int,
@@ -372,7 +380,7 @@ def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: i
         row["openvino_ratio"] = row["ort_ms"] / row["openvino_ms"]
     _new_seq(row, sess, ref, feeds)
     if floor:
-        _floor(row, model_path, feeds, threads, flags)
+        _floor(row, model_path, feeds_path, threads, flags)
     row["load"] = timing.load_note()
     return row
 

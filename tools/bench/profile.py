@@ -470,10 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=25, help="rows of the thunk and node tables")
     ap.add_argument("--flags", default="", help="AUTOCLUST_FLAGS for the autoclust side")
     ap.add_argument("--json", default="", help="also write the whole profile here")
+    ap.add_argument("--feeds", default="", help="an .npz of the feeds (else made up from "
+                    "the model's inputs and --dim)")
     args = ap.parse_args(argv)
     from autoclust.tools.run import parse_assignments
     dims = {k: int(v) for k, v in parse_assignments(args.dim, "--dim").items()}
-    path, feeds = resolve(args.model, dims)
+    path, feeds = resolve(args.model, dims) if not args.feeds else (args.model, None)
+    if args.feeds:
+        with np.load(args.feeds) as z:
+            feeds = {k: z[k] for k in z.files}
     p = profile(path, feeds, args.threads, args.rounds, args.block, args.flags)
     print(markdown(p, args.top))
     if args.json:
