@@ -336,7 +336,10 @@ class WholePlan:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """The graph outputs by name, or None: run the plan's steps as usual."""
         names = tuple(feeds)
-        key = (names, *[(x.dtype, x.shape) for x in feeds.values()])
+        try:
+            key = (names, *[(x.dtype, x.shape) for x in feeds.values()])
+        except AttributeError:  # a sequence or map input: the plan's steps run it
+            return None
         target = self.route.get(key)
         if target is None:
             target = self._start(key, names, feeds)
