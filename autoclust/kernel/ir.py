@@ -28,6 +28,7 @@ representable in float16, computed in a float32 register.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 # Primitive scalar ops and their arity. Compare ops yield bool; "cast" converts to the
@@ -59,6 +60,21 @@ COSTLY = frozenset({"exp", "log", "log1p", "tanh", "erf", "sigmoid", "pow", "sin
 REDUCTION_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last",
                    "argmin_last")
 SCAN_KINDS = ("inclusive", "exclusive")
+
+
+def reduce_identity(kind: str, dtype: str, bits: int | None = None) -> int | float:
+    """Where a reduction of `kind` starts: 0 (sum), 1 (prod), the lowest value (max and
+    argmax) or the highest (min and argmin) of `dtype`, integers in the `bits`-wide type
+    they are computed in (default: 64 for int64, else 32: narrow ints compute in int32)."""
+    if kind == "sum":
+        return 0
+    if kind == "prod":
+        return 1
+    high = kind in ("max", "argmax", "argmax_last")
+    if dtype.startswith("float") or dtype == "bfloat16":
+        return -math.inf if high else math.inf
+    bits = bits or (64 if dtype == "int64" else 32)
+    return -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1
 
 
 @dataclasses.dataclass(frozen=True)

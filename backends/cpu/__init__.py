@@ -37,10 +37,8 @@ NAME = "cpu"
 # fused epilogue the bias is free, inside the Gemm it is an extra pass (bert_encoder 51.5
 # vs 49.2 ms).
 POLICY = Policy(
-    leave_to_onnxruntime=frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool",
-                                    "GlobalAveragePool", "GlobalMaxPool"}),
-    onnxruntime_epilogues=frozenset({"BatchNormalization", "Relu", "LeakyRelu", "Clip",
-                                     "Sigmoid", "Tanh", "HardSigmoid", "Add"}),
+    leave_to_onnxruntime=ops.in_group("WINDOW"),            # Conv, ConvTranspose, pooling
+    onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
 )
 # Kernels with at least this many loop iterations are split over `--threads` threads

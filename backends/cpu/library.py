@@ -66,8 +66,7 @@ RunFn = Callable[[Arrays, Sequence[np.ndarray]], None]
 
 F16, F32, F64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
 INTS = tuple(np.dtype(t) for t in ("int32", "int64"))
-OPS = ("MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
-       "GlobalAveragePool", "GlobalMaxPool", "Einsum")
+OPS = frozenset(d.op for d in ops.all_ops() if d.kind == ops.LIBRARY)
 # dtypes onnxruntime's CPU kernels take (float16 excluded: we compute it in float32).
 MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
               "FusedMatMul": (F32,),
@@ -280,33 +279,12 @@ def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
     if len(builders) == 1:
         return next(iter(builders)), "only implementation"
     fallback = "numpy" if "numpy" in builders else "ref"
-    work = _flops(op, attrs, in_types, out_types)
+    opdef = ops.get(op, "com.microsoft" if op in CONTRIB else "")
+    work = opdef.flops(attrs, in_types, out_types)
     small = POOL_SMALL_WORK if "Pool" in op else SMALL_FLOPS
     if work < small or any(math.prod(t[1]) == 0 for t in out_types):
         return fallback, f"small ({work:.2g} flops)"
     return "mlas", f"large ({work:.2g} flops)"
-
-
-def _flops(op: str, attrs: dict[str, Any], in_types: list, out_types: list) -> float:
-    """2 x multiply-adds (window reads for pools): the work estimate behind the choice."""
-    out_size = math.prod(out_types[0][1])
-    x_shape = in_types[0][1]
-    w_shape = in_types[1][1] if len(in_types) > 1 and in_types[1] is not None else ()
-    if op == "MatMul":
-        return 2.0 * out_size * x_shape[-1]
-    if op == "FusedMatMul":
-        return 2.0 * out_size * x_shape[-2 if attrs.get("transA", 0) else -1]
-    if op == "Gemm":
-        return 2.0 * out_size * x_shape[0 if attrs.get("transA", 0) else 1]
-    if op == "Conv":
-        return 2.0 * out_size * math.prod(w_shape[1:])
-    if op == "ConvTranspose":
-        return 2.0 * math.prod(x_shape) * math.prod(w_shape[1:])
-    if op in ("MaxPool", "AveragePool"):
-        return float(out_size * math.prod(attrs.get("kernel_shape", (1,))))
-    if op == "Einsum":  # rough: every input element meets sqrt(output) partners
-        return 2.0 * max(math.prod(t[1]) for t in in_types if t is not None) * out_size ** 0.5
-    return float(math.prod(x_shape))
 
 
 # ---- onnxruntime (MLAS) ---------------------------------------------------------------------
