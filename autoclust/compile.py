@@ -122,14 +122,15 @@ def lazy_dumps(exe: Any) -> LazyDumps:
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
     COUNTS["lowered"] += 1
-    program = fuse(graph, policy(backend).fold_bias)
+    pol = policy(backend)
+    program = fuse(graph, pol.fold_bias, pol.library_views)
     return plan_memory(share_code(collapse_loops(program)))
 
 
 # ---- the --cache_dir cache of lowered Programs ---------------------------------------------
 
 COUNTS = {"lowered": 0, "program_hits": 0}  # lower_graph runs / Programs read from --cache_dir
-PROGRAM_FORMAT = 1  # bump when kernel IR or this entry's layout changes
+PROGRAM_FORMAT = 2  # bump when kernel IR or this entry's layout changes
 # Constants whose values key a cached Program: every integer or bool constant (indices,
 # divisors and shapes whose values lowering reads: range checks, refusals) and every
 # constant up to this size (scalars inline into kernel code). Larger float constants are
