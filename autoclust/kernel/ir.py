@@ -221,9 +221,7 @@ class View:
 @dataclasses.dataclass(frozen=True)
 class LibraryCall:
     """A library op on buffers. `views` (empty, or one entry per input then per output)
-    gives the operands read or written in place through strides (None: the buffer itself);
-    `epilogue` lists elementwise steps applied to the result while it is in cache (see
-    Epilogue)."""
+    gives the operands read or written in place through strides (None: the buffer itself)."""
 
     op: str
     inputs: tuple[int | None, ...]
@@ -231,25 +229,12 @@ class LibraryCall:
     attrs: tuple  # sorted (name, value) pairs
     nodes: tuple[str, ...] = ()
     views: tuple[View | None, ...] = ()
-    epilogue: tuple[Epilogue, ...] = ()
 
     def view(self, k: int) -> View | None:
         """The view of operand k (inputs first, then outputs), None when it is a buffer."""
         return self.views[k] if k < len(self.views) else None
 
 
-@dataclasses.dataclass(frozen=True)
-class Epilogue:
-    """One step on a GEMM's result y before it is stored: "add" (y + buf, broadcast from
-    the right, the bias or the residual stream), "mul" (y * buf: SwiGLU's product),
-    "gelu_erf", "gelu_tanh", "relu", "sigmoid", "silu" (y * sigmoid(y)) on y alone."""
-
-    kind: str
-    buf: int | None = None
-    shape: tuple[int, ...] = ()
-
-
-EPILOGUE_KINDS = ("add", "mul", "gelu_erf", "gelu_tanh", "relu", "sigmoid", "silu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,9 +328,7 @@ def thunk_buffers(t: Thunk) -> tuple[set[int], set[int]]:
         return loaded_buffers(t), {s.buf for s in t.stores}
     if isinstance(t, Check):
         return {t.buf}, set()
-    reads = {b for b in t.inputs if b is not None} | {e.buf for e in t.epilogue
-                                                      if e.buf is not None}
-    return reads, set(t.outputs)
+    return {b for b in t.inputs if b is not None}, set(t.outputs)
 
 
 # ---- printing ------------------------------------------------------------------------------
@@ -384,8 +367,6 @@ def format_thunk(t: Thunk, names: dict[int, str] | None = None) -> str:
                 what = bname(t.inputs[k]) if k < len(t.inputs) else \
                     bname(t.outputs[k - len(t.inputs)])
                 text += f" | {what} as {v}"
-        for e in t.epilogue:
-            text += f" | then {e.kind}" + ("" if e.buf is None else f" {bname(e.buf)}")
         return f"{text}   # nodes: {', '.join(t.nodes)}"
     if isinstance(t, Check):
         what = f"in [{t.lo}, {t.hi}]" if t.kind == "range" else "non-zero"

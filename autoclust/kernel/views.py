@@ -28,6 +28,7 @@ import numpy as np
 from autoclust import ops
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import ir as kir
+from autoclust.kernel.indexing import contiguous_strides
 
 # Ops whose consumers see the same elements rearranged: a result's chain of these ends
 # in the buffer it can be written into.
@@ -91,7 +92,7 @@ def output_view(v: Value, w: Value, probe: Probe) -> kir.View | None:
     (each element of v lands at one element of w, and the landing places are strided)."""
     w = same_order_source(w, v)
     if w is v:
-        return kir.View(tuple(v.shape), _contiguous(tuple(v.shape)), 0)
+        return kir.View(tuple(v.shape), contiguous_strides(tuple(v.shape)), 0)
     e = probe(w, v)
     n = int(np.prod(w.shape, dtype=np.int64))
     if not isinstance(e, kir.Load) or e.clamps or e.dyn or not w.shape or not v.shape:
@@ -122,12 +123,4 @@ def output_view(v: Value, w: Value, probe: Probe) -> kir.View | None:
 def is_plain(view: kir.View, buffer: kir.Buffer) -> bool:
     """Whether the view is the whole buffer in its own layout (a reshape at most)."""
     return view.offset == 0 and view.shape == buffer.shape and \
-        view.strides == _contiguous(view.shape)
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, n = [], 1
-    for d in reversed(shape):
-        out.append(n)
-        n *= d
-    return tuple(reversed(out))
+        view.strides == contiguous_strides(view.shape)

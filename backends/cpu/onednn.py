@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from autoclust.kernel.indexing import contiguous_strides
+
 # enum values of oneDNN 3.x (include/oneapi/dnnl/dnnl_types.h, dnnl_common_types.h)
 F32 = 3
 ENGINE_CPU = 1
@@ -145,7 +147,7 @@ class Operand:
     def __init__(self, shape: Sequence[int], strides: Sequence[int] | None = None):
         self.shape = tuple(int(d) for d in shape)
         self.strides = tuple(int(s) for s in strides) if strides is not None else \
-            _contiguous(self.shape)
+            contiguous_strides(self.shape)
 
     def padded(self, rank: int) -> Operand:
         """The same operand with leading size-1 dims up to `rank`."""
@@ -158,13 +160,6 @@ class Operand:
         return Operand(self.shape[:-2] + self.shape[-2:][::-1],
                        self.strides[:-2] + self.strides[-2:][::-1])
 
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, n = [], 1
-    for d in reversed(shape):
-        out.append(n)
-        n *= d
-    return tuple(reversed(out))
 
 
 def _md(op: Operand, tag: int | None = None) -> VP:
