@@ -11,11 +11,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 from autoclust.backends.cpu import choice, library, onednn
+from autoclust.models import zoo
 from onnx import TensorProto, helper, numpy_helper
 
 import autoclust
 from autoclust.errors import UnsupportedOpError
-from autoclust.models import zoo
 
 RNG = np.random.default_rng(11)
 HAS_DNNL = onednn.unavailable() is None
