@@ -218,12 +218,39 @@ class Kernel:
 
 
 @dataclasses.dataclass(frozen=True)
+class View:
+    """A library operand read or written in place inside a buffer: element (i_0, ...) of
+    the operand (of `shape`) lives at buffer element offset + sum(i_k * strides[k]).
+
+    K^T of attention ([B, H, D, S] over the key projection's [B, S, H*D] buffer) is a view,
+    so the GEMM reads it where it lies instead of a transposing kernel copying it first.
+    """
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    def __str__(self) -> str:
+        return f"view{list(self.shape)} strides {list(self.strides)} + {self.offset}"
+
+
+@dataclasses.dataclass(frozen=True)
 class LibraryCall:
+    """A library op on buffers. `views` (empty, or one entry per input then per output)
+    gives the operands read or written in place through strides (None: the buffer itself)."""
+
     op: str
     inputs: tuple[int | None, ...]
     outputs: tuple[int, ...]
     attrs: tuple  # sorted (name, value) pairs
     nodes: tuple[str, ...] = ()
+    views: tuple[View | None, ...] = ()
+
+    def view(self, k: int) -> View | None:
+        """The view of operand k (inputs first, then outputs), None when it is a buffer."""
+        return self.views[k] if k < len(self.views) else None
+
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,7 +377,13 @@ def format_thunk(t: Thunk, names: dict[int, str] | None = None) -> str:
     if isinstance(t, LibraryCall):
         ins = ", ".join(bname(b) for b in t.inputs)
         outs = ", ".join(bname(b) for b in t.outputs)
-        return f"library {t.op}({ins}) -> {outs}   # nodes: {', '.join(t.nodes)}"
+        text = f"library {t.op}({ins}) -> {outs}"
+        for k, v in enumerate(t.views):
+            if v is not None:
+                what = bname(t.inputs[k]) if k < len(t.inputs) else \
+                    bname(t.outputs[k - len(t.inputs)])
+                text += f" | {what} as {v}"
+        return f"{text}   # nodes: {', '.join(t.nodes)}"
     if isinstance(t, Check):
         what = f"in [{t.lo}, {t.hi}]" if t.kind == "range" else "non-zero"
         return f"check {bname(t.buf)} {what}   # nodes: {', '.join(t.nodes)}"

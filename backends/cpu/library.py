@@ -52,6 +52,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
+from autoclust.backends.cpu import choice as gemm_choice
 from onnx import helper
 
 from autoclust import ops
@@ -88,9 +89,10 @@ class LibraryFn:
         self.impl = impl
         self.note = note
         self._run = run
+        self.strided = impl == "onednn"  # writes strided outputs in place
 
     def __call__(self, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        if all(y.flags.c_contiguous for y in outputs):
+        if self.strided or all(y.flags.c_contiguous for y in outputs):
             self._run(inputs, outputs)
             return
         # The implementations write C-order memory (onnxruntime binds raw buffers, the NumPy
@@ -124,8 +126,10 @@ def supported(op: str, attrs: dict[str, Any]) -> str | None:
 def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | None],
               out_types: Sequence[TypeShape], threads: int = 0,
               constants: dict[int, np.ndarray] | None = None,
-              impl: str | None = None) -> LibraryFn:
-    """Build the fastest LibraryFn for op on these types; impl forces "mlas" or "numpy"."""
+              impl: str | None = None, layouts: tuple = ()) -> LibraryFn:
+    """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy" or
+    "onednn". layouts: element strides per operand (inputs, then outputs; None or absent:
+    C-contiguous) of the strided arrays the call will be given."""
     why = supported(op, attrs)
     if why is not None:
         raise UnsupportedOpError(why)
@@ -135,6 +139,9 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if op == "Gemm" and len(in_types[0][1]) > 2:
         return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl)
     builders = _candidates(op, attrs, in_types, out_types, threads, constants)
+    dnnl = gemm_choice.onednn_builder(op, attrs, in_types, out_types, threads, constants, layouts)
+    if dnnl is not None:
+        builders["onednn"] = dnnl
     if impl is not None:
         if impl not in builders:
             raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation {impl!r} "
@@ -143,9 +150,15 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
             builders["mlas"] = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
         return LibraryFn(op, impl, builders[impl](), "forced")
     key = (op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
-           tuple(sorted(constants)))
+           tuple(sorted(constants)), tuple(layouts))
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
+        if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
+            mlas = builders.get("mlas")
+            if mlas is not None and 1 in constants:  # MLAS timed with prepacked weights
+                mlas = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
+            _DECISIONS[key] = gemm_choice.decide(key, builders, mlas, in_types, out_types,
+                                                 layouts, constants)
     choice, note = _DECISIONS[key]
     return _build(op, choice, builders, note)
 
@@ -187,15 +200,23 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
                   constants: dict[int, np.ndarray] | None = None) -> LibraryFn:
     """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value."""
     by_id = {b.id: b for b in buffers}
-    in_types = [None if b is None else (np.dtype(by_id[b].dtype), by_id[b].shape)
-                for b in thunk.inputs]
-    out_types = [(np.dtype(by_id[b].dtype), by_id[b].shape) for b in thunk.outputs]
+    n_in = len(thunk.inputs)
+
+    def typ(k: int, b: int) -> TypeShape:  # a view's logical shape, else the buffer's
+        view = thunk.view(k)
+        return np.dtype(by_id[b].dtype), view.shape if view is not None else by_id[b].shape
+
+    in_types = [None if b is None else typ(k, b) for k, b in enumerate(thunk.inputs)]
+    out_types = [typ(n_in + j, b) for j, b in enumerate(thunk.outputs)]
     op = custom.for_call(thunk.op)
     if op is not None:
         return _custom_call(op, thunk)
     consts = {i: constants[b] for i, b in enumerate(thunk.inputs)
               if b is not None and constants and b in constants}
-    return make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts)
+    layouts = tuple(None if v is None else v.strides for v in thunk.views)
+    fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
+                   layouts=layouts)
+    return gemm_choice.in_place(fn, thunk.views, n_in) if thunk.views else fn
 
 
 def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:
