@@ -435,15 +435,9 @@ def _reciprocal_ok(divisor: kir.Expr) -> bool:
 
 
 def _reduce_init(kind: str, dtype: str, ty: ir.Type) -> ir.Constant:
-    if kind == "sum":
-        return constant(0, dtype)
-    if kind == "prod":
-        return constant(1, dtype)
-    high = kind in ("max", "argmax", "argmax_last")
-    if is_float(dtype):
-        return ir.Constant(ty, -math.inf if high else math.inf)
-    bits = ty.width
-    return ir.Constant(ty, -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1)
+    if kind in ("sum", "prod"):
+        return constant(kir.reduce_identity(kind, dtype), dtype)
+    return ir.Constant(ty, kir.reduce_identity(kind, dtype, getattr(ty, "width", None)))
 
 
 def _i64(v: int) -> ir.Constant:

@@ -52,6 +52,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
+from autoclust.backends.cpu import choice as gemm_choice
 from onnx import helper
 
 from autoclust import ops
@@ -66,8 +67,7 @@ RunFn = Callable[[Arrays, Sequence[np.ndarray]], None]
 
 F16, F32, F64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
 INTS = tuple(np.dtype(t) for t in ("int32", "int64"))
-OPS = ("MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
-       "GlobalAveragePool", "GlobalMaxPool", "Einsum")
+OPS = frozenset(d.op for d in ops.all_ops() if d.kind == ops.LIBRARY)
 # dtypes onnxruntime's CPU kernels take (float16 excluded: we compute it in float32).
 MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
               "FusedMatMul": (F32,),
@@ -89,9 +89,10 @@ class LibraryFn:
         self.impl = impl
         self.note = note
         self._run = run
+        self.strided = impl == "onednn"  # writes strided outputs in place
 
     def __call__(self, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        if all(y.flags.c_contiguous for y in outputs):
+        if self.strided or all(y.flags.c_contiguous for y in outputs):
             self._run(inputs, outputs)
             return
         # The implementations write C-order memory (onnxruntime binds raw buffers, the NumPy
@@ -125,8 +126,10 @@ def supported(op: str, attrs: dict[str, Any]) -> str | None:
 def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | None],
               out_types: Sequence[TypeShape], threads: int = 0,
               constants: dict[int, np.ndarray] | None = None,
-              impl: str | None = None) -> LibraryFn:
-    """Build the fastest LibraryFn for op on these types; impl forces "mlas" or "numpy"."""
+              impl: str | None = None, layouts: tuple = ()) -> LibraryFn:
+    """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy" or
+    "onednn". layouts: element strides per operand (inputs, then outputs; None or absent:
+    C-contiguous) of the strided arrays the call will be given."""
     why = supported(op, attrs)
     if why is not None:
         raise UnsupportedOpError(why)
@@ -136,6 +139,9 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if op == "Gemm" and len(in_types[0][1]) > 2:
         return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl)
     builders = _candidates(op, attrs, in_types, out_types, threads, constants)
+    dnnl = gemm_choice.onednn_builder(op, attrs, in_types, out_types, threads, constants, layouts)
+    if dnnl is not None:
+        builders["onednn"] = dnnl
     if impl is not None:
         if impl not in builders:
             raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation {impl!r} "
@@ -144,9 +150,15 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
             builders["mlas"] = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
         return LibraryFn(op, impl, builders[impl](), "forced")
     key = (op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
-           tuple(sorted(constants)))
+           tuple(sorted(constants)), tuple(layouts))
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
+        if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
+            mlas = builders.get("mlas")
+            if mlas is not None and 1 in constants:  # MLAS timed with prepacked weights
+                mlas = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
+            _DECISIONS[key] = gemm_choice.decide(key, builders, mlas, in_types, out_types,
+                                                 layouts, constants)
     choice, note = _DECISIONS[key]
     return _build(op, choice, builders, note)
 
@@ -188,15 +200,23 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
                   constants: dict[int, np.ndarray] | None = None) -> LibraryFn:
     """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value."""
     by_id = {b.id: b for b in buffers}
-    in_types = [None if b is None else (np.dtype(by_id[b].dtype), by_id[b].shape)
-                for b in thunk.inputs]
-    out_types = [(np.dtype(by_id[b].dtype), by_id[b].shape) for b in thunk.outputs]
+    n_in = len(thunk.inputs)
+
+    def typ(k: int, b: int) -> TypeShape:  # a view's logical shape, else the buffer's
+        view = thunk.view(k)
+        return np.dtype(by_id[b].dtype), view.shape if view is not None else by_id[b].shape
+
+    in_types = [None if b is None else typ(k, b) for k, b in enumerate(thunk.inputs)]
+    out_types = [typ(n_in + j, b) for j, b in enumerate(thunk.outputs)]
     op = custom.for_call(thunk.op)
     if op is not None:
         return _custom_call(op, thunk)
     consts = {i: constants[b] for i, b in enumerate(thunk.inputs)
               if b is not None and constants and b in constants}
-    return make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts)
+    layouts = tuple(None if v is None else v.strides for v in thunk.views)
+    fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
+                   layouts=layouts)
+    return gemm_choice.in_place(fn, thunk.views, n_in) if thunk.views else fn
 
 
 def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:
@@ -280,33 +300,12 @@ def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
     if len(builders) == 1:
         return next(iter(builders)), "only implementation"
     fallback = "numpy" if "numpy" in builders else "ref"
-    work = _flops(op, attrs, in_types, out_types)
+    opdef = ops.get(op, "com.microsoft" if op in CONTRIB else "")
+    work = opdef.flops(attrs, in_types, out_types)
     small = POOL_SMALL_WORK if "Pool" in op else SMALL_FLOPS
     if work < small or any(math.prod(t[1]) == 0 for t in out_types):
         return fallback, f"small ({work:.2g} flops)"
     return "mlas", f"large ({work:.2g} flops)"
-
-
-def _flops(op: str, attrs: dict[str, Any], in_types: list, out_types: list) -> float:
-    """2 x multiply-adds (window reads for pools): the work estimate behind the choice."""
-    out_size = math.prod(out_types[0][1])
-    x_shape = in_types[0][1]
-    w_shape = in_types[1][1] if len(in_types) > 1 and in_types[1] is not None else ()
-    if op == "MatMul":
-        return 2.0 * out_size * x_shape[-1]
-    if op == "FusedMatMul":
-        return 2.0 * out_size * x_shape[-2 if attrs.get("transA", 0) else -1]
-    if op == "Gemm":
-        return 2.0 * out_size * x_shape[0 if attrs.get("transA", 0) else 1]
-    if op == "Conv":
-        return 2.0 * out_size * math.prod(w_shape[1:])
-    if op == "ConvTranspose":
-        return 2.0 * math.prod(x_shape) * math.prod(w_shape[1:])
-    if op in ("MaxPool", "AveragePool"):
-        return float(out_size * math.prod(attrs.get("kernel_shape", (1,))))
-    if op == "Einsum":  # rough: every input element meets sqrt(output) partners
-        return 2.0 * max(math.prod(t[1]) for t in in_types if t is not None) * out_size ** 0.5
-    return float(math.prod(x_shape))
 
 
 # ---- onnxruntime (MLAS) ---------------------------------------------------------------------
