@@ -86,19 +86,24 @@ class LibraryFn:
 
     def __init__(self, op: str, impl: str, run: RunFn, note: str = ""):
         self.op = op
-        self.impl = impl
         self.note = note
-        self._run = run
-        self.strided = impl == "onednn"  # writes strided outputs in place
+        self.switch(impl, run, note)
+
+    def switch(self, impl: str, run: RunFn, note: str) -> None:
+        """Run `impl` from now on (a background measurement found it faster)."""
+        self.impl, self.note = impl, note
+        # one attribute, swapped at once: a call on another thread sees both or neither
+        self._current = (run, impl == "onednn")  # oneDNN writes strided outputs in place
 
     def __call__(self, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        if self.strided or all(y.flags.c_contiguous for y in outputs):
-            self._run(inputs, outputs)
+        run, strided = self._current
+        if strided or all(y.flags.c_contiguous for y in outputs):
+            run(inputs, outputs)
             return
         # The implementations write C-order memory (onnxruntime binds raw buffers, the NumPy
         # ones reshape): strided outputs get a contiguous stand-in, copied back once.
         dense = [y if y.flags.c_contiguous else np.empty(y.shape, y.dtype) for y in outputs]
-        self._run(inputs, dense)
+        run(inputs, dense)
         for y, d in zip(outputs, dense):
             if d is not y:
                 np.copyto(y, d)
@@ -154,13 +159,37 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
         if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
-            mlas = builders.get("mlas")
-            if mlas is not None and 1 in constants:  # MLAS timed with prepacked weights
-                mlas = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
-            _DECISIONS[key] = gemm_choice.decide(key, builders, mlas, in_types, out_types,
-                                                 layouts, constants)
+            _DECISIONS[key] = gemm_choice.known(key, builders) or _DECISIONS[key]
     choice, note = _DECISIONS[key]
-    return _build(op, choice, builders, note)
+    fn = _build(op, choice, builders, note)
+    if fn.impl == "mlas" and "onednn" in builders and not note.startswith("measured"):
+        _measure_later(fn, key, builders, (op, attrs, in_types, out_types, threads,
+                                           constants), layouts)
+    return fn
+
+
+def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], call: tuple,
+                   layouts: tuple) -> None:
+    """Time MLAS (prepacked) against oneDNN on this call in the background thread, after
+    the prepacking queued before it, and switch `fn` to oneDNN if it wins: a first run
+    never waits for a measurement (nor for prepacking: see _mlas_runner)."""
+    in_types, out_types, constants = call[2], call[3], call[5]
+
+    def measure() -> None:
+        try:
+            mlas = _forced_mlas(*call)
+            choice, note = gemm_choice.measure(key, {"mlas": mlas, "onednn": builders["onednn"]},
+                                               in_types, out_types, layouts, constants)
+        except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
+            fn.note += f"; not measured: {str(exc)[:80]}"
+            return
+        _DECISIONS[key] = (choice, note)
+        if choice == "onednn":
+            fn.switch("onednn", builders["onednn"](), note)
+        else:
+            fn.note = note
+
+    _in_background(measure)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
@@ -293,6 +322,7 @@ MAX_SESSIONS = 256
 # turn it off to check the synchronous path.
 BACKGROUND_PREPACK = True
 _BACKGROUND: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_PENDING: list[concurrent.futures.Future] = []
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
@@ -333,11 +363,7 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
             return hit[0]
     args = (op, attrs, in_types, out_types, threads, constants)
     if background:
-        with _SESSIONS_LOCK:
-            if _BACKGROUND.get("pool") is None:
-                _BACKGROUND["pool"] = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="autoclust-prepack")
-            future = _BACKGROUND["pool"].submit(_new_session, *args)
+        future = _in_background(_new_session, *args)
     else:
         future = concurrent.futures.Future()
         future.set_result(_new_session(*args))  # a refusal raises here, caching nothing
@@ -348,11 +374,23 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
     return future
 
 
-def wait_background(timeout: float | None = None) -> bool:
-    """Wait for the prepacked sessions being built in the background; True when none is
-    left (benchmarks call it before timing the steady state)."""
+def _in_background(fn: Callable, *args: Any) -> concurrent.futures.Future:
+    """fn(*args) in the one background thread (prepacking, GEMM measurements), in order."""
     with _SESSIONS_LOCK:
-        pending = [f for f, _ in _SESSIONS.values() if not f.done()]
+        if _BACKGROUND.get("pool") is None:
+            _BACKGROUND["pool"] = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="autoclust-prepack")
+        future = _BACKGROUND["pool"].submit(fn, *args)
+        _PENDING[:] = [f for f in _PENDING if not f.done()] + [future]
+    return future
+
+
+def wait_background(timeout: float | None = None) -> bool:
+    """Wait for the prepacked sessions being built and the GEMM measurements being made in
+    the background; True when none is left (benchmarks call it before timing the steady
+    state)."""
+    with _SESSIONS_LOCK:
+        pending = [f for f in _PENDING if not f.done()]
     not_done = concurrent.futures.wait(pending, timeout=timeout).not_done
     return not not_done
 
