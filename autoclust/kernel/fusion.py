@@ -176,6 +176,8 @@ class KernelBuilder:
         it = iter(red_idx)
         idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
         red = kir.Reduction(kind, element(idx_x), dtype)
+        if self.is_scan:  # the element itself made this a scan kernel (CumSum -> ReduceMax)
+            raise self.scan_conflict(out, "a reduction cannot share a scan kernel")
         if not self.reductions:
             self.first_row_value = out
         if red not in self.reductions:

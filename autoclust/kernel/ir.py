@@ -61,6 +61,14 @@ REDUCTION_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last
 SCAN_KINDS = ("inclusive", "exclusive")
 
 
+def sum_start(red: Reduction, row_elements: int) -> float:
+    """Where a float sum phase starts: -0.0, the exact additive identity (-0.0 + x == x
+    for every x, so CumSum([-0., -0.]) stays -0.0 and 1/it is -inf, as in onnxruntime),
+    except an exclusive scan, whose first output onnxruntime writes as +0.0, and an empty
+    row, whose sum onnxruntime gives as +0.0."""
+    return 0.0 if red.scan == "exclusive" or row_elements == 0 else -0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Affine:
     """const + sum(coeffs[k] * i_k) over the loop indices i_k of a kernel."""

@@ -343,6 +343,8 @@ def _lower_concat(ctx: LowerCtx):
         lo, hi = max(off - a.const, 0), min(off + n - 1 - a.const, extent - 1)
         if lo <= hi:
             spans.append((i, off, lo, hi))
+    if not spans:  # an empty loop along the axis (a probe of an empty output): never read
+        return const(0, ctx.dtype)
     result = None
     for i, off, lo, hi in reversed(spans):
         idx_p = _moved(ctx.idx, axis, a.plus(ctx.at(off), -1))

@@ -38,7 +38,9 @@ COMPUTE = {"float16": ir.FloatType(), "float32": ir.FloatType(), "float64": ir.D
            **{name: I32 for name in NARROW_INTS}}
 REDUCE_FLAGS = ("reassoc", "contract")
 VECTOR_BITS = 512
-NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
+# onnxruntime's ArgMax/ArgMin keep a row's NaN only when it comes first; float max/min
+# phases propagate any NaN (the reference's NumPy semantics, which the spec names).
+NAN_FIRST_KINDS = ("argmax", "argmin", "argmax_last", "argmin_last")
 
 
 def is_float(dtype: str) -> bool:
@@ -127,7 +129,7 @@ class KernelEmitter:
         red = k.reductions[0]
         ty = COMPUTE[red.dtype]
         acc = entry_alloca(b, ty, "scan")
-        b.store(_reduce_init(red.kind, red.dtype, ty), acc)
+        b.store(_reduce_init(red.kind, red.dtype, ty, _extent(inner_ranges), red), acc)
         self.stash = {}
         with for_nest(b, inner_ranges, "s") as inner:
             if red.reverse and inner:
@@ -170,12 +172,16 @@ class KernelEmitter:
         init = ir.Constant(vty, _reduce_init(red.kind, red.dtype, vty.element).constant)
         acc = entry_alloca(b, vty, "vacc")
         b.store(init, acc)
+        seen = entry_alloca(b, ir.VectorType(ir.IntType(1), v), "vnan")  # lanes that met NaN
+        b.store(ir.Constant(seen.allocated_type, None), seen)
         name = "llvm.maxnum" if red.kind == "max" else "llvm.minnum"
 
         def chunk(prefix: list, start: ir.Value) -> None:
             self.iv = self.outer + prefix + [start]
             self.memo, vx.memo = {}, {}
-            x = vx.intrinsic(name, [vx.value(red.expr), init])  # NaN -> the neutral value
+            raw = vx.value(red.expr)
+            b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", raw, raw)), seen)
+            x = vx.intrinsic(name, [raw, init])  # NaN -> the neutral value
             b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
 
         with for_nest(b, inner_ranges[:-1], "r") as prefix:
@@ -183,7 +189,8 @@ class KernelEmitter:
                 chunk(prefix, b.mul(t, _i64(v), flags=["nsw"]))
             if n % v:
                 chunk(prefix, _i64(n - v))
-        return self._nan_first(red, inner_ranges, vx.horizontal(b.load(acc), red.kind))
+        any_nan = vx.any_lane(b.load(seen))
+        return self._nan_wins(any_nan, vx.horizontal(b.load(acc), red.kind))
 
     def _scalar_reduction(self, red: kir.Reduction, inner_ranges: list,
                           phase: int) -> ir.Value:
@@ -191,11 +198,14 @@ class KernelEmitter:
         arg = red.kind.startswith("arg")
         ty = COMPUTE[red.expr.dtype] if arg else COMPUTE[red.dtype]
         acc = entry_alloca(b, ty, "acc")
-        b.store(_reduce_init(red.kind, red.expr.dtype, ty), acc)
-        pos = None
+        b.store(_reduce_init(red.kind, red.expr.dtype, ty, _extent(inner_ranges), red), acc)
+        pos = seen = None
         if arg:
             pos = entry_alloca(b, I64, "pos")
             b.store(_i64(0), pos)
+        elif red.kind in ("max", "min") and is_float(red.dtype):
+            seen = entry_alloca(b, ir.IntType(1), "nan")  # whether the row held a NaN
+            b.store(ir.Constant(ir.IntType(1), 0), seen)
         with for_nest(b, inner_ranges, "r") as inner:
             self.iv = self.outer + inner
             self.memo = {}
@@ -203,16 +213,25 @@ class KernelEmitter:
             for sub, st in (v for key, v in self.stash.items() if key[0] == phase):
                 b.store(self.value(sub), self._address(st.buf, st.index))
             old = b.load(acc)
+            if seen is not None:
+                b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", x, x)), seen)
             if pos is None:
                 b.store(self._combine(red.kind, old, x, red.dtype), acc)
             else:
                 take = self._arg_better(red.kind, x, old, red.expr.dtype)
                 b.store(b.select(take, x, old), acc)
                 b.store(b.select(take, inner[-1] if inner else _i64(0), b.load(pos)), pos)
+        if seen is not None:
+            return self._nan_wins(b.load(seen), b.load(acc))
         return self._nan_first(red, inner_ranges, b.load(pos if arg else acc))
 
+    def _nan_wins(self, any_nan: ir.Value, result: ir.Value) -> ir.Value:
+        """A float max/min row that held a NaN gives NaN (NumPy semantics, as the reference):
+        the accumulation itself skips NaN (see _combine), a flag remembers it."""
+        return self.b.select(any_nan, ir.Constant(result.type, math.nan), result)
+
     def _nan_first(self, red: kir.Reduction, inner_ranges: list, result: ir.Value) -> ir.Value:
-        """onnxruntime: a max/min/arg* row's NaN is skipped unless it is the first element."""
+        """onnxruntime: an arg* row's NaN is skipped unless it is the first element."""
         nonempty = all(stop.constant > 0 for _, stop in inner_ranges)
         if red.kind in NAN_FIRST_KINDS and is_float(red.expr.dtype) and nonempty:
             b = self.b
@@ -230,7 +249,7 @@ class KernelEmitter:
             return b.fadd(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.add(acc, x)
         if kind == "prod":
             return b.fmul(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.mul(acc, x)
-        if is_float(dtype):  # NaN-skipping; the first-NaN rule is applied after the loop
+        if is_float(dtype):  # NaN-skipping; a flag beside it makes a NaN row NaN (_nan_wins)
             # NaN is replaced by the neutral value here, so neither operand can be NaN and
             # the call is truthfully `nnan`. Not a plain llvm.maxnum reduction: LLVM 22
             # vectorizes that with a NaN-checking scheme that drops elements for some trip
@@ -453,8 +472,16 @@ def constant(value, dtype: str) -> ir.Constant:
     return ir.Constant(ty, int(value))
 
 
-def _reduce_init(kind: str, dtype: str, ty: ir.Type) -> ir.Constant:
+def _extent(inner_ranges: list) -> int:
+    """The elements of one row of a phase (its inner loop extents multiplied)."""
+    return math.prod(stop.constant for _, stop in inner_ranges)
+
+
+def _reduce_init(kind: str, dtype: str, ty: ir.Type, row_elements: int = 1,
+                 red: kir.Reduction | None = None) -> ir.Constant:
     if kind == "sum":
+        if red is not None and is_float(dtype):
+            return constant(kir.sum_start(red, row_elements), dtype)
         return constant(0, dtype)
     if kind == "prod":
         return constant(1, dtype)
