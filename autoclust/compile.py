@@ -6,6 +6,8 @@
       fuse                                    kernel IR: Kernels, LibraryCalls, Checks, each
                                               op lowered by its own `lower` in the op table
       collapse_loops                          merge contiguous loop dims
+      prove_in_bounds                         every load and store inside its buffer, or a
+                                              CompileError (kernel/bounds.py)
       share_code                              one code per distinct kernel (repeated layers)
       plan_memory                             temps share slots
       backend.compile                         an Executable: the ONLY backend-specific step
@@ -35,6 +37,7 @@ from autoclust.errors import CompileError, FlagError
 from autoclust.flags import Flags
 from autoclust.ir import Graph
 from autoclust.kernel import inject
+from autoclust.kernel.bounds import check_program as prove_in_bounds
 from autoclust.kernel import ir as kir
 from autoclust.kernel.fusion import fuse
 from autoclust.kernel.memplan import plan_memory
@@ -122,8 +125,9 @@ def lazy_dumps(exe: Any) -> LazyDumps:
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
     COUNTS["lowered"] += 1
-    program = fuse(graph, policy(backend).fold_bias)
-    return plan_memory(share_code(collapse_loops(program)))
+    program = collapse_loops(fuse(graph, policy(backend).fold_bias))
+    prove_in_bounds(program)  # CompileError where an access may leave its buffer
+    return plan_memory(share_code(program))
 
 
 # ---- the --cache_dir cache of lowered Programs ---------------------------------------------

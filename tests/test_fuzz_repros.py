@@ -108,8 +108,9 @@ CASES = [
     # ---- G: LayerNormalization over a row holding a finite 1e20 -----------------------------
     pytest.param(_model("g (float[1,4] x, float[4] s) => (float[1,4] y) "
                         "{ y = LayerNormalization <axis = -1, epsilon = 0.01> (x, s) }"),
-                 {"x": np.array([[1e20, 1, 2, 3]], F), "s": np.ones(4, F)}, COMPILED, "ort",
-                 id="G-LayerNorm-1e20"),
+                 {"x": np.array([[1e20, 1, 2, 3]], F), "s": np.ones(4, F)}, COMPILED,
+                 np.array([[1.7320508, -0.57735026, -0.57735026, -0.57735026]], F),
+                 id="G-LayerNorm-1e20"),  # onnxruntime's float32 square overflows: zeros
     pytest.param(_model("g (float[1,5] x, float[5] s, float[5] b) => (float[1,5] y) "
                         "{ y = LayerNormalization <axis = -1, epsilon = 0.01> (x, s, b) }"),
                  {"x": np.full((1, 5), -2.7281326e17, F), "s": np.ones(5, F),

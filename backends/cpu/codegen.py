@@ -103,8 +103,12 @@ class KernelEmitter:
             self._scan(inner_ranges)
             return
         self.stash = _plan_stash(k, self.dtypes)
-        for phase, red in enumerate(k.reductions):
-            self.reduced.append(self._reduction(red, inner_ranges, phase))
+        for group in _phase_groups(k, self.stash):
+            if len(group) > 1:
+                self.reduced.extend(self._fused_sums(group, inner_ranges))
+                continue
+            phase = group[0]
+            self.reduced.append(self._reduction(k.reductions[phase], inner_ranges, phase))
         row_stores = [s for s in k.stores if s.per_row]
         elem_stores = [s for s in k.stores if not s.per_row]
         self.iv = self.outer + [_i64(0)] * k.n_inner
@@ -143,6 +147,26 @@ class KernelEmitter:
             self.reduced = [old if red.scan == "exclusive" else new]
             for s in k.stores:
                 self._store(s)
+
+    def _fused_sums(self, group: list[int], inner_ranges: list) -> list[ir.Value]:
+        """Sum/prod phases that read none of each other's results, in one loop over the
+        row: the loads and subexpressions they share are computed once per element
+        (LayerNorm's mean correction and squared deviations both read x - mean)."""
+        b = self.b
+        reds = [self.kernel.reductions[p] for p in group]
+        accs = []
+        for red in reds:
+            acc = entry_alloca(b, COMPUTE[red.dtype], "acc")
+            b.store(_reduce_init(red.kind, red.dtype, COMPUTE[red.dtype],
+                                 _extent(inner_ranges), red), acc)
+            accs.append(acc)
+        with for_nest(b, inner_ranges, "r") as inner:
+            self.iv = self.outer + inner
+            self.memo = {}
+            for red, acc in zip(reds, accs):
+                x = self.value(red.expr)
+                b.store(self._combine(red.kind, b.load(acc), x, red.dtype), acc)
+        return [b.load(acc) for acc in accs]
 
     def _reduction(self, red: kir.Reduction, inner_ranges: list, phase: int) -> ir.Value:
         if self._vector_phase(red, inner_ranges, phase):
@@ -365,6 +389,22 @@ class KernelEmitter:
                 got = True
             self.invariant[key] = got
         return got
+
+
+def _phase_groups(k: kir.Kernel, stash: dict) -> list[list[int]]:
+    """The kernel's phases in order, consecutive sum/prod phases that read none of each
+    other's results (nor stash a value) grouped to run in one loop (_fused_sums)."""
+    groups: list[list[int]] = []
+    open_group = False  # whether the last group may take another phase
+    for p, red in enumerate(k.reductions):
+        fusable = red.kind in ("sum", "prod") and not any(key[0] == p for key in stash)
+        reads = {e.phase for e in kir.walk([red.expr]) if isinstance(e, kir.Reduced)}
+        if fusable and open_group and not reads & set(groups[-1]):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+            open_group = fusable
+    return groups
 
 
 def _loop_order(k: kir.Kernel) -> list[int]:
