@@ -189,7 +189,7 @@ def _op_names(flag: str, names: tuple) -> None:
 
 def _pass_names(flag: str, names: tuple) -> None:
     """--disable_passes: names of the cluster optimizer's passes."""
-    from autoclust.compile import PASSES
+    from autoclust.passes.optimize import PASSES
     known = [name for name, _ in PASSES]
     unknown = [n for n in names if n not in known]
     if unknown:

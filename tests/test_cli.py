@@ -57,7 +57,7 @@ def test_run_compiled_wording_and_plurals(capsys):
 
 
 def test_plural():
-    from autoclust.report.explain import plural
+    from autoclust.text import plural
     assert [plural(n, "kernel") for n in (0, 1, 2)] == ["0 kernels", "1 kernel", "2 kernels"]
     assert plural(1, "child", "children") == "1 child" and plural(3, "child", "children") \
         == "3 children"

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import ELEMENTWISE, InferContext, TypeShape, register
 from autoclust.ops.elementwise import (
     F64,
     FLOAT,
@@ -31,6 +30,7 @@ from autoclust.ops.elementwise import (
     unary,
     upcast,
 )
+from autoclust.ops.table import ELEMENTWISE, InferContext, TypeShape, register
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

@@ -25,7 +25,7 @@ from onnx import helper
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Shape
 from autoclust.kernel.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     ALL_TYPES,
     BFLOAT16,
     BOOL,

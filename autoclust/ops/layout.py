@@ -17,7 +17,7 @@ import numpy as np
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Shape
 from autoclust.kernel.lowering import LowerCtx, const
-from autoclust.ops import (
+from autoclust.ops.table import (
     BOOL,
     LAYOUT,
     Arrays,

@@ -18,7 +18,7 @@ import numpy as np
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     LAYOUT,
     Arrays,
     Attrs,

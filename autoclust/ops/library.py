@@ -15,7 +15,7 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Shape
-from autoclust.ops import (
+from autoclust.ops.table import (
     FLOAT_TYPES,
     INT64,
     LIBRARY,
@@ -167,7 +167,7 @@ register("Gemm", LIBRARY, _infer_gemm, _gemm_ref, dtypes=GEMM_COMPILED,
 
 # ---- window geometry (Conv, pooling) ----------------------------------------------------
 
-def _window_pads(in_dims: Sequence[Dim], kernel: Sequence[int], attrs: dict[str, Any],
+def window_pads(in_dims: Sequence[Dim], kernel: Sequence[int], attrs: dict[str, Any],
                  pool: bool) -> tuple[list[Dim], list[int], list[int]]:
     """(output dims, pads begin, pads end) of a sliding window per spatial dim."""
     n = len(kernel)
@@ -216,7 +216,7 @@ def _windows(x: np.ndarray, kernel: Sequence[int], attrs: dict[str, Any], fill: 
     n = len(kernel)
     strides = attrs.get("strides") or [1] * n
     dil = attrs.get("dilations") or [1] * n
-    out, pb, pe = _window_pads(x.shape[2:], kernel, attrs, pool)
+    out, pb, pe = window_pads(x.shape[2:], kernel, attrs, pool)
     # ceil_mode windows may run past the end pad: pad them too (they never count).
     need = [(o - 1) * s + (k - 1) * d + 1 if o > 0 else 0
             for o, s, k, d in zip(out, strides, kernel, dil)]
@@ -260,7 +260,7 @@ def _infer_conv(ctx: InferContext) -> list[TypeShape]:
     m = None if w is None else w[0]
     if isinstance(m, int) and m % group:
         raise ctx.fail(f"output channels {m} not divisible by group {group}")
-    out, _, _ = _window_pads(x[2:], kernel, ctx.attrs, pool=False)
+    out, _, _ = window_pads(x[2:], kernel, ctx.attrs, pool=False)
     return [(ctx.dtypes[0], (x[0], m, *out))]
 
 
@@ -390,7 +390,7 @@ def _infer_pool(ctx: InferContext) -> list[TypeShape]:
     if x is None:
         out = None
     else:
-        dims, _, _ = _window_pads(x[2:], kernel, ctx.attrs, pool=True)
+        dims, _, _ = window_pads(x[2:], kernel, ctx.attrs, pool=True)
         out = (x[0], x[1], *dims)
     return [(ctx.dtypes[0], out), (INT64, out)]
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from autoclust.errors import InvalidInputError
 from autoclust.kernel.lowering import LowerCtx, cast, compute_dtype, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     BFLOAT16,
     FLOAT_TYPES,
     NORMALIZATION,

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     ELEMENTWISE,
     Arrays,
     InferContext,

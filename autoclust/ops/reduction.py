@@ -32,7 +32,7 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.kernel.lowering import LowerCtx, cast, compute_dtype, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     BFLOAT16,
     DATA_DEPENDENT,
     FLOAT_TYPES,

@@ -17,7 +17,7 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     DATA_DEPENDENT,
     INT64,
     SHAPE,

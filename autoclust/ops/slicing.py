@@ -15,15 +15,6 @@ import numpy as np
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, const, op, select
-from autoclust.ops import (
-    LAYOUT,
-    Arrays,
-    Attrs,
-    InferContext,
-    TypeShape,
-    normalize_axis,
-)
-from autoclust.ops import register as _register
 from autoclust.ops.layout import (
     _BIG,
     _axis,
@@ -35,6 +26,15 @@ from autoclust.ops.layout import (
     _static_len,
     _unknown_dims,
 )
+from autoclust.ops.table import (
+    LAYOUT,
+    Arrays,
+    Attrs,
+    InferContext,
+    TypeShape,
+    normalize_axis,
+)
+from autoclust.ops.table import register as _register
 
 # ---- Concat, Tile -------------------------------------------------------------------------
 

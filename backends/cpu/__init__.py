@@ -16,17 +16,18 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from autoclust.backends.cpu import cache, codegen, gemm, jit, library
+from autoclust.backends.cpu import codegen, gemm, jit, library
 from autoclust.backends.cpu.executable import Executable
 from llvmlite import ir
 
 from autoclust import ops
-from autoclust.compile import LazyDumps
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
 from autoclust.kernel.passes import code_key, distinct_kernels
 from autoclust.registry import Policy
+from autoclust.report.lazy_dumps import LazyDumps
+from autoclust.runtime import disk_cache as cache
 
 NAME = "cpu"
 # onnxruntime's Conv and pooling kernels keep the blocked NCHWc layout between them and

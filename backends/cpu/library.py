@@ -58,7 +58,7 @@ from autoclust import ops
 from autoclust.errors import UnsupportedOpError
 from autoclust.kernel import ir as kir
 from autoclust.ops import custom
-from autoclust.ops.library import _window_pads  # the semantics' own geometry
+from autoclust.ops.library import window_pads  # the semantics' own geometry
 
 TypeShape = tuple[np.dtype, tuple[int, ...]]
 Arrays = Sequence[np.ndarray | None]
@@ -572,7 +572,7 @@ def _window_geometry(x_shape: tuple, kernel: Sequence[int], attrs: dict[str, Any
     ns = len(kernel)
     strides = list(attrs.get("strides") or [1] * ns)
     dil = list(attrs.get("dilations") or [1] * ns)
-    out, pb, pe = _window_pads(x_shape[2:], kernel, attrs, pool)
+    out, pb, pe = window_pads(x_shape[2:], kernel, attrs, pool)
     # ceil_mode windows may run past the end pad: the buffer covers them too.
     sizes = [max(d + b + e, (o - 1) * s + (k - 1) * dd + 1)
              for d, b, e, o, s, k, dd in zip(x_shape[2:], pb, pe, out, strides, kernel, dil)]
@@ -707,7 +707,7 @@ def _pool_count(x_shape: tuple, attrs: dict[str, Any], pb: list[int], sizes: lis
     kernel = list(attrs["kernel_shape"])
     mask = np.zeros((1, 1, *sizes), dtype)
     if attrs.get("count_include_pad", 0):
-        _, _, pe = _window_pads(x_shape[2:], kernel, attrs, True)
+        _, _, pe = window_pads(x_shape[2:], kernel, attrs, True)
         region = tuple(slice(0, d + b + e) for d, b, e in zip(x_shape[2:], pb, pe))
     else:
         region = tuple(slice(b, b + d) for b, d in zip(pb, x_shape[2:]))
