@@ -36,7 +36,7 @@ from autoclust.kernel.fusion import fuse
 from autoclust.kernel.memplan import plan_memory
 from autoclust.kernel.passes import collapse_loops, share_code
 from autoclust.passes.optimize import optimize
-from autoclust.passes.specialize import specialize
+from autoclust.passes.specialize import check_sizes, specialize
 from autoclust.registry import policy
 from autoclust.report.lazy_dumps import lazy_dumps
 from autoclust.runtime import program_cache
@@ -49,6 +49,7 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
     """specialize -> optimize -> fuse -> collapse -> share -> plan memory -> backend."""
     with inject.active(flags):  # --inject_bug reaches the lowerings (testing only)
         specialized = specialize(graph, input_types, shape_values)
+        check_sizes(specialized, flags.max_buffer_bytes)  # before anything allocates
         optimized = optimize(specialized, flags)
         if not policy(backend).lowers:  # the interpreter runs the optimized graph
             exe = backend.compile(optimized, flags)

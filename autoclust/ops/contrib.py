@@ -28,7 +28,7 @@ from autoclust.errors import UnsupportedOpError
 from autoclust.kernel.lowering import LowerCtx, cast, const, op
 from autoclust.ops.activations import gelu
 from autoclust.ops.elementwise import FLOAT, check_dtype, compilable, upcast
-from autoclust.ops.normalization import scaled_moments
+from autoclust.ops.normalization import check_params, scaled_moments
 from autoclust.ops.table import (
     ELEMENTWISE,
     NORMALIZATION,
@@ -246,6 +246,7 @@ register("SkipSimplifiedLayerNormalization", NORMALIZATION, _infer_skip_norm,
 
 def _infer_simplified(ctx: InferContext) -> list[TypeShape]:
     check_dtype(ctx, 0, FLOAT)
+    check_params(ctx, (1,))
     x = ctx.shapes[0]
     stat = None
     if x is not None:

@@ -135,8 +135,24 @@ for _op, _fn, _lower in (("Softmax", _softmax, _lower_softmax),
 
 # ---- LayerNormalization -------------------------------------------------------------------
 
+def check_params(ctx: InferContext, indices: tuple[int, ...]) -> None:
+    """Scale/bias inputs must broadcast (numpy rules, one way) to X: compiled code reads
+    them at X's index, so a [3] scale of a row of 4 read past its end (onnxruntime
+    rejects it)."""
+    x = ctx.shapes[0]
+    for i in indices:
+        p = ctx.shapes[i] if ctx.has(i) else None
+        if x is None or p is None:
+            continue
+        if len(p) > len(x) or any(isinstance(a, int) and isinstance(b, int) and a not in (1, b)
+                                  for a, b in zip(reversed(p), reversed(x))):
+            raise ctx.invalid(f"input {i} of shape {list(p)} does not broadcast to X of "
+                              f"shape {list(x)}")
+
+
 def _infer_layer_norm(ctx: InferContext) -> list[TypeShape]:
     _check_float(ctx, (0, 1, 2))
+    check_params(ctx, (1, 2))
     shape = ctx.shapes[0]
     out = [(ctx.dtypes[0], shape)]
     stat_type = F32 if ctx.attr("stash_type", 1) == 1 else ctx.dtypes[0]
@@ -290,6 +306,7 @@ register("LayerNormalization", NORMALIZATION, _infer_layer_norm, _layer_norm_ref
 
 def _infer_rms_norm(ctx: InferContext) -> list[TypeShape]:
     _check_float(ctx, (0, 1))
+    check_params(ctx, (1,))
     if ctx.shapes[0] is not None:
         normalize_axis(int(ctx.attr("axis", -1)), len(ctx.shapes[0]), ctx)
     return [(ctx.dtypes[0], ctx.shapes[0])]

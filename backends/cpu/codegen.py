@@ -39,12 +39,26 @@ VECTOR_BITS = 512
 NAN_FIRST_KINDS = ("argmax", "argmin", "argmax_last", "argmin_last")
 
 
+# --check_bounds: a kernel's pointer array holds one more pointer after its buffers, to an
+# int64 guard array: [kind (1 load, 2 store, 0 none), buffer, element, lanes, then each
+# buffer's element count]. An access outside its buffer writes the first four and returns.
+GUARD_SIZES = 4
+
+
+def guard_slot(k: kir.Kernel) -> int:
+    """The pointer-array index of kernel k's guard (after its buffers, 0..n-1)."""
+    return max(_buffers_of(k), default=-1) + 1
+
+
 class KernelEmitter:
     """Emits the body of one kernel."""
 
-    def __init__(self, module: ir.Module, kernel: kir.Kernel, fast_math: bool):
+    def __init__(self, module: ir.Module, kernel: kir.Kernel, fast_math: bool,
+                 check_bounds: bool = False):
         self.module = module
         self.kernel = kernel
+        self.check_bounds = check_bounds
+        self.guard: ir.Value | None = None
         # No `contract`: an FMA of one op's a*b into the next op's + c skips the rounding
         # onnxruntime does between its kernels, and a row kernel recomputes expressions in
         # several phases: LogSoftmax(x * c) took max(x * c) rounded, then computed
@@ -59,12 +73,14 @@ class KernelEmitter:
 
     def emit(self) -> None:
         k = self.kernel
-        argtys = [PTR] * len(self.bufs) + [I64, I64]
+        argtys = [PTR] * (len(self.bufs) + self.check_bounds) + [I64, I64]
         body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), argtys), f"{k.name}.body")
         for a in body.args[:len(self.bufs)]:
             a.add_attribute("noalias")
         self.b = ir.IRBuilder(body.append_basic_block("entry"))
         self.ptr = dict(zip(self.bufs, body.args))
+        if self.check_bounds:
+            self.guard = body.args[len(self.bufs)]
         start, stop = body.args[-2], body.args[-1]
         n_outer = len(k.shape) - k.n_inner
         ranges = [(start, stop)] + [(_i64(0), _i64(d)) for d in k.shape[1:n_outer]]
@@ -80,7 +96,8 @@ class KernelEmitter:
                          self.kernel.name)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptrs = []
-        for buf in self.bufs:
+        slots = self.bufs + ([guard_slot(self.kernel)] if self.check_bounds else [])
+        for buf in slots:
             slot = b.gep(fn.args[0], [_i64(buf)], inbounds=True, source_etype=PTR)
             ptrs.append(b.load(slot, typ=PTR))
         b.call(body, ptrs + [fn.args[1], fn.args[2]])
@@ -227,7 +244,7 @@ class KernelEmitter:
             self.memo = {}
             x = self.value(red.expr)
             for sub, st in (v for key, v in self.stash.items() if key[0] == phase):
-                b.store(self.value(sub), self._address(st.buf, st.index))
+                b.store(self.value(sub), self._address(st.buf, st.index, store=True))
             old = b.load(acc)
             if seen is not None:
                 b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", x, x)), seen)
@@ -289,7 +306,7 @@ class KernelEmitter:
 
     # ---- stores, loads and expressions -----------------------------------------------------
     def _address(self, buf: int, index: kir.Affine, clamps: tuple = (),
-                 dyn: tuple = ()) -> ir.Value:
+                 dyn: tuple = (), lanes: int = 1, store: bool = False) -> ir.Value:
         b = self.b
         off = _i64(index.const)
         ivs = list(self.iv)
@@ -304,8 +321,22 @@ class KernelEmitter:
             pos = self.value(e)
             term = pos if stride == 1 else b.mul(pos, _i64(stride), flags=["nsw"])
             off = b.add(off, term, flags=["nsw"])
+        if self.guard is not None:
+            self._bounds(buf, off, lanes, store)
         return b.gep(self.ptr[buf], [off], inbounds=True,
                      source_etype=STORAGE[self.dtypes[buf]])
+
+    def _bounds(self, buf: int, off: ir.Value, lanes: int, store: bool) -> None:
+        """--check_bounds: elements off .. off + lanes - 1 must lie in buffer buf; else the
+        access goes into the guard array (GUARD_SIZES) and the kernel returns at once."""
+        b, guard = self.b, self.guard
+        size = b.load(b.gep(guard, [_i64(GUARD_SIZES + buf)], source_etype=I64), typ=I64)
+        ok = b.and_(b.icmp_signed(">=", off, _i64(0)),
+                    b.icmp_signed("<=", off, b.sub(size, _i64(lanes))))
+        with b.if_then(b.not_(ok), likely=False):
+            for j, v in enumerate((_i64(2 if store else 1), _i64(buf), off, _i64(lanes))):
+                b.store(v, b.gep(guard, [_i64(j)], source_etype=I64))
+            b.ret_void()
 
     def _store(self, s: kir.Store) -> None:
         dtype = self.dtypes[s.buf]
@@ -319,7 +350,7 @@ class KernelEmitter:
             v = b.zext(v, I8)
         elif dtype in NARROW_INTS:
             v = b.trunc(v, STORAGE[dtype])
-        b.store(v, self._address(s.buf, s.index))
+        b.store(v, self._address(s.buf, s.index, store=True))
 
     def value(self, e: kir.Expr) -> ir.Value:
         """The IR value of expression e in the current loop body (memoized)."""
@@ -528,12 +559,13 @@ def _buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
     return out
 
 
-def build_module(kernels: list[kir.Kernel], fast_math: bool) -> ir.Module:
-    """One LLVM module holding the given kernels."""
+def build_module(kernels: list[kir.Kernel], fast_math: bool,
+                 check_bounds: bool = False) -> ir.Module:
+    """One LLVM module holding the given kernels (each access checked with check_bounds)."""
     module = ir.Module(name="autoclust")
     wide = set()
     for k in kernels:
-        KernelEmitter(module, k, fast_math).emit()
+        KernelEmitter(module, k, fast_math, check_bounds).emit()
         if not k.reductions:
             wide.add(k.name)
     for fn in module.functions:

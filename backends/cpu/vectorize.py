@@ -123,7 +123,7 @@ class VectorExprs:
         if isinstance(e, kir.Load):
             if e.index.coeffs[last] == 0:
                 return self.splat(k.value(e))
-            addr = k._address(e.buf, e.index)
+            addr = k._address(e.buf, e.index, lanes=self.v)
             # element alignment: the default for a vector type (its size) would be a lie
             raw = b.load(addr, typ=self.vec(STORAGE[e.dtype]), align=_ALIGN[e.dtype])
             if e.dtype == "float16":
