@@ -539,7 +539,10 @@ class Fusion:
             try:
                 trial.add_root(v, idx)
             except (NeedRowDomain, Refuse) as exc:
-                raise Materialize(exc.value, str(exc)) from None
+                # v itself does not fit the row nest its reduction needs (a Concat of a
+                # ReduceMean along a kept axis): the reduction gets a kernel of its own
+                blocked = need.value if exc.value is v and need.value is not v else exc.value
+                raise Materialize(blocked, str(exc)) from None
             return trial
         except Refuse as exc:
             raise Materialize(exc.value, str(exc)) from None

@@ -61,12 +61,13 @@ REDUCTION_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last
 SCAN_KINDS = ("inclusive", "exclusive")
 
 
-def sum_start(red: Reduction, row_elements: int) -> float:
-    """Where a float sum phase starts: -0.0, the exact additive identity (-0.0 + x == x
-    for every x, so CumSum([-0., -0.]) stays -0.0 and 1/it is -inf, as in onnxruntime),
-    except an exclusive scan, whose first output onnxruntime writes as +0.0, and an empty
-    row, whose sum onnxruntime gives as +0.0."""
-    return 0.0 if red.scan == "exclusive" or row_elements == 0 else -0.0
+def sum_start(red: Reduction) -> float:
+    """Where a float sum phase starts: an inclusive scan at -0.0, the exact additive
+    identity (-0.0 + x == x for every x), so CumSum([-0., -0.]) stays -0.0 and 1/it is
+    -inf, as onnxruntime and NumPy's cumsum give; any other sum at +0.0, as NumPy's sum
+    (onnxruntime's sign of a zero ReduceSum depends on its loop order) and onnxruntime's
+    exclusive scan (its first output is +0.0)."""
+    return -0.0 if red.scan == "inclusive" else 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -134,10 +134,7 @@ def _log_sum_exp(x: np.ndarray, axes: tuple) -> np.ndarray:
 
 
 def _sum(x: np.ndarray, axes: tuple) -> np.ndarray:
-    """The sum over axes; a float sum of a non-empty row starts at -0.0 (kernel_ir.sum_start:
-    a row of -0.0 sums to -0.0, as in onnxruntime), of an empty one at +0.0."""
-    start = -0.0 if x.dtype.kind == "f" and all(x.shape[a] for a in axes) else 0
-    return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype, initial=start)
+    return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
 
 
 def _float_ops() -> dict[str, Callable[[np.ndarray, tuple], np.ndarray]]:

@@ -123,13 +123,17 @@ def check_sizes(graph: Graph, limit: int) -> None:
     negative dim or whose buffer would pass `limit` bytes (0: this machine's memory) or
     int64 (Python ints: the product cannot overflow here), before anything allocates it:
     NumPy raised a bare MemoryError or ValueError there, onnxruntime its Fail."""
-    limit = limit or physical_memory()
+    cap = limit or physical_memory()
+    where = (f"--max_buffer_bytes={limit}" if limit else
+             f"this machine's memory ({_human(cap)}; --max_buffer_bytes sets a limit)")
     for node in graph.nodes:
         for v in node.outputs:
-            why = _size_problem(v, limit)
+            why = _size_problem(v, cap)
             if why:
                 raise InvalidShapeError(f"node {node.name!r} ({node.qualified_op}): output "
-                                        f"{v.name!r} of shape {_dims(v.shape)} {why}")
+                                        f"{v.name!r} of shape {_dims(v.shape)} {why}"
+                                        + (f", more than {where}" if why.startswith("needs")
+                                           and "int64" not in why else ""))
 
 
 def _size_problem(v: Value, limit: int) -> str:
@@ -141,8 +145,7 @@ def _size_problem(v: Value, limit: int) -> str:
     if nbytes >= 1 << 63:
         return f"needs {nbytes} bytes: more than int64 holds"
     if nbytes > limit:
-        return (f"needs {_human(nbytes)} ({v.dtype}), more than --max_buffer_bytes="
-                f"{limit} ({_human(limit)}; 0 means this machine's memory)")
+        return f"needs {nbytes} bytes ({_human(nbytes)} of {v.dtype})"
     return ""
 
 

@@ -142,7 +142,7 @@ class KernelEmitter:
         red = k.reductions[0]
         ty = COMPUTE[red.dtype]
         acc = entry_alloca(b, ty, "scan")
-        b.store(_reduce_init(red.kind, red.dtype, ty, _extent(inner_ranges), red), acc)
+        b.store(_reduce_init(red.kind, red.dtype, ty, red), acc)
         self.stash = {}
         with for_nest(b, inner_ranges, "s") as inner:
             if red.reverse and inner:
@@ -166,8 +166,7 @@ class KernelEmitter:
         accs = []
         for red in reds:
             acc = entry_alloca(b, COMPUTE[red.dtype], "acc")
-            b.store(_reduce_init(red.kind, red.dtype, COMPUTE[red.dtype],
-                                 _extent(inner_ranges), red), acc)
+            b.store(_reduce_init(red.kind, red.dtype, COMPUTE[red.dtype], red), acc)
             accs.append(acc)
         with for_nest(b, inner_ranges, "r") as inner:
             self.iv = self.outer + inner
@@ -231,7 +230,7 @@ class KernelEmitter:
         arg = red.kind.startswith("arg")
         ty = COMPUTE[red.expr.dtype] if arg else COMPUTE[red.dtype]
         acc = entry_alloca(b, ty, "acc")
-        b.store(_reduce_init(red.kind, red.expr.dtype, ty, _extent(inner_ranges), red), acc)
+        b.store(_reduce_init(red.kind, red.expr.dtype, ty, red), acc)
         pos = seen = None
         if arg:
             pos = entry_alloca(b, I64, "pos")
@@ -524,16 +523,11 @@ def _reciprocal_ok(divisor: kir.Expr) -> bool:
     return c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
 
 
-def _extent(inner_ranges: list) -> int:
-    """The elements of one row of a phase (its inner loop extents multiplied)."""
-    return math.prod(stop.constant for _, stop in inner_ranges)
-
-
-def _reduce_init(kind: str, dtype: str, ty: ir.Type, row_elements: int = 1,
+def _reduce_init(kind: str, dtype: str, ty: ir.Type,
                  red: kir.Reduction | None = None) -> ir.Constant:
     if kind == "sum":
         if red is not None and is_float(dtype):
-            return constant(kir.sum_start(red, row_elements), dtype)
+            return constant(kir.sum_start(red), dtype)
         return constant(0, dtype)
     if kind == "prod":
         return constant(1, dtype)

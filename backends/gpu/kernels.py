@@ -203,7 +203,7 @@ class KernelWriter:
         acc_t = cstyle.compute(red.dtype)
         init = cstyle.reduce_init(red.kind, red.dtype)
         if red.kind == "sum" and cstyle.is_float(red.dtype):  # -0.0 unless exclusive
-            init = cstyle.constant(kir.sum_start(red, n), red.dtype)
+            init = cstyle.constant(kir.sum_start(red), red.dtype)
         self.lines.append(f"    {acc_t} acc = {init};")
         self.lines.append(f"    for ({self.ix} jj = 0; jj < {n}; jj++) {{")
         ivs = list(outer)

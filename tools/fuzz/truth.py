@@ -152,7 +152,8 @@ class Arbiter:
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                (out,) = ReferenceEvaluator(model).run(None, self._feeds(model))
+                evaluator = ReferenceEvaluator(model, new_ops=[_gather_elements_op()])
+                (out,) = evaluator.run(None, self._feeds(model))
         except Exception:  # noqa: BLE001 - an op it lacks or gets wrong: no opinion
             return None
         return np.asarray(out)
@@ -169,3 +170,21 @@ class Arbiter:
         except Exception:  # noqa: BLE001 - no float64 kernel for some op: no arbiter
             return None
         return out
+
+
+def _gather_elements_op() -> type:
+    """onnx.reference's GatherElements, fixed: it refuses indices smaller than the data
+    on a non-axis dim, which the spec allows (and which then cost a whole output its
+    opinion: a NaN from ReduceMin before such a Gather could not be arbitrated)."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        op_domain = ""
+
+        def _run(self, data, indices, axis=0):
+            axis = int(axis) % max(data.ndim, 1)
+            idx = np.where(indices < 0, indices + data.shape[axis], indices)
+            grid = list(np.indices(idx.shape, sparse=True))
+            grid[axis] = idx
+            return (data[tuple(grid)],)
+    return GatherElements
