@@ -12,6 +12,7 @@ optional group:
   - emit_scan_reduce: CumSum (axes of length 1 too) then ReduceMax/ReduceMin/ReduceSum with
     keepdims over the last axis (a kernel cannot hold a scan and a reduction);
   - emit_nan_rows: ReduceMax/ReduceMin over rows holding a NaN anywhere (it propagates);
+  - in empty profiles, emit_empty_slice_of_concat: a Slice that empties a Concat's axis;
   - in error profiles, emit_elements_overhang: GatherElements with indices longer than the
     data on a non-axis dim, and emit_absurd_expand: Expand to a negative dim or past int64
     or memory; onnxruntime raises on both, and autoclust must raise naming the op.
@@ -20,12 +21,20 @@ optional group:
 from __future__ import annotations
 
 import numpy as np
+from autoclust.tools.fuzz import values as fuzz_values
 from autoclust.tools.fuzz.build import F32, I64, Builder
 from autoclust.tools.fuzz.gen_index import _indices
 
 
 def emit_clip_bounds(b: Builder) -> None:
-    a = b.pick()
+    if b.profile.regime == "normal":
+        a = b.pick()
+    else:  # infinities where a missing bound matters
+        shape = b.random_shape(int(b.rng.integers(1, 3)))
+        x = fb_floats(b, shape)
+        x[b.rng.random(shape) < 0.3] = np.inf
+        x[b.rng.random(shape) < 0.2] = -np.inf
+        a = b.new_input(shape, b.fdt, x)
     lo = b.const(np.array(b.rng.uniform(-2, 0), a.dtype))
     hi = b.const(np.array(b.rng.uniform(0, 2), a.dtype))
     args = [[a.name, lo], [a.name, "", hi], [a.name]][int(b.rng.integers(3))]
@@ -94,13 +103,29 @@ def emit_scan_reduce(b: Builder) -> None:
 def emit_nan_rows(b: Builder) -> None:
     if b.opset < 18:
         return
-    rows, n = b.dim(1, 4), int(b.rng.choice([2, 5, 17, 40]))
+    rows, n = int(b.rng.integers(1, 4)), int(b.rng.choice([2, 5, 17, 40]))
     x = b.rng.standard_normal((rows, n)).astype(b.fdt)
     x[int(b.rng.integers(rows)), int(b.rng.integers(n))] = np.nan
     v = b.new_input((rows, n), b.fdt, x)
     v.dynamic = True  # its NaN stays in this reduction (TopK's NaN order is unspecified)
     op = str(b.rng.choice(["ReduceMax", "ReduceMin"]))
     b.node(op, [v.name, b.const(np.array([1], I64))], [(b.fdt, (rows,))], keepdims=0)
+
+
+def emit_empty_slice_of_concat(b: Builder) -> None:
+    """Concat along an axis, then a Slice that leaves that axis empty (the empty output's
+    probe lowered the Concat over a loop of extent 0)."""
+    if not b.profile.empty:
+        return
+    a = b.pick(lambda v: len(v.shape) >= 2 and 0 not in v.shape)
+    axis = int(b.rng.integers(len(a.shape)))
+    out = list(a.shape)
+    out[axis] *= 2
+    (c,) = b.node("Concat", [a.name, a.name], [(a.dtype, tuple(out))], axis=axis - len(out))
+    start, end, step = [(0, 0, 1), (2 ** 62, 2 ** 62, 1), (0, 2 ** 62, -1)][int(b.rng.integers(3))]
+    out[axis] = 0
+    args = [c.name] + [b.const(np.array([v], I64)) for v in (start, end, axis, step)]
+    b.node("Slice", args, [(a.dtype, tuple(out))])
 
 
 def emit_elements_overhang(b: Builder) -> None:
@@ -133,5 +158,10 @@ EMITTERS = [
     (emit_clip_bounds, 0.8, "optional"), (emit_gemm, 0.8, "optional"),
     (emit_signed_zero_scan, 0.6, "optional"), (emit_scan_reduce, 0.6, "optional"),
     (emit_nan_rows, 0.4, "optional"), (emit_elements_overhang, 0.6, "optional"),
-    (emit_absurd_expand, 0.3, "optional"),
+    (emit_absurd_expand, 0.3, "optional"), (emit_empty_slice_of_concat, 0.4, "optional"),
 ]
+
+
+def fb_floats(b: Builder, shape: tuple[int, ...]) -> np.ndarray:
+    """Random floats of the case's dtype and regime (a writable copy)."""
+    return np.array(fuzz_values.floats(b.rng, shape, b.fdt, b.profile.regime))

@@ -152,7 +152,7 @@ class Arbiter:
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                evaluator = ReferenceEvaluator(model, new_ops=[_gather_elements_op()])
+                evaluator = ReferenceEvaluator(model, new_ops=spec_fixes())
                 (out,) = evaluator.run(None, self._feeds(model))
         except Exception:  # noqa: BLE001 - an op it lacks or gets wrong: no opinion
             return None
@@ -170,6 +170,29 @@ class Arbiter:
         except Exception:  # noqa: BLE001 - no float64 kernel for some op: no arbiter
             return None
         return out
+
+
+def spec_fixes() -> list[type]:
+    """onnx.reference ops replaced where they depart from the spec's text."""
+    return [_gather_elements_op(), _clip_op()]
+
+
+def _clip_op() -> type:
+    """onnx.reference's Clip, fixed: a missing bound is numeric_limits::lowest() / max()
+    (the spec), not -inf / +inf, so +inf clips to FLT_MAX (it excused the old answer)."""
+    from onnx.reference.op_run import OpRun
+
+    class Clip(OpRun):
+        op_domain = ""
+
+        def _run(self, x, lo=None, hi=None):
+            if x.dtype.kind == "f":
+                info = np.finfo(x.dtype)
+                lo = info.min if lo is None else lo
+                hi = info.max if hi is None else hi
+            y = x if lo is None else np.maximum(x, lo)
+            return ((y if hi is None else np.minimum(y, hi)).astype(x.dtype),)
+    return Clip
 
 
 def _gather_elements_op() -> type:
