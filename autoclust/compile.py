@@ -71,6 +71,7 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
     COUNTS["lowered"] += 1
-    program = collapse_loops(fuse(graph, policy(backend).fold_bias))
+    pol = policy(backend)
+    program = collapse_loops(fuse(graph, pol.fold_bias, pol.library_views))
     prove_in_bounds(program)  # CompileError where an access may leave its buffer
     return plan_memory(share_code(program))

@@ -59,6 +59,9 @@ class Policy:
     # MatMul + constant bias Add as one Gemm call: "" never, "alone" when no loop kernel
     # reads the sum, "always" (see fusion.bias_folds).
     fold_bias: str = ""
+    # Library ops whose operands and results may be strided views of buffers (a transpose
+    # in front of or behind a GEMM read or written in place: kernel/views.py).
+    library_views: frozenset = frozenset()
     # Values live in the device's own memory: the runtime copies them to the host for
     # onnxruntime segments and back, and the backend module offers to_device(x),
     # to_host(x), is_device(x) (and may offer capture(runtime), a whole-run replay).

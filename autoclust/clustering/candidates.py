@@ -87,10 +87,6 @@ def why_not_lowered(node: Node, graph: Graph, opdef: ops.OpDef) -> str | None:
     needs as a constant is not one."""
     if opdef.lower is None and opdef.kind != ops.LIBRARY:
         return opdef.refuse or f"{node.op} has no lowering"
-    if opdef.refuses is not None:
-        reason = opdef.refuses(node)
-        if reason:
-            return reason
     for i in opdef.const_inputs:
         v = node.inputs[i] if i < len(node.inputs) else None
         if v is not None and i not in opdef.shape_inputs and not graph.is_constant(v):
@@ -111,7 +107,8 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
         return f"unsupported op {node.qualified_op}"
     if opdef.data_dependent:
         return f"data-dependent output shape ({node.op})"
-    reason = _dtype_reason(node, opdef) or _random_reason(node, graph)
+    reason = _dtype_reason(node, opdef) or (opdef.refuses(node, graph) if opdef.refuses
+                                            else None)
     if reason:
         return reason
     for i in opdef.shape_inputs:
@@ -131,16 +128,4 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
         reason = backend_why_not(node, graph)
         if reason:
             return f"device {flags.device}: {reason}"
-    return None
-
-
-def _random_reason(node: Node, graph: Graph) -> str | None:
-    """Dropout in training mode draws random masks: only inference Dropout compiles."""
-    if node.op != "Dropout" or len(node.inputs) < 3 or node.inputs[2] is None:
-        return None
-    mode = graph.constant_value(node.inputs[2])
-    if mode is None:
-        return "Dropout training_mode comes from runtime data (training mode is random)"
-    if bool(mode.any()):
-        return "Dropout in training mode is random (only inference Dropout compiles)"
     return None

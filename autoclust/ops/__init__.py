@@ -85,6 +85,7 @@ from autoclust.ops.table import (  # noqa: F401 - the table's names, as ops.<nam
     dense,
     dim_product,
     get,
+    in_group,
     infer_node,
     is_external,
     normalize_axis,

@@ -118,7 +118,9 @@ class OpDef:
     domain: str = ""
     lower: Callable[..., Any] | None = None   # kernel-IR lowering (autoclust.kernel.lowering)
     refuse: str = ""                    # why the op is never lowered (when lower is None)
-    refuses: Callable[[Node], str | None] | None = None  # why this node's form is not lowered
+    # why this node is never clustered (its attributes, or inputs the graph gives it:
+    # training-mode Dropout, blocked quantization), whatever the device
+    refuses: Callable[[Node, Graph], str | None] | None = None
     dtypes: frozenset | None = None     # dtypes compiled code supports; None = COMPILABLE_TYPES
     shape_inputs: tuple[int, ...] = ()  # inputs whose values decide output shapes
     const_inputs: tuple[int, ...] = ()  # further inputs the lowering needs as constants
@@ -128,7 +130,16 @@ class OpDef:
     cost: int = 1                       # relative compute cost (4: transcendental math)
     shape_of: bool = False              # output depends only on input 0's shape (Shape)
     shape_like: bool = False            # a shape computation when fed by shape values
-    groups: tuple[str, ...] = ()        # extra --ops_to_cluster groups
+    groups: tuple[str, ...] = ()        # extra --ops_to_cluster groups (GEMM, WINDOW, ...)
+    # "copy": each output element is an input element or an exact function of one (Neg,
+    # Max, Transpose, Floor): a chain of them from exact data has one right answer.
+    # "rounded": the correctly rounded result of exact operands (IEEE +, -, *, /, sqrt).
+    # "": neither (libm math, reductions that sum, MatMul: order and accuracy vary).
+    exact: str = ""
+    discrete: bool = False              # outputs jump: a one-ulp input change may flip them
+    # Library ops: work estimate flops(attrs, in_types, out_types), 2 x multiply-adds
+    # (window reads for pools), behind library-call choices and benchmarks' GEMM shares.
+    flops: Callable[[Attrs, list, list], float] | None = None
     doc: str = ""
 
     def group_names(self) -> set[str]:
@@ -196,6 +207,11 @@ def get(op: str, domain: str = "") -> OpDef | None:
     if domain == "ai.onnx":
         domain = ""
     return _TABLE.get((domain, op))
+
+
+def in_group(name: str) -> frozenset[str]:
+    """Names of the ops in op group `name` (GEMM, WINDOW, CONV_EPILOGUE, ELEMENTWISE, ...)."""
+    return frozenset(d.op for d in _TABLE.values() if name in d.group_names())
 
 
 def all_ops() -> list[OpDef]:

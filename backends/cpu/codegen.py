@@ -525,17 +525,11 @@ def _reciprocal_ok(divisor: kir.Expr) -> bool:
 
 def _reduce_init(kind: str, dtype: str, ty: ir.Type,
                  red: kir.Reduction | None = None) -> ir.Constant:
-    if kind == "sum":
-        if red is not None and is_float(dtype):
-            return constant(kir.sum_start(red), dtype)
-        return constant(0, dtype)
-    if kind == "prod":
-        return constant(1, dtype)
-    high = kind in ("max", "argmax", "argmax_last")
-    if is_float(dtype):
-        return ir.Constant(ty, -math.inf if high else math.inf)
-    bits = ty.width
-    return ir.Constant(ty, -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1)
+    if kind == "sum" and red is not None and is_float(dtype):
+        return constant(kir.sum_start(red), dtype)  # -0.0 for an inclusive scan
+    if kind in ("sum", "prod"):
+        return constant(kir.reduce_identity(kind, dtype), dtype)
+    return ir.Constant(ty, kir.reduce_identity(kind, dtype, getattr(ty, "width", None)))
 
 
 def _i64(v: int) -> ir.Constant:

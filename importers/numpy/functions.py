@@ -28,6 +28,7 @@ from autoclust.importers.numpy.trace import (
 )
 
 from autoclust.errors import InvalidInputError
+from autoclust.kernel.ir import reduce_identity
 
 _NO = np._NoValue  # NumPy's "argument not given"
 INT64 = np.dtype(np.int64)
@@ -96,7 +97,8 @@ def reduced_shape(shape: tuple, axes: tuple[int, ...], keepdims: bool) -> tuple:
 
 # What a reduction over no elements gives (the graph gets it as a constant: compiled
 # reductions over a zero-size axis do not write their output yet).
-EMPTY_REDUCTION = {"ReduceSum": 0, "ReduceProd": 1, "ReduceMean": np.nan}
+EMPTY_REDUCTION = {"ReduceSum": reduce_identity("sum", "float32"),
+                   "ReduceProd": reduce_identity("prod", "float32"), "ReduceMean": np.nan}
 
 
 def filled(ctx: TraceContext, value: Any, dtype: np.dtype, shape: tuple) -> Operand:

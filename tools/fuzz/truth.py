@@ -25,9 +25,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
-DISCRETE = frozenset({"Floor", "Ceil", "Round", "Sign", "ArgMax", "ArgMin", "TopK",
-                      "NonZero", "Unique", "Greater", "Less", "Equal", "GreaterOrEqual",
-                      "LessOrEqual", "IsNaN", "IsInf", "Mod", "Hardmax"})
+from autoclust import ops
+
+# Ops whose outputs jump (OpDef.discrete), and Hardmax, which onnxruntime runs for us.
+DISCRETE = frozenset({d.op for d in ops.all_ops() if d.discrete} | {"Hardmax"})
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
 
 
