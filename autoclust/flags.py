@@ -58,6 +58,12 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),
+    FlagSpec("max_buffer_bytes", int, 0, "largest value a cluster may compute, in bytes: "
+             "a bigger one (or a negative dim) raises InvalidShapeError naming the node "
+             "before anything is allocated; 0 means this machine's physical memory"),
+    FlagSpec("check_bounds", bool, False, "compiled CPU kernels check every load and store "
+             "against its buffer and raise OutOfBoundsError naming the kernel and buffer "
+             "(slower; the fuzzer runs with it)", changes_code=True),
     FlagSpec("check_numerics", bool, False, "check cluster outputs for NaN/inf and warn "
              "naming the cluster"),
     FlagSpec("verify_passes", bool, False, "run Graph.verify() after every pass (debug)"),

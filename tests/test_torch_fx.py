@@ -563,6 +563,8 @@ LOWERING_CASES = {
     "where": (lambda a, b: torch.where(a > 0, a, b) + torch.where(a < 0, a, 0.0), X, Y),
     "clamp": (lambda a: a.clamp(-0.5, 0.5) + a.clamp(min=0.1) + F.relu6(a), X),
     "clamp_nan": (lambda a: a.clamp(-1, 1), XN),
+    # one bound: torch keeps +-inf (ONNX Clip would make it FLT_MAX): Max/Min, not Clip
+    "clamp_one_bound_inf": (lambda a: (a.clamp(min=0.5), a.clamp(max=-0.5)), XN),
     "unary": (lambda a: a.exp() + a.abs().log() + a.sigmoid() + a.tanh() + a.sin() +
               torch.rsqrt(a.abs() + 1) + torch.erf(a) + a.floor() + a.round(), X),
     "activations": (lambda a: F.gelu(a, approximate="tanh") + F.silu(a) + F.elu(a) +

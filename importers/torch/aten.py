@@ -176,9 +176,10 @@ def _where(lo: Lowering, cond: Any, a: Any, b: Any) -> Value:
 
 @lowers(aten.clamp.default)
 def _clamp(lo: Lowering, x: Any, lo_: Any = None, hi: Any = None) -> Value:
+    if lo_ is None or hi is None:  # ONNX Clip clips inf to a missing bound's FLT_MAX;
+        return _clamp_tensor(lo, x, lo_, hi)  # torch.clamp keeps it: Max/Min instead
     dt = lo.out_dtype()
-    bounds = [None if v is None else lo.operand(v, dt) for v in (lo_, hi)]
-    return lo.one("Clip", lo.cast(lo.tensor(x), dt), *bounds)
+    return lo.one("Clip", lo.cast(lo.tensor(x), dt), lo.operand(lo_, dt), lo.operand(hi, dt))
 
 
 @lowers(aten.clamp.Tensor)

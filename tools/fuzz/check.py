@@ -255,6 +255,19 @@ def _names_the_model(exc: BaseException, model: onnx.ModelProto) -> bool:
     return any(n in text for n in names)
 
 
+BOUNDS_PROOF_FAILED = "a shape check is missing"  # autoclust.kernel.bounds' CompileError
+
+
+def _crash_in_compiler(reason: str) -> bool:
+    """Whether a compile failure ("cluster_0001: compile failed: IndexError: ...") was a
+    Python error in the compiler itself (IndexError, AttributeError, ...) rather than one
+    of autoclust's own refusals (CompileError, UnsupportedOpError, ...)."""
+    import builtins
+    found = re.search(r"compile failed: (\w+):", reason)
+    kind = getattr(builtins, found.group(1), None) if found else None
+    return isinstance(kind, type) and issubclass(kind, Exception) and kind is not MemoryError
+
+
 def _clear_error(exc: BaseException, model: onnx.ModelProto) -> bool:
     """An autoclust error (or onnxruntime's, from a fallback) naming an op or node."""
     from autoclust.errors import AutoclustError
@@ -304,6 +317,14 @@ def _check_side(where: str, flags: dict, run: Any, expected: list[np.ndarray] | 
     if raised:
         return Outcome(MISMATCH, where, f"returned values where onnxruntime raised: {raised}",
                        flags, "returned values where onnxruntime raised", raised_op), []
+    unproven = [c for c in compile_failures if BOUNDS_PROOF_FAILED in c]
+    if unproven:  # kernel/bounds.py: this kernel would have read outside a buffer
+        return Outcome(ERROR, where, "\n".join(unproven), flags,
+                       "a kernel access not proven inside its buffer"), []
+    crashed = [c for c in compile_failures if _crash_in_compiler(c)]
+    if crashed:  # an IndexError inside the compiler is a bug, not a refusal: no fallback
+        return Outcome(ERROR, where, "\n".join(crashed), flags,
+                       "compile crashed: " + _generic(crashed[0].split(": ", 2)[-1])[:80]), []
     diff = compare(got, expected, spread, names, arbiter, *tol)
     return (_mismatch(where, diff, flags, names) if diff else None), compile_failures
 
@@ -351,9 +372,13 @@ def ops_of(model: onnx.ModelProto) -> list[str]:
 
 
 def variants_for(model: onnx.ModelProto, device: str, rng: np.random.Generator,
-                 metamorphic: int = 2) -> list[dict[str, Any]]:
-    """The base autoclust flags plus `metamorphic` random fallback-forcing variants."""
+                 metamorphic: int = 2, check_bounds: bool = True) -> list[dict[str, Any]]:
+    """The base autoclust flags plus `metamorphic` random fallback-forcing variants; on
+    the CPU backend every variant checks its kernels' accesses (--check_bounds) unless
+    check_bounds is False, so a read outside a buffer fails instead of giving garbage."""
     base = {"device": device, "min_cluster_size": int(rng.choice([1, 1, 2, 4]))}
+    if check_bounds and device == "cpu":
+        base["check_bounds"] = True
     out = [base]
     n_nodes = len(model.graph.node)
     op_types = ops_of(model)

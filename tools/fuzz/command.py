@@ -213,10 +213,11 @@ def worker_loop() -> int:
 
 # ---- the fuzz loop --------------------------------------------------------------------------
 
-def variants_for_case(case: fuzz_gen.Case, device: str, metamorphic: int = 2) -> list[dict]:
+def variants_for_case(case: fuzz_gen.Case, device: str, metamorphic: int = 2,
+                      check_bounds: bool = True) -> list[dict]:
     """The deterministic flag variants of a case (depend only on its seed)."""
     rng = np.random.default_rng([*case.seed, 1])
-    return fuzz_check.variants_for(case.model, device, rng, metamorphic)
+    return fuzz_check.variants_for(case.model, device, rng, metamorphic, check_bounds)
 
 
 def shrink_failure(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome,
@@ -257,7 +258,8 @@ def run(seed: int, cases: int | None = None, seconds: float | None = None,
         device: str | None = None, out_dir: str | None = None,
         checker: Checker | None = None, max_reports: int = 10,
         log: Callable[[str], None] = lambda s: None, progress: Any = None,
-        features: frozenset = fuzz_gen.ALL, per_cause: int = 2, first: int = 0) -> Summary:
+        features: frozenset = fuzz_gen.ALL, per_cause: int = 2, first: int = 0,
+        check_bounds: bool = True) -> Summary:
     """Fuzz cases first, first+1, ... until `cases` graphs or `seconds` pass; in-process
     unless `checker` isolates. The first `per_cause` failures of each signature are shrunk
     and reported.
@@ -271,7 +273,7 @@ def run(seed: int, cases: int | None = None, seconds: float | None = None,
     while ((cases is None or index < first + cases)
            and (deadline is None or time.monotonic() < deadline)):
         case = fuzz_gen.case_for(seed, index, features)
-        variants = variants_for_case(case, device)
+        variants = variants_for_case(case, device, check_bounds=check_bounds)
         outcome = check(case.model, case.feeds, variants)
         summary.record(outcome)
         if outcome.kind == fuzz_check.FALLBACK:
@@ -302,6 +304,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--features", default="all", help="a preset (all, classic, values, empty, "
                    "index, int, round) or comma-separated generator groups and switches")
     p.add_argument("--in-process", action="store_true", help="no worker (faster, not isolated)")
+    p.add_argument("--no-check-bounds", action="store_true", help="compiled CPU kernels do "
+                   "not check their loads and stores (--check_bounds, on by default here)")
     p.add_argument("--log", action="store_true",
                    help="progress lines when stderr is not a terminal (a bar when it is)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -327,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         features = fuzz_gen.features_from(args.features)
         summary = run(args.seed, args.cases, args.seconds, device, args.out, worker,
                       args.max_reports, log=lambda s: bar.write(s, stream=sys.stdout),
-                      progress=bar, features=features, per_cause=args.per_cause)
+                      progress=bar, features=features, per_cause=args.per_cause,
+                      check_bounds=not args.no_check_bounds)
     finally:
         bar.close()
         if worker is not None:
