@@ -184,8 +184,10 @@ def _spread_type(want: np.ndarray) -> type:
 def _distance32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """_distance of two float32 or float16 arrays, computed in float32."""
     a32, b32 = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    d = np.empty(np.shape(a32), np.float32)  # an array even for 0-d outputs
     with np.errstate(invalid="ignore", over="ignore"):
-        d = np.abs(a32 - b32)
+        np.subtract(a32, b32, out=d)
+    np.abs(d, out=d)
     odd = np.isnan(d)  # a NaN on either side, or inf - inf
     if odd.any():
         same = (a32[odd] == b32[odd]) | (np.isnan(a32[odd]) & np.isnan(b32[odd]))
