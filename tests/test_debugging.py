@@ -431,3 +431,14 @@ def test_worker_writes_a_model_once_and_checks_against_given_outputs():
         assert worker(model, feeds, [{}]).kind == "ok" and worker.written == 4
     finally:
         worker.close()
+
+
+def test_a_trial_verdict_is_one_short_line():
+    diff = fuzz_check.compare([np.full(4, 2.5, np.float32)], [np.ones(4, np.float32)], None,
+                              ["Softmax '/model/layers.0/self_attn/Softmax_output_0'"])
+    line = bisect.verdict(Outcome("mismatch", "autoclust", diff))
+    assert line == ("mismatch: 4 of 4 elements of '....0/self_attn/Softmax_output_0' (Softmax) "
+                    "differ, first got 2.5 for 1.0"), line
+    assert bisect.verdict(Outcome("ok")) == "ok"
+    crash = Outcome("crash", "process", "worker killed by signal 4")
+    assert bisect.verdict(crash) == "crash: worker killed by signal 4"

@@ -67,15 +67,18 @@ def describe(outcome: Outcome, width: int = 0) -> str:
 
 
 def verdict(outcome: Outcome) -> str:
-    """A short line for a trial log: 'ok', 'mismatch: output 0: 12 of 64 elements differ
-    (max abs diff 1.5)', or the failure cut to 90 characters."""
+    """A short line for a trial log: 'ok', "mismatch: 12 of 64 elements of 'y' (Softmax)
+    differ, first got 2.5 for 1.0", or the failure cut to 100 characters."""
     if not failed(outcome):
         return "ok"
-    found = re.match(r"(output \d+: \d+ of \d+ elements differ).*(max abs diff \S+)$",
-                     outcome.message)
+    found = re.match(r"output \d+ \((\w+) '(.*)'\): (\d+ of \d+) elements differ.*?"
+                     r"got (\S+), expected (\S+) ", outcome.message)
     if outcome.kind == fuzz_check.MISMATCH and found:
-        return f"mismatch: {found.group(1)} ({found.group(2)})"
-    return describe(outcome, 90)
+        op, name, count, got, want = found.groups()
+        name = name if len(name) <= 32 else "..." + name[-29:]
+        return (f"mismatch: {count} elements of '{name}' ({op}) differ, first got {got} for "
+                f"{want}")
+    return describe(outcome, 100)
 
 
 class Reference:
