@@ -75,6 +75,11 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
              "background and run it with onnxruntime meanwhile, so run() never waits for a "
              "compile (as TF's tf_xla_async_compilation)"),
+    FlagSpec("autotune", bool, True, "measured placement: at the first runs of a new "
+             "signature time each compiled cluster against onnxruntime on the same subgraph "
+             "and inputs, and keep the faster (decisions in explain and --cache_dir)"),
+    FlagSpec("autotune_budget_ms", int, 3000, "the most time a session spends measuring "
+             "placement (onnxruntime's sessions and runs beside the compiled ones)"),
     FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
              "makes the compiled code of the first OP node of each cluster wrong, fail to "
              "compile, or abort (autoclust/kernel/inject.py); for testing bisect and minify",
@@ -189,7 +194,7 @@ def _op_names(flag: str, names: tuple) -> None:
 
 def _pass_names(flag: str, names: tuple) -> None:
     """--disable_passes: names of the cluster optimizer's passes."""
-    from autoclust.compile import PASSES
+    from autoclust.passes.optimize import PASSES
     known = [name for name, _ in PASSES]
     unknown = [n for n in names if n not in known]
     if unknown:
