@@ -42,6 +42,7 @@ COUNTS = {"loaded": 0, "stored": 0, "refused": 0, "lock_waits": 0}
 _warned: set[str] = set()
 _verdicts: dict[str, str | None] = {}  # cache_dir -> why it is refused (None: usable)
 _trusted_roots: set[str] = set()  # real paths of --cache_trusted directories
+_refused: set[tuple[str, int]] = set()  # (path, mtime) of entries refused, counted once
 _key: dict[str, bytes | None] = {}  # "mac": the MAC key once resolved
 
 
@@ -144,15 +145,16 @@ def load(cache_dir: str, key: str, suffix: str = ".o") -> bytes | None:
     try:
         with open(path, "rb") as f:
             data = f.read()
+            version = os.fstat(f.fileno()).st_mtime_ns
     except OSError:
         return None
-    obj = _open_entry(data, path, f"{key}{suffix}")
+    obj = _open_entry(data, (path, version), f"{key}{suffix}")
     if obj is not None:
         COUNTS["loaded"] += 1
     return obj
 
 
-def _open_entry(data: bytes, path: str, name: str) -> bytes | None:
+def _open_entry(data: bytes, entry: tuple[str, int], name: str) -> bytes | None:
     mac_key = _mac_key()
     if mac_key is None:
         head = len(MAGIC) + 32
@@ -162,21 +164,26 @@ def _open_entry(data: bytes, path: str, name: str) -> bytes | None:
         return obj if hashlib.sha256(obj).digest() == data[len(MAGIC):head] else None
     head = len(MAC_MAGIC) + 8 + 32
     if not data.startswith(MAC_MAGIC):
-        _refuse(path, "it is not authenticated (written without a key)", once=True)
+        _refuse(entry, "it is not authenticated (written without a key)", once=True)
         return None
     if data[len(MAC_MAGIC):len(MAC_MAGIC) + 8] != _key_id(mac_key):
         return None  # written under another key: rebuilt and rewritten under ours
     obj = data[head:]
     want = hmac.new(mac_key, name.encode() + b"\0" + obj, hashlib.sha256).digest()
     if len(data) < head or not hmac.compare_digest(want, data[head - 32:head]):
-        _refuse(path, "its authentication code does not verify: it was changed after it "
+        _refuse(entry, "its authentication code does not verify: it was changed after it "
                       "was written (tampered with, or corrupted)")
         return None
     return obj
 
 
-def _refuse(path: str, why: str, once: bool = False) -> None:
+def _refuse(entry: tuple[str, int], why: str, once: bool = False) -> None:
+    """Count and report a refused entry (path, mtime), once however often it is read."""
+    if entry in _refused:
+        return
+    _refused.add(entry)
     COUNTS["refused"] += 1
+    path = entry[0]
     tag = os.path.dirname(path) if once else path
     if once and tag in _warned:
         return
