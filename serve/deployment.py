@@ -131,11 +131,12 @@ def application(config: ServeConfig, scale: Scale) -> Any:
 
 
 def run(config: ServeConfig, scale: Scale, host: str, port: int, address: str | None,
-        say: Any = print) -> int:
+        say: Any = None) -> int:
     """Serve until Ctrl-C (or SIGTERM), then take down what this call started: its
     application always, Serve if it was not running, the local Ray instance if it made
     one; on a cluster it joined, nothing else."""
     import ray
+    say = say or (lambda line: print(line, flush=True))
     signal.signal(signal.SIGTERM, _interrupt)
     started_ray = not ray.is_initialized()
     if started_ray:

@@ -311,3 +311,47 @@ def test_run_batch_groups_pads_splits_and_isolates_errors(mlp):
     assert isinstance(answers[1], ValueError) and isinstance(answers[2], ValueError)
     np.testing.assert_allclose(answers[0]["logits"], reference(MLP, reqs[0].inputs)[0],
                                rtol=1e-5, atol=1e-6)
+
+
+def serve_args(*argv):
+    from autoclust.tools import cli
+    return cli.parser().parse_args(["serve", *argv])
+
+
+def test_serve_command_checks_before_ray_starts(tmp_path):
+    from autoclust.errors import AutoclustError
+    from autoclust.serve import command
+    config, scale = command.build(serve_args(MLP, "--replicas", "2", "--replica_cpus", "1"))
+    assert config.model_name() == "mlp_gelu" and "--threads=1" in config.flags
+    assert scale.replicas == 2 and scale.replica_cpus == 1
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    with pytest.raises(AutoclustError, match="refusing --cache_dir .* writable by other users"):
+        command.build(serve_args(MLP, "--cache_dir", str(loose)))
+    config, _ = command.build(serve_args(MLP, "--cache_dir", str(loose), "--cache_trusted"))
+    assert "--cache_trusted" in config.flags
+    for argv, words in ((["nope.onnx"], "nope.onnx"), ([MLP, "--flags=--bogus"], "--bogus"),
+                        ([MLP, "--replicas", "0"], "--replicas must be at least 1"),
+                        ([os.path.join(MODELS, "mixed_dynamic.onnx"), "--max_batch_size", "4"],
+                         "needs a batch dim")):
+        with pytest.raises(AutoclustError, match=words):
+            command.build(serve_args(*argv))
+
+
+def test_predictor_without_ray():
+    from autoclust import errors
+    from autoclust.serve import Predictor
+    x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
+    actor = Predictor(MLP)()  # what each Ray Data actor does
+    out = actor({"x": x, "id": np.arange(5)})
+    assert sorted(out) == ["id", "logits", "x"]
+    np.testing.assert_allclose(out["logits"], reference(MLP, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    assert sorted(Predictor(MLP, keep_columns=False)()({"x": x})) == ["logits"]
+    with pytest.raises(errors.InvalidInputError, match="no column for model input.* x; its "
+                                                      "columns are: features"):
+        actor({"features": x})
+    with pytest.raises(errors.InvalidInputError, match="NumPy batches"):
+        actor([x])
+    with pytest.raises(errors.FlagError, match="--bogus"):
+        Predictor(MLP, flags="--bogus")
