@@ -64,5 +64,6 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
     COUNTS["lowered"] += 1
-    program = fuse(graph, policy(backend).fold_bias)
+    pol = policy(backend)
+    program = fuse(graph, pol.fold_bias, pol.library_views)
     return plan_memory(share_code(collapse_loops(program)))

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from autoclust.errors import CompileError, FlagError
-from autoclust.flags import Flags
 from autoclust.ir import Graph
 from autoclust.passes.cse import cse
 from autoclust.passes.dce import dce
@@ -13,6 +13,9 @@ from autoclust.passes.edits import copy_graph
 from autoclust.passes.fold_constants import fold_constants
 from autoclust.passes.simplify import simplify
 from autoclust.passes.specialize import not_concrete
+
+if TYPE_CHECKING:  # flags.py reads PASSES to check --disable_passes
+    from autoclust.flags import Flags
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_constants", fold_constants),

@@ -107,8 +107,9 @@ class Dumper:
 
     # ---- what the session and runtime call ----------------------------------------------
     def write_plan(self, plan: Any) -> None:
-        from autoclust.importers.onnx import export_model
+        from autoclust import registry
         from autoclust.report import explain
+        export_model = registry.importer("onnx").export_model
         manifest = {"versions": versions(), "flags": self.flags.as_dict(),
                     "flags_string": self.flags.to_string(), "platform": platform.platform(),
                     "cpu": cpu_info(), "model": plan.graph.name,

@@ -16,15 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from autoclust.errors import AutoclustError
 from autoclust.runtime import transfers
+from autoclust.text import plural
 
-if TYPE_CHECKING:  # plural() is imported by light modules (progress, runtime logs)
+if TYPE_CHECKING:
     from autoclust.clustering.partition import Plan
     from autoclust.ir import Node
-
-
-def plural(count: int, word: str, words: str | None = None) -> str:
-    """`1 cluster`, `2 clusters`, `0 clusters` (`words` for irregular plurals)."""
-    return f"{count} {word if count == 1 else (words or word + 's')}"
 
 
 def _histogram(nodes: list[Node]) -> dict[str, int]:

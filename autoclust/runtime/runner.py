@@ -259,7 +259,7 @@ def value_ranges(names: list[str], arrays: list[np.ndarray]) -> str:
 def compile_message(name: str, backend: Any, exe: Any, inputs: list[np.ndarray],
                     seconds: float) -> str:
     """The --log line of one compile (the interpreter interprets nodes, it has no kernels)."""
-    from autoclust.report.explain import plural
+    from autoclust.text import plural
     sig = ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
     count = getattr(exe, "num_kernels", 0)
     if getattr(backend, "NAME", "") == "interpreter":
@@ -296,6 +296,10 @@ class Runtime:
         self.backend = backend
         options = registry.fallback().sub_session_options(sess_options, flags.threads)
         self.runners: list[Any] = []
+
+        def make_runtime(body: Any) -> Runtime:  # a control-flow body's own Runtime
+            return Runtime(body, flags, backend, sess_options, providers, provider_options)
+
         for step in plan.steps:
             sub = self.graph.extract(step.nodes, name=step.name)
             if not sub.outputs:
@@ -304,8 +308,7 @@ class Runtime:
                 runner = ClusterRunner(step, sub, flags, backend, options, dumper)
             elif isinstance(step, ControlFlow):  # an If/Loop/Scan with clustered bodies
                 from autoclust.runtime.control_flow import ControlFlowRunner
-                runner = ControlFlowRunner(step, sub, flags, backend, sess_options, providers,
-                                           provider_options)
+                runner = ControlFlowRunner(step, sub, make_runtime)
             elif getattr(step, "host", False):  # a custom op: onnxruntime cannot load it
                 from autoclust.ops.custom import HostRunner
                 runner = HostRunner(sub, step.name)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from autoclust.backends.ort import values
+from autoclust.backends.ort import iobinding, values  # noqa: F401 - the session's
 from onnxruntime.capi import onnxruntime_pybind11_state as _C
 
 from autoclust import errors
