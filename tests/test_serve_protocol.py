@@ -319,8 +319,9 @@ def serve_args(*argv):
 
 
 def test_serve_command_checks_before_ray_starts(tmp_path):
-    from autoclust.errors import AutoclustError
     from autoclust.serve import command
+
+    from autoclust.errors import AutoclustError
     config, scale = command.build(serve_args(MLP, "--replicas", "2", "--replica_cpus", "1"))
     assert config.model_name() == "mlp_gelu" and "--threads=1" in config.flags
     assert scale.replicas == 2 and scale.replica_cpus == 1
@@ -340,8 +341,9 @@ def test_serve_command_checks_before_ray_starts(tmp_path):
 
 
 def test_predictor_without_ray():
-    from autoclust import errors
     from autoclust.serve import Predictor
+
+    from autoclust import errors
     x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
     actor = Predictor(MLP)()  # what each Ray Data actor does
     out = actor({"x": x, "id": np.arange(5)})
