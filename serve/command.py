@@ -55,6 +55,9 @@ def add_parser(sub: Any) -> None:
                    help="largest request body, MiB (default 64); larger ones get 413")
     s.add_argument("--max_input_mb", type=float, default=256,
                    help="largest total of a request's input tensors, MiB (default 256)")
+    s.add_argument("--max_json_mb", type=float, default=8,
+                   help="largest JSON part of a request, MiB (default 8); tensors sent as "
+                        "binary data do not count")
     s.add_argument("--timeout_s", type=float, default=60,
                    help="longest inference, queueing included (default 60); then 504")
     s.add_argument("--access_log", action="store_true",
@@ -94,8 +97,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
             raise FlagError(f"refusing --cache_dir {cache_dir}: {reason}; its entries are "
                             "code every replica runs. Make it private (chmod go-w) or pass "
                             "--cache_trusted if everyone who can write it is trusted")
-    limits = Limits(int(args.max_request_mb * 2**20), int(args.max_input_mb * 2**20),
-                    args.timeout_s)
+    limits = Limits(max_body_bytes=int(args.max_request_mb * 2**20),
+                    max_input_bytes=int(args.max_input_mb * 2**20), timeout_s=args.timeout_s,
+                    max_json_bytes=int(args.max_json_mb * 2**20))
     config = ServeConfig(os.path.abspath(args.model), args.name, " ".join([args.flags, *extra]),
                          args.cache_dir, limits, args.max_batch_size, args.batch_wait_ms)
     Endpoint(config)  # the model, its types and the batch dim, checked before Ray starts
@@ -114,7 +118,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if args.replica_cpus <= 0 or args.timeout_s <= 0 or args.batch_wait_ms < 0:
         raise FlagError("--replica_cpus and --timeout_s must be positive, --batch_wait_ms "
                         "not negative")
-    if args.max_request_mb <= 0 or args.max_input_mb <= 0:
-        raise FlagError("--max_request_mb and --max_input_mb must be positive")
+    if min(args.max_request_mb, args.max_input_mb, args.max_json_mb) <= 0:
+        raise FlagError("--max_request_mb, --max_input_mb and --max_json_mb must be positive")
     if not 0 < args.port < 65536:
         raise FlagError(f"--port must be 1 to 65535, got {args.port}")

@@ -58,6 +58,9 @@ class Limits:
     max_body_bytes: int = 64 << 20  # the request body as received (and decompressed)
     max_input_bytes: int = 256 << 20  # all input tensors of one request, as arrays
     timeout_s: float = 60.0  # one inference, queueing for a batch included
+    # the JSON part of a request: parsed into Python objects of ~30 bytes per number, so it
+    # is held well below the body limit (binary tensors cost their own size only)
+    max_json_bytes: int = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +135,8 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     return out
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[Any, bytes]:
+def split_body(body: bytes, header_length: str | None,
+               max_json_bytes: int = Limits.max_json_bytes) -> tuple[Any, bytes]:
     """(the parsed JSON header, the binary tensor data after it)."""
     if header_length is None:
         header, binary = body, b""
@@ -146,9 +150,13 @@ def split_body(body: bytes, header_length: str | None) -> tuple[Any, bytes]:
             raise ProtocolError(400, f"Inference-Header-Content-Length is {n} but the body "
                                      f"has {len(body)} bytes")
         header, binary = body[:n], body[n:]
+    if len(header) > max_json_bytes:
+        raise ProtocolError(413, f"the JSON part of the request is {len(header)} bytes, over "
+                                 f"the limit of {max_json_bytes} (--max_json_mb); send large "
+                                 "tensors as binary data")
     try:
         request = json.loads(header)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError(400, f"malformed JSON in the inference request: {exc}") from None
     if not isinstance(request, dict):
         raise ProtocolError(400, "the inference request must be a JSON object, got "
@@ -159,7 +167,7 @@ def split_body(body: bytes, header_length: str | None) -> tuple[Any, bytes]:
 def parse_infer(body: bytes, header_length: str | None, inputs: list[TensorSpec],
                 outputs: list[TensorSpec], limits: Limits) -> InferRequest:
     """Check an inference request against the model and the limits; its arrays."""
-    request, binary = split_body(body, header_length)
+    request, binary = split_body(body, header_length, limits.max_json_bytes)
     rid = request.get("id")
     if rid is not None and not isinstance(rid, str):
         raise ProtocolError(400, f"request id must be a string, got {rid!r}")
@@ -269,7 +277,11 @@ def _arrays(claims: list, entries: list[dict], binary: bytes) -> dict[str, np.nd
         if size is None:
             arrays[spec.name] = _from_json(spec, shape, entry["data"])
         else:
-            raw = np.frombuffer(binary, spec.dtype.newbyteorder("<"), math.prod(shape), offset)
+            count = math.prod(shape)
+            if spec.datatype == "BOOL":  # any non-zero byte is true; never a bool byte of 2
+                raw = np.frombuffer(binary, np.uint8, count, offset) != 0
+            else:
+                raw = np.frombuffer(binary, spec.dtype.newbyteorder("<"), count, offset)
             arrays[spec.name] = raw.astype(spec.dtype).reshape(shape)  # a copy: owns its data
             offset += size
     return arrays

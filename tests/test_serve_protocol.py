@@ -23,7 +23,8 @@ TYPES_TEXT = """
 <ir_version: 10, opset_import: ["" : 17]>
 types (uint8[n] a, bool[n] flag, float16[n] h) => (float16[n] y, int64[n] wide) {
     af = Cast<to = 10>(a)
-    y = Where(flag, af, h)
+    off = Not(flag)
+    y = Where(off, h, af)
     wide = Cast<to = 7>(a)
 }
 """
@@ -31,7 +32,8 @@ types (uint8[n] a, bool[n] flag, float16[n] h) => (float16[n] y, int64[n] wide) 
 
 @pytest.fixture(scope="module")
 def mlp():
-    return Endpoint(ServeConfig(MLP, limits=protocol.Limits(1 << 20, 1 << 20, 30.0)))
+    return Endpoint(ServeConfig(MLP, limits=protocol.Limits(
+        max_body_bytes=1 << 20, max_input_bytes=1 << 20, max_json_bytes=1 << 19)))
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +118,19 @@ def test_narrow_types_bool_uint8_float16(types_model):
     assert out["wide"].dtype == np.int64 and out["wide"].tolist() == want[1].tolist()
 
 
+def test_binary_bool_bytes_other_than_0_and_1_are_true(types_model):
+    ep = Endpoint(ServeConfig(types_model))
+    a, h = np.array([1, 2, 3, 4], np.uint8), np.zeros(4, np.float16)
+    inputs = [{"name": "a", "shape": [4], "datatype": "UINT8", "data": a.tolist()},
+              {"name": "flag", "shape": [4], "datatype": "BOOL",
+               "parameters": {"binary_data_size": 4}},
+              {"name": "h", "shape": [4], "datatype": "FP16", "data": h.tolist()}]
+    out = answer(post(ep, {"inputs": inputs}, bytes([2, 0, 255, 1])))[1]
+    flag = np.array([True, False, True, True])
+    np.testing.assert_array_equal(out["y"], reference(types_model, {"a": a, "flag": flag,
+                                                                    "h": h})[0])
+
+
 def test_tritonclient_encoding_round_trip(mlp):
     http = pytest.importorskip("tritonclient.http", reason="tritonclient not installed "
                                '(pip install "autoclust[serve]")')
@@ -185,7 +200,10 @@ BAD = [
     ({"inputs": [{**X2, "shape": [10**9, 64], "data": []}]}, b"", {}, 413,
      ["256000000000 bytes", "input 'x': FP32 [1000000000, 64]", "--max_input_mb"]),
     ({"inputs": [{**X2, "shape": [4000, 64], "data": [0.5] * 256000}]}, b"", {}, 413,
-     ["over the limit", "--max_request_mb"]),
+     ["body is", "over the limit", "--max_request_mb"]),
+    ({"inputs": [{**X2, "shape": [2000, 64], "data": [0.5] * 128000}]}, b"", {}, 413,
+     ["JSON part of the request is", "--max_json_mb", "binary data"]),
+    (b"[" * 100000 + b"]" * 100000, b"", {}, 400, ["malformed JSON"]),
     (b"plain", b"", {"content-encoding": "br"}, 400, ["Content-Encoding 'br' is not supported"]),
     (b"not gzip at all", b"", {"content-encoding": "gzip"}, 400, ["does not decompress"]),
     (gzip.compress(bytes(4 << 20)), b"", {"content-encoding": "gzip"}, 413,
