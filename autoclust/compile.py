@@ -55,10 +55,7 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
             exe = backend.compile(optimized, flags)
             dumps = lazy_dumps(exe)
         else:
-            program = program_cache.load(optimized, flags, backend)
-            if program is None:
-                program = lower_graph(optimized, flags, backend)
-                program_cache.store(program, optimized, flags, backend)
+            program = program_cache.load_or_lower(optimized, flags, backend, lower_graph)
             exe = backend.compile(program, flags)
             dumps = lazy_dumps(exe)
             if ".kernels.txt" not in dumps:

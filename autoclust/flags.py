@@ -53,6 +53,8 @@ SPECS: tuple[FlagSpec, ...] = (
              "inputs as cluster_NNNN.inputs.npz"),
     FlagSpec("dump_llvm", bool, True, "with --dump_to, write .ll and .s for CPU clusters"),
     FlagSpec("cache_dir", str, "", "persistent cache of compiled code"),
+    FlagSpec("cache_trusted", bool, False, "use a --cache_dir that other users can write "
+             "(refused otherwise: its entries are code that every process using it runs)"),
     FlagSpec("threads", int, 0, "threads for compiled kernels and onnxruntime; 0 means "
              "onnxruntime's default (all cores)", changes_code=True),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
