@@ -75,6 +75,10 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
              "background and run it with onnxruntime meanwhile, so run() never waits for a "
              "compile (as TF's tf_xla_async_compilation)"),
+    FlagSpec("freeze_params", bool, True, "torch.compile: parameters and buffers of an "
+             "inference graph are constants of its clusters (weight transposes fold, GEMMs "
+             "prepack), guarded by identity, version and data pointer; a changed one "
+             "rebuilds the graph"),
     FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
              "makes the compiled code of the first OP node of each cluster wrong, fail to "
              "compile, or abort (autoclust/kernel/inject.py); for testing bisect and minify",

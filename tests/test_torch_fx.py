@@ -593,6 +593,13 @@ LOWERING_CASES = {
                                                  a.gather(1, ix.abs().view(1, 3, 1)
                                                           .expand(3, 3, 5))),
                                X, torch.randn(10, 4), torch.tensor([2, 0, -1])),
+    "index_several_tensors": (lambda a, i, j: (a[i, j], a[:, i, j], a[i, :, j],
+                                                a[torch.arange(3).view(3, 1), i.view(1, 3)]),
+                              X, torch.tensor([2, 0, -1]), torch.tensor([[1], [3]])),
+    "any_all_full_like": (lambda a, m: (a.gt(0).any(-1, keepdim=True), a.any(0), m.all(1),
+                                        torch.full_like(a, 3.0), torch.zeros_like(m),
+                                        (a == float("inf")).any()),
+                          XN, torch.tensor([[True, False], [True, True]])),
     "pad_repeat_flip": (lambda a: (F.pad(a, (1, 2, 0, 1), value=0.5), a.repeat(2, 1, 1, 1),
                                    a.flip(0, 2)), X),
     "matmuls": (lambda a, b, w, c: (a @ b, F.linear(a, w, c)), X, torch.randn(3, 5, 2),
