@@ -1,7 +1,7 @@
 """torch.compile(backend="autoclust"): blocks match eager torch, clusters and recompiles counted.
 
-Skipped where torch is missing (`pip install ".[torch]"`). The blocks below are also what
-tools/bench/torch.py times. Lowerings are checked one ATen op at a time on the interpreter
+Skipped where torch is missing (`pip install ".[torch]"`). Real transformers models are in
+test_torch_models.py. Lowerings are checked one ATen op at a time on the interpreter
 device (NumPy references, fast to compile) against eager torch; the blocks run compiled on
 the CPU backend.
 """
@@ -713,18 +713,3 @@ def test_input_mutation_and_training_batch_norm_update_state():
     assert report.where.startswith("forward (") and "batchnorm.py" in report.where
     assert [t for _, t, _ in report.eager] == [
         "aten._native_batch_norm_legit_functional.default"]
-
-
-def test_bench_torch_times_every_variant_and_writes_a_row(monkeypatch):
-    from autoclust.tools.bench import torch as bench_torch
-    monkeypatch.setitem(bench_torch.CASES, "attention", {"batch": 1, "seq": 4, "d": 16})
-    threads = torch.get_num_threads()
-    try:
-        r = bench_torch._time_case("attention", 2, 1, 1, ["eager", "autoclust"], {})
-    finally:
-        torch.set_num_threads(threads)
-    assert set(r["ms"]) == {"eager", "autoclust"} and min(r["ms"].values()) > 0
-    assert (r["clusters"], r["eager_nodes"]) == (1, 0) and r["max_abs_err"]["autoclust"] < 1e-4
-    row = bench_torch.table([r]).splitlines()[-1]
-    kernels = sum(r["kernels"])
-    assert kernels > 0 and row.startswith("| attention |") and f"| 1 / 0 / {kernels} |" in row

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("transformers", reason="transformers is not installed")
 
 import numpy as np
-from autoclust.importers.torch import fx as torch_fx
 from autoclust.importers.torch import freeze
+from autoclust.importers.torch import fx as torch_fx
 from autoclust.tools.bench import torch_models
 from torch import _dynamo, nn
 
@@ -135,18 +135,20 @@ def test_replaced_parameter_object_rebuilds():
 def test_parameters_changing_every_call_stop_being_frozen():
     model, fast, x = mlp()
     run(fast, model, x)
+    def change_and_run():
+        with torch.no_grad():
+            model.fc1.weight.add_(0.1)
+        run(fast, model, x)
+
+    for _ in range(freeze.MAX_REFRESHES):
+        change_and_run()
     with pytest.warns(RuntimeWarning, match="changed 5 times: they are inputs"):
-        for _ in range(freeze.MAX_REFRESHES + 1):
-            with torch.no_grad():
-                model.fc1.weight.add_(0.1)
-            run(fast, model, x)
+        change_and_run()
     r = report()
     assert r.frozen == 0 and r.refreshes == freeze.MAX_REFRESHES + 1
-    with torch.no_grad():
-        model.fc1.weight.add_(0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        run(fast, model, x)  # read as inputs: right without a rebuild
+        change_and_run()  # read as inputs: right without a rebuild
     assert report().refreshes == freeze.MAX_REFRESHES + 1
 
 
@@ -201,3 +203,27 @@ def test_outputs_are_not_overwritten_by_later_runs():
     torch.testing.assert_close(a, kept, rtol=0, atol=0)
     assert len({a.data_ptr(), b.data_ptr(), c.data_ptr()}) == 3
     torch.testing.assert_close(b, model(x * 2), **TOL)
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+def test_bench_torch_times_each_side_and_writes_the_tables():
+    from autoclust.tools.bench import torch as bench_torch
+    threads = torch.get_num_threads()
+    try:
+        row = bench_torch.run_one("gpt2", rounds=2, block=1, threads=1,
+                                  sides=["eager", "autoclust"], options={},
+                                  size=torch_models.TINY)
+    finally:
+        torch.set_num_threads(threads)
+    assert row["eager_ms"] > 0 and row["autoclust_ms"] > 0 and row["autoclust_first_s"] > 0
+    assert row["eager_ratio"] == pytest.approx(row["eager_ms"] / row["autoclust_ms"])
+    assert (row["graphs"], row["clusters"], row["eager_nodes"]) == (1, 1, 0)
+    assert row["kernels"] == MODELS["gpt2"][0] and row["autoclust_err"] < 1e-4
+    kept = dict(row, model="t5", title="T5", tuned=False, eager_ratio=2.0)
+    text = bench_torch.markdown([row, kept])
+    lines = text.splitlines()
+    assert lines[2].startswith("| GPT2Model") and f"| 1 / 1 / 0 / {row['kernels']} |" in lines[2]
+    assert "| *not tuned for:* |" in text and "| geomean of all 2 |" in text
+    kept_at = next(i for i, x in enumerate(lines) if x.startswith("| *not tuned for:* |"))
+    assert lines[kept_at + 1].startswith("| T5 |")

@@ -8,8 +8,9 @@ What users run: real transformers modules (tools/bench/torch_models.py: random w
 download, batch 1, 4 layers where the model has layers), called with their inputs under
 torch.no_grad(), torch.set_num_threads(--threads). Each model runs in its own process: eager
 torch, torch.compile(backend="autoclust") and torch.compile(backend="inductor") on the same
-module, each side's first call timed (Dynamo tracing and compiling included; inductor's
-on-disk cache is as this machine left it), then the sides timed in alternating blocks over
+module, each side's first call timed (Dynamo tracing and compiling included, after one
+untimed Dynamo-only trace so neither side pays the process's one-time costs; inductor's
+on-disk caches are as this machine left them), then the sides timed in alternating blocks over
 rounds (tools/bench/timing.py), medians. The spread is the 25th-75th percentile over rounds
 of each round's ratio. OMP_WAIT_POLICY=PASSIVE (unless set): torch's OpenMP threads
 otherwise spin after a side's run and steal the cores from the next side's.
@@ -21,8 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -52,12 +55,15 @@ def run_one(name: str, rounds: int, block: int, threads: int, sides: list[str],
     fns: dict[str, Callable[[], Any]] = {}
     with torch.no_grad():
         want = module(*args)
+        row["max_abs_out"] = float(want.abs().max())
+        _warm_up_dynamo(module, args)
         for side in sides:
             fn = _side(module, side, options)
             got, ms = timing.timed_ms(lambda fn=fn: fn(*args))
             row[f"{side}_first_s"] = ms / 1e3
             row[f"{side}_err"] = float((got - want).abs().max())
             fns[side] = lambda fn=fn: fn(*args)
+        _wait_for_prepacking()
         times = timing.alternate(fns, rounds, block)
     for side, samples in times.items():
         row[f"{side}_ms"] = timing.median_ms(samples)
@@ -75,6 +81,22 @@ def run_one(name: str, rounds: int, block: int, threads: int, sides: list[str],
         row["eager_ops"] = sorted({t for r in reports for _, t, _ in r.eager})
     row["load"] = timing.load_note()
     return row
+
+
+def _warm_up_dynamo(module: Any, args: tuple) -> None:
+    """Trace the model once with Dynamo alone (backend "eager"), then forget it: the first
+    compiled side would otherwise pay the process's one-time costs (imports, source
+    caches: 0.5-1.5 s here) and the next side's first call would look faster."""
+    import torch
+    torch.compile(module, backend="eager")(*args)
+    torch._dynamo.reset()
+
+
+def _wait_for_prepacking() -> None:
+    """Time the steady state: autoclust builds MLAS's prepacked-weight sessions in the
+    background after the first run (backends/cpu/library.py)."""
+    from autoclust.backends.cpu import library
+    library.wait_background(timeout=120)
 
 
 # ---- the tables ------------------------------------------------------------------------------
@@ -119,7 +141,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         body += [_cells(r) for r in kept]
         if len(kept) > 1:
             body.append(_geomean_row(kept, "geomean, not tuned for"))
-        body.append(_geomean_row(tuned + kept, f"geomean of all {len(rows)}"))
+        if tuned:
+            body.append(_geomean_row(tuned + kept, f"geomean of all {len(rows)}"))
     return timing.table(["model", "eager ms", "autoclust ms", "inductor ms",
                          "eager / autoclust (p25-p75)", "inductor / autoclust (p25-p75)",
                          "first call s (autoclust / inductor)",
@@ -133,10 +156,16 @@ def _child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """run_one in a process of its own; its last stdout line is the row."""
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.cold_inductor:  # a cache of its own, empty: inductor's first call as on a new box
+        env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoclust-bench-inductor-")
     cmd = [sys.executable, "-m", "autoclust.tools.bench.torch", "--one", name, "--rounds",
            str(args.rounds), "--block", str(args.block), "--threads", str(args.threads),
            "--sides", args.sides, "--flags", args.flags, "--size", args.size]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    try:
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    finally:
+        if args.cold_inductor:
+            shutil.rmtree(env["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["failed"])[-1]
@@ -160,9 +189,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sides", default=",".join(SIDES), help="comma-separated of eager, "
                    "autoclust, inductor")
     p.add_argument("--no-inductor", action="store_true", help="leave inductor out")
+    p.add_argument("--cold-inductor", action="store_true",
+                   help="give inductor an empty cache directory per model (its first call "
+                   "as on a new machine); by default its on-disk caches are as found")
     p.add_argument("--flags", default="", help="AUTOCLUST_FLAGS-style flags for autoclust")
     p.add_argument("--size", default=models.BENCH, choices=[models.BENCH, models.TINY])
     p.add_argument("--out", default="bench_out")
+    p.add_argument("--tables", nargs="+", metavar="JSON", help="print one table from the "
+                   "torch.json files of earlier runs (e.g. tuned and not-tuned-for models "
+                   "measured in two calls) and exit")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # child: one model
     return p
 
@@ -170,6 +205,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `autoclust bench --torch`."""
     args = _parser().parse_args(argv)
+    if args.tables:
+        rows = []
+        for path in args.tables:
+            with open(path) as f:
+                rows += json.load(f)["rows"]
+        print(markdown(rows), end="")
+        return 0
     if args.list:
         for name, spec in models.MODELS.items():
             print(f"{name:9s} {spec.title}" + ("" if spec.tuned else "  (not tuned for)"))
@@ -195,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "torch.json"), "w") as f:
         json.dump({"threads": args.threads, "rounds": args.rounds, "block": args.block,
-                   "flags": args.flags, "rows": rows}, f, indent=2)
+                   "flags": args.flags, "cold_inductor": args.cold_inductor, "rows": rows},
+                  f, indent=2)
     text = markdown(rows)
     with open(os.path.join(args.out, "torch.md"), "w") as f:
         f.write(text)
