@@ -79,6 +79,11 @@ SPECS: tuple[FlagSpec, ...] = (
              "inference graph are constants of its clusters (weight transposes fold, GEMMs "
              "prepack), guarded by identity, version and data pointer; a changed one "
              "rebuilds the graph"),
+    FlagSpec("autotune", bool, True, "measured placement: at the first runs of a new "
+             "signature time each compiled cluster against onnxruntime on the same subgraph "
+             "and inputs, and keep the faster (decisions in explain and --cache_dir)"),
+    FlagSpec("autotune_budget_ms", int, 3000, "the most time a session spends measuring "
+             "placement (onnxruntime's sessions and runs beside the compiled ones)"),
     FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
              "makes the compiled code of the first OP node of each cluster wrong, fail to "
              "compile, or abort (autoclust/kernel/inject.py); for testing bisect and minify",
@@ -193,7 +198,7 @@ def _op_names(flag: str, names: tuple) -> None:
 
 def _pass_names(flag: str, names: tuple) -> None:
     """--disable_passes: names of the cluster optimizer's passes."""
-    from autoclust.compile import PASSES
+    from autoclust.passes.optimize import PASSES
     known = [name for name, _ in PASSES]
     unknown = [n for n in names if n not in known]
     if unknown:

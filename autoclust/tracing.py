@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import flags as flags_mod
+from autoclust import registry
 from autoclust.errors import TraceError
 
 _STATIC_SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -138,23 +139,21 @@ class Traced:
 
     def explain(self) -> str:
         """How autoclust clusters the traced graph, and why the rest does not cluster."""
-        from autoclust import registry
         from autoclust.clustering.partition import cluster
-        from autoclust.importers.onnx import import_model
         from autoclust.report import explain
         f = flags_mod.parse(**self.flags)
-        graph = import_model(self.to_onnx())
+        graph = registry.importer("onnx").import_model(self.to_onnx())
         return explain.explain_text(cluster(graph, f, registry.get_backend(f.device).why_not))
 
     def compile(self) -> Any:
         """An autoclust.InferenceSession-backed callable for this signature."""
-        from autoclust.importers.builder.builder import Compiled
-        return Compiled(self.to_onnx(), **self.flags) if self.has_outputs else None
+        compiled = registry.importer("builder").Compiled
+        return compiled(self.to_onnx(), **self.flags) if self.has_outputs else None
 
     def results(self, outputs: Sequence[np.ndarray]) -> Any:
         """The function's result: graph outputs put back into its structure."""
-        from autoclust.importers.numpy.trace import _OutputSlot
-        leaves = [outputs[s.index] if isinstance(s, _OutputSlot) else s for s in self.slots]
+        slot = registry.importer("numpy").OutputSlot
+        leaves = [outputs[s.index] if isinstance(s, slot) else s for s in self.slots]
         return unflatten_result(self.tree, leaves)
 
 
@@ -215,7 +214,7 @@ class Jitted:
 
     def _trace(self, args: tuple, kwargs: dict[str, Any],
                arrays: list[tuple[str, np.ndarray]]) -> Traced:
-        from autoclust.importers.numpy.trace import trace_graph
+        trace_graph = registry.importer("numpy").trace_graph
         names = _unique_names([n for n, _ in arrays])
 
         def call(tracers: list[Any]) -> Any:

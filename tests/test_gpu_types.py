@@ -37,8 +37,10 @@ from test_narrow_int import UNARY as INT_UNARY
 import autoclust
 from autoclust import flags as flags_mod
 from autoclust import registry
-from autoclust.compile import lower_graph, optimize, specialize
+from autoclust.compile import lower_graph
 from autoclust.kernel import ir as kir
+from autoclust.passes.optimize import optimize
+from autoclust.passes.specialize import specialize
 
 FLAGS = flags_mod.parse("")
 F = TensorProto.FLOAT

@@ -26,7 +26,10 @@ import numpy as np
 
 from autoclust.errors import UnsupportedOpError
 from autoclust.kernel.lowering import LowerCtx, cast, const, op
-from autoclust.ops import (
+from autoclust.ops.activations import gelu
+from autoclust.ops.elementwise import FLOAT, check_dtype, compilable, upcast
+from autoclust.ops.normalization import moments
+from autoclust.ops.table import (
     ELEMENTWISE,
     NORMALIZATION,
     Arrays,
@@ -35,9 +38,6 @@ from autoclust.ops import (
     normalize_axis,
     register,
 )
-from autoclust.ops.activations import gelu
-from autoclust.ops.elementwise import FLOAT, check_dtype, compilable, upcast
-from autoclust.ops.normalization import moments
 
 MS = "com.microsoft"
 F32 = np.dtype("float32")

@@ -18,7 +18,7 @@ import numpy as np
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     LAYOUT,
     Arrays,
     Attrs,
@@ -398,9 +398,10 @@ def _lower_space_to_depth(ctx: LowerCtx):
 
 _SCATTER = "scatters write to data-dependent positions: they run in onnxruntime"
 
-register("Gather", LAYOUT, _gather_infer, _gather_ref, lower=_lower_gather, shape_like=True)
+register("Gather", LAYOUT, _gather_infer, _gather_ref, lower=_lower_gather, shape_like=True,
+         exact="copy")
 register("GatherElements", LAYOUT, _gather_elements_infer, _gather_elements_ref,
-         lower=_lower_gather_elements)
+         lower=_lower_gather_elements, exact="copy")
 register("GatherND", LAYOUT, _gather_nd_infer, _gather_nd_ref, lower=_lower_gather_nd)
 register("ScatterElements", LAYOUT, _scatter_infer, _scatter_elements_ref, refuse=_SCATTER)
 register("ScatterND", LAYOUT, _scatter_infer, _scatter_nd_ref, refuse=_SCATTER)

@@ -15,7 +15,7 @@ import numpy as np
 
 from autoclust.errors import InvalidInputError
 from autoclust.kernel.lowering import LowerCtx, cast, compute_dtype, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     BFLOAT16,
     FLOAT_TYPES,
     NORMALIZATION,
@@ -367,7 +367,8 @@ def _lower_channel_norm(ctx: LowerCtx):
 
 register("BatchNormalization", NORMALIZATION, _infer_channel_norm(4),
          _floating_ref(_batch_norm), lower=_lower_batch_norm,
-         doc="BatchNormalization(X, scale, B, mean, var), inference form (opset 15).")
+         doc="BatchNormalization(X, scale, B, mean, var), inference form (opset 15).",
+         groups=("CONV_EPILOGUE",))
 register("InstanceNormalization", NORMALIZATION, _infer_channel_norm(2),
          _floating_ref(_instance_norm), lower=_lower_channel_norm,
          doc="InstanceNormalization(input, scale, B): per (n, c) statistics.")

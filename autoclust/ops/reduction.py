@@ -29,7 +29,7 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.kernel.lowering import LowerCtx, cast, compute_dtype, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     BFLOAT16,
     DATA_DEPENDENT,
     FLOAT_TYPES,
@@ -273,6 +273,7 @@ for _op in _REDUCE_FNS:
     register(_op, REDUCTION, _infer_reduce, _reduce_ref(_op), shape_inputs=(1,),
              lower=_lower_reduce, cost=4 if _op in ("ReduceLogSumExp", "ReduceLogSum") else 1,
              shape_like=_op == "ReduceProd",
+             exact="copy" if _op in ("ReduceMax", "ReduceMin") else "",
              doc=f"{_op}(data, axes?) with keepdims and noop_with_empty_axes (opset 18).")
 
 
@@ -332,9 +333,9 @@ def _lower_arg(ctx: LowerCtx):
 
 
 register("ArgMax", REDUCTION, _infer_arg, _arg_ref(True), lower=_lower_arg,
-         doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.")
+         doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.", discrete=True)
 register("ArgMin", REDUCTION, _infer_arg, _arg_ref(False), lower=_lower_arg,
-         doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.")
+         doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.", discrete=True)
 
 
 # ---- CumSum ---------------------------------------------------------------------------
@@ -442,4 +443,4 @@ def _topk_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 register("TopK", DATA_DEPENDENT, _infer_topk, _topk_ref, shape_inputs=(1,),
          refuse="TopK's output depends on the data (sorting): it runs in onnxruntime",
-         doc="TopK(X, K) -> (values, int64 indices); axis, largest, sorted.")
+         doc="TopK(X, K) -> (values, int64 indices); axis, largest, sorted.", discrete=True)

@@ -15,15 +15,6 @@ import numpy as np
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, const, op, select
-from autoclust.ops import (
-    LAYOUT,
-    Arrays,
-    Attrs,
-    InferContext,
-    TypeShape,
-    normalize_axis,
-)
-from autoclust.ops import register as _register
 from autoclust.ops.layout import (
     _BIG,
     _axis,
@@ -35,6 +26,15 @@ from autoclust.ops.layout import (
     _static_len,
     _unknown_dims,
 )
+from autoclust.ops.table import (
+    LAYOUT,
+    Arrays,
+    Attrs,
+    InferContext,
+    TypeShape,
+    normalize_axis,
+)
+from autoclust.ops.table import register as _register
 
 # ---- Concat, Tile -------------------------------------------------------------------------
 
@@ -442,11 +442,13 @@ def _lower_trilu(ctx: LowerCtx):
     return select(keep, ctx.value(0, ctx.idx), const(0, ctx.dtype))
 
 
-_register("Concat", LAYOUT, _concat_infer, _concat_ref, lower=_lower_concat, shape_like=True)
+_register("Concat", LAYOUT, _concat_infer, _concat_ref, lower=_lower_concat, shape_like=True,
+          exact="copy")
 _register("Tile", LAYOUT, _tile_infer, _tile_ref, shape_inputs=(1,), lower=_lower_tile,
-          shape_like=True)
+          shape_like=True, exact="copy")
 _register("Slice", LAYOUT, _slice_infer, _slice_ref, shape_inputs=(1, 2, 3, 4),
-          lower=_lower_slice, shape_like=True)
-_register("Split", LAYOUT, _split_infer, _split_ref, shape_inputs=(1,), lower=_lower_split)
-_register("Pad", LAYOUT, _pad_infer, _pad_ref, shape_inputs=(1, 3), lower=_lower_pad)
-_register("Trilu", LAYOUT, _trilu_infer, _trilu_ref, lower=_lower_trilu)
+          lower=_lower_slice, shape_like=True, exact="copy")
+_register("Split", LAYOUT, _split_infer, _split_ref, shape_inputs=(1,), lower=_lower_split,
+          exact="copy")
+_register("Pad", LAYOUT, _pad_infer, _pad_ref, shape_inputs=(1, 3), lower=_lower_pad, exact="copy")
+_register("Trilu", LAYOUT, _trilu_infer, _trilu_ref, lower=_lower_trilu, exact="copy")

@@ -26,6 +26,7 @@ import numpy as np
 
 from autoclust.flags import Flags
 from autoclust.report.dump_html import cluster_color
+from autoclust.version import __version__
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -40,8 +41,7 @@ def versions() -> dict[str, str]:
     import onnx
     import onnxruntime
 
-    import autoclust
-    out = {"autoclust": autoclust.__version__, "numpy": np.__version__,
+    out = {"autoclust": __version__, "numpy": np.__version__,
            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
            "python": sys.version.split()[0]}
     try:
@@ -107,8 +107,9 @@ class Dumper:
 
     # ---- what the session and runtime call ----------------------------------------------
     def write_plan(self, plan: Any) -> None:
-        from autoclust.importers.onnx import export_model
+        from autoclust import registry
         from autoclust.report import explain
+        export_model = registry.importer("onnx").export_model
         manifest = {"versions": versions(), "flags": self.flags.as_dict(),
                     "flags_string": self.flags.to_string(), "platform": platform.platform(),
                     "cpu": cpu_info(), "model": plan.graph.name,

@@ -16,15 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from autoclust.errors import AutoclustError
 from autoclust.runtime import transfers
+from autoclust.text import plural
 
-if TYPE_CHECKING:  # plural() is imported by light modules (progress, runtime logs)
+if TYPE_CHECKING:
     from autoclust.clustering.partition import Plan
     from autoclust.ir import Node
-
-
-def plural(count: int, word: str, words: str | None = None) -> str:
-    """`1 cluster`, `2 clusters`, `0 clusters` (`words` for irregular plurals)."""
-    return f"{count} {word if count == 1 else (words or word + 's')}"
 
 
 def _histogram(nodes: list[Node]) -> dict[str, int]:
@@ -63,6 +59,11 @@ def explain_text(plan: Plan) -> str:
     if left:
         lines.append("Unclustered nodes:")
         lines += [f"  {n.name} ({n.op}): {plan.reasons[n.name]}" for n in left]
+    placement = getattr(plan, "placement", [])
+    if placement:
+        lines.append("Measured placement (each cluster against onnxruntime on its subgraph):")
+        lines += [f"  {d.text()}" + ("" if d.source == "measured" else f" [{d.source}]")
+                  for d in placement]
     copies = _device_copies(plan)
     if copies is not None:
         lines.append(transfers.copies_text(copies))
@@ -110,6 +111,8 @@ def explain_json(plan: Plan) -> dict[str, Any]:
                                 "summary": s.summary,
                                 "bodies": {a: explain_json(b) for a, b in s.bodies.items()}}
                                for s in flow]
+    if getattr(plan, "placement", None):
+        out["placement"] = [d.as_json() for d in plan.placement]
     copies = _device_copies(plan)
     if copies is not None:
         out["copies"] = [{"value": c.value, "dtype": c.dtype, "shape": list(c.shape),

@@ -16,33 +16,25 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
-import numpy as np
 from autoclust.backends.cpu import mathops, vectorize
+from autoclust.backends.cpu.llvm_types import (
+    COMPUTE,
+    I8,
+    I32,
+    NARROW_INTS,
+    PTR,
+    STORAGE,
+    constant,
+    is_float,
+)
 from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
 from llvmlite import ir
 
 from autoclust.kernel import ir as kir
 
-I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
-PTR = ir.PointerType()
-# Narrow integers are stored narrow and computed in int32 (as float16 is in float32): loads
-# widen (sign- or zero-extend), stores truncate, and casts to them wrap (mathops.cast).
-NARROW_INTS = {"int8": I8, "uint8": I8, "int16": I16, "uint16": I16}
-# bfloat16 is stored as its 16 bits and computed in float32 (mathops.bfloat16_to_float /
-# round_bfloat16: llvmlite has no bfloat type).
-STORAGE = {"float16": ir.HalfType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": I8, "bfloat16": I16, **NARROW_INTS}
-COMPUTE = {"float16": ir.FloatType(), "float32": ir.FloatType(), "float64": ir.DoubleType(),
-           "int32": I32, "int64": I64, "bool": ir.IntType(1), "bfloat16": ir.FloatType(),
-           **{name: I32 for name in NARROW_INTS}}
 REDUCE_FLAGS = ("reassoc", "contract")
 VECTOR_BITS = 512
 NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
-
-
-def is_float(dtype: str) -> bool:
-    return dtype.startswith("float") or dtype == "bfloat16"
 
 
 class KernelEmitter:
@@ -442,27 +434,10 @@ def _reciprocal_ok(divisor: kir.Expr) -> bool:
     return c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
 
 
-def constant(value, dtype: str) -> ir.Constant:
-    ty = COMPUTE[dtype]
-    if dtype == "bool":
-        return ir.Constant(ty, int(bool(value)))
-    if dtype == "bfloat16":  # the register holds the rounded value
-        return ir.Constant(ty, float(np.float32(ml_dtypes.bfloat16(value))))
-    if is_float(dtype):
-        return ir.Constant(ty, float(value))
-    return ir.Constant(ty, int(value))
-
-
 def _reduce_init(kind: str, dtype: str, ty: ir.Type) -> ir.Constant:
-    if kind == "sum":
-        return constant(0, dtype)
-    if kind == "prod":
-        return constant(1, dtype)
-    high = kind in ("max", "argmax", "argmax_last")
-    if is_float(dtype):
-        return ir.Constant(ty, -math.inf if high else math.inf)
-    bits = ty.width
-    return ir.Constant(ty, -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1)
+    if kind in ("sum", "prod"):
+        return constant(kir.reduce_identity(kind, dtype), dtype)
+    return ir.Constant(ty, kir.reduce_identity(kind, dtype, getattr(ty, "width", None)))
 
 
 def _i64(v: int) -> ir.Constant:

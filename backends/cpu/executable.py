@@ -227,6 +227,12 @@ class Executable:
             self._handout.append((bid, self.buffers[bid].role != "output" or bid in seen))
             seen.add(bid)
 
+    def settled(self) -> bool:
+        """Whether background work that changes this executable's speed is done (prepacked
+        GEMM weights: autoclust/runtime/autotune.py times the executable only then)."""
+        wait = getattr(self._library, "wait_background", None)
+        return wait is None or wait(timeout=0)
+
     def _fixed(self, constants: dict[int, np.ndarray]) -> None:
         slot_bytes: dict[int, int] = {}
         for b in self.program.buffers:

@@ -12,10 +12,11 @@ import threading
 from collections.abc import Callable
 
 import llvmlite
-from autoclust.backends.cpu import cache
 from llvmlite import binding as llvm
 
-import autoclust
+from autoclust.errors import CompileError
+from autoclust.runtime import disk_cache as cache
+from autoclust.version import __version__
 
 LLVM_LOCK = threading.RLock()
 COUNTS = {"compiles": 0}
@@ -48,7 +49,7 @@ def _new_target_machine() -> llvm.TargetMachine:
 
 def version_key() -> str:
     """Everything besides the IR that changes object code."""
-    return "|".join([autoclust.__version__, llvmlite.__version__,
+    return "|".join([__version__, llvmlite.__version__,
                      ".".join(map(str, llvm.llvm_version_info)), llvm.get_host_cpu_name(),
                      llvm.get_host_cpu_features().flatten()])
 
@@ -137,7 +138,7 @@ def load_object(obj: bytes | list[bytes], names: list[str]
         addrs = {n: engine.get_function_address(n) for n in names}
     missing = [n for n, a in addrs.items() if not a]
     if missing:
-        raise autoclust.errors.CompileError(f"compiled code lacks functions {missing}")
+        raise CompileError(f"compiled code lacks functions {missing}")
     return engine, addrs
 
 

@@ -28,6 +28,7 @@ vectorize a loop that already holds vector code.
 from __future__ import annotations
 
 from autoclust.backends.cpu import mathlib
+from autoclust.backends.cpu.llvm_types import COMPUTE, NARROW_INTS, STORAGE, constant
 from llvmlite import ir
 
 from autoclust.kernel import ir as kir
@@ -108,7 +109,6 @@ class VectorExprs:
         return got
 
     def _value(self, e: kir.Expr) -> ir.Value:
-        from autoclust.backends.cpu.codegen import COMPUTE, NARROW_INTS, STORAGE, constant
         b, k = self.b, self.k
         last = len(k.iv) - 1
         if isinstance(e, kir.Const):

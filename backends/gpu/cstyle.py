@@ -110,16 +110,10 @@ def constant(value, dtype: str) -> str:
 
 def reduce_init(kind: str, dtype: str) -> str:
     """The identity of a reduction kind (the start of max: -inf, of argmin: +inf)."""
-    if kind == "sum":
-        return constant(0, dtype)
-    if kind == "prod":
-        return constant(1, dtype)
-    high = kind in ("max", "argmax", "argmax_last")
-    if is_float(dtype):
-        return constant(-math.inf if high else math.inf, dtype)
+    if kind in ("sum", "prod") or is_float(dtype):
+        return constant(kir.reduce_identity(kind, dtype), dtype)
     bits = INT_BITS[dtype]
-    return constant(-(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1,
-                    "int64" if bits == 64 else "int32")
+    return constant(kir.reduce_identity(kind, dtype, bits), "int64" if bits == 64 else "int32")
 
 
 def accumulator(red: kir.Reduction) -> list[tuple[str, str]]:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from autoclust.backends.gpu import gemm
 
+from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.kernel import ir as kir
 from autoclust.ops import custom
@@ -35,9 +36,8 @@ COMPUTE_32F, COMPUTE_32F_PEDANTIC, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 69, 
 GEMM_DEFAULT = -1
 POINTER_MODE_HOST = 0
 INT32_MAX = (1 << 31) - 1
-OPS = ("MatMul", "Gemm", "FusedMatMul", "Einsum")
-NO_CUDNN = ("Conv", "ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool",
-            "GlobalMaxPool")
+OPS = ops.in_group("GEMM")           # MatMul, Gemm, FusedMatMul, Einsum: cuBLAS
+NO_CUDNN = ops.in_group("WINDOW")    # Conv and pooling: CuPy 14 has no cuDNN
 
 # A step reads and writes device arrays by buffer id: step(arrays)
 Step = Callable[[list], None]

@@ -18,6 +18,8 @@ import onnx
 from autoclust.tools.fuzz import values as fuzz_values
 from onnx import TensorProto, helper
 
+from autoclust import ops
+
 F16 = np.dtype("float16")
 F32 = np.dtype("float32")
 F64 = np.dtype("float64")
@@ -46,11 +48,9 @@ OPSETS = (13, 17, 21)
 # Ops whose result is the correctly rounded value of exact operands (or a copy): a chain
 # of them from graph inputs has one legal answer. MatMul, reductions and math functions
 # do not (summation order, FMA contraction, libm accuracy).
-ROUNDS_ONCE = frozenset({"Add", "Sub", "Mul", "Div", "Sqrt"})
-EXACT = frozenset({"Neg", "Abs", "Relu", "Max", "Min", "Where", "Clip", "Identity",
-                   "Transpose", "Reshape", "Slice", "Concat", "Squeeze", "Unsqueeze",
-                   "Expand", "Flatten", "Gather", "GatherElements", "Pad", "Tile", "Split",
-                   "Trilu", "ReduceMax", "ReduceMin", "Floor", "Ceil", "Round", "Sign"})
+# (OpDef.exact in the op table.)
+ROUNDS_ONCE = frozenset(d.op for d in ops.all_ops() if d.exact == "rounded")
+EXACT = frozenset(d.op for d in ops.all_ops() if d.exact == "copy")
 INEXACT = 99
 
 # Ops onnxruntime's CPU provider has no float16 kernel for, and the first opset of ops

@@ -42,6 +42,7 @@ import onnx
 import onnxruntime as ort
 from autoclust.tools.fuzz import truth as fuzz_truth
 from autoclust.tools.fuzz import values as fuzz_values
+from autoclust.tools.fuzz.truth import ort_session, run_ort  # noqa: F401 - check.run_ort
 
 DTYPE_RTOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-9}
 # The defaults of check()'s and the tools' rtol/atol: None means per dtype (above).
@@ -84,21 +85,6 @@ class Outcome:
 
 
 # ---- running the sides ----------------------------------------------------------------------
-
-def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """An onnxruntime session with every graph optimization off, one thread, quiet."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 4  # run-time failures are expected; they are reported here
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
-
-
-def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """onnxruntime with every graph optimization off: the reference outputs."""
-    return ort_session(model).run(None, feeds)
-
 
 def run_interpreter(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The whole graph through the op table's NumPy references (no clustering)."""

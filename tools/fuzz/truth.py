@@ -22,12 +22,29 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
-DISCRETE = frozenset({"Floor", "Ceil", "Round", "Sign", "ArgMax", "ArgMin", "TopK",
-                      "NonZero", "Unique", "Greater", "Less", "Equal", "GreaterOrEqual",
-                      "LessOrEqual", "IsNaN", "IsInf", "Mod", "Hardmax"})
+from autoclust import ops
+
+# Ops whose outputs jump (OpDef.discrete), and Hardmax, which onnxruntime runs for us.
+DISCRETE = frozenset({d.op for d in ops.all_ops() if d.discrete} | {"Hardmax"})
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """An onnxruntime session with every graph optimization off, one thread, quiet."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4  # run-time failures are expected; they are reported here
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime with every graph optimization off: the reference outputs."""
+    return ort_session(model).run(None, feeds)
 
 
 def _is_discrete(node: onnx.NodeProto) -> bool:
@@ -147,7 +164,6 @@ class Arbiter:
             self._continuous = continuous_outputs(self.model)
         if not self._continuous[index]:
             return None
-        from autoclust.tools.fuzz.check import run_ort
         model = to_float64(only_output(self.model, index))
         try:
             (out,) = run_ort(model, self._feeds(model, np.float64))

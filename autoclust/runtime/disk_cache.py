@@ -1,7 +1,6 @@
-"""Persistent cache of object code (--cache_dir): one file per module, checksummed.
+"""The --cache_dir entry format: one checksummed file per key (backends' object code).
 
-Also lowered kernel IR Programs (`.prog`, autoclust.compile.lower_cached), in the same
-format. Entries are trusted as the object code is: point --cache_dir at a directory only
+Also lowered kernel IR Programs (`.prog`, `program_cache.py`), in the same format. Entries are trusted as the object code is: point --cache_dir at a directory only
 you can write.
 
 An entry is `MAGIC + sha256(object) + object`. A corrupted or truncated entry is
@@ -40,7 +39,7 @@ def contains(cache_dir: str, key: str, suffix: str = ".o") -> bool:
 
 def load(cache_dir: str, key: str, suffix: str = ".o") -> bytes | None:
     """The cached bytes for `key` (object code; `.prog`: a lowered Program, see
-    autoclust.compile), or None (missing or corrupted)."""
+    program_cache.py), or None (missing or corrupted)."""
     try:
         with open(_path(cache_dir, key, suffix), "rb") as f:
             data = f.read()
