@@ -713,3 +713,17 @@ def test_input_mutation_and_training_batch_norm_update_state():
     assert report.where.startswith("forward (") and "batchnorm.py" in report.where
     assert [t for _, t, _ in report.eager] == [
         "aten._native_batch_norm_legit_functional.default"]
+
+
+def test_docs_example_prints_what_the_page_shows(capsys):
+    """docs/torch.md's example, run as written: its explain output is the page's."""
+    import os
+    import re
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "torch.md")
+    with open(path) as f:
+        page = f.read()
+    code = re.search(r"```python\n(import torch.*?)```", page, re.DOTALL).group(1)
+    shown = re.search(r"prints\n\n```\n(.*?)```", page, re.DOTALL).group(1)
+    exec(compile(code, "./example.py", "exec"), {"__name__": "example"})  # noqa: S102
+    printed = capsys.readouterr().out
+    assert printed == shown
