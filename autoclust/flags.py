@@ -83,6 +83,10 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
              "background and run it with onnxruntime meanwhile, so run() never waits for a "
              "compile (as TF's tf_xla_async_compilation)"),
+    FlagSpec("freeze_params", bool, True, "torch.compile: parameters and buffers of an "
+             "inference graph are constants of its clusters (weight transposes fold, GEMMs "
+             "prepack), guarded by identity, version and data pointer; a changed one "
+             "rebuilds the graph"),
     FlagSpec("autotune", bool, True, "measured placement: at the first runs of a new "
              "signature time each compiled cluster against onnxruntime on the same subgraph "
              "and inputs, and keep the faster (decisions in explain and --cache_dir)"),
