@@ -5,7 +5,7 @@
     outs = sess.run(None, {"x": x})
 """
 
-__version__ = "0.1.0"
+from autoclust.version import __version__  # noqa: F401
 
 
 def _add_source_tree() -> None:
@@ -33,16 +33,6 @@ from autoclust.errors import (  # noqa: F401
 
 def __getattr__(name):
     # InferenceSession imports onnxruntime; keep `import autoclust` cheap for the hook.
-    if name == "InferenceSession":
-        from autoclust.session import InferenceSession
-        return InferenceSession
-    if name == "Builder":
-        from autoclust.importers.builder.builder import Builder
-        return Builder
-    if name in ("register_op", "unregister_op"):  # custom calls (autoclust/ops/custom.py)
-        from autoclust.ops import custom
-        return getattr(custom, name)
-    if name in ("jit", "trace"):
-        from autoclust import tracing
-        return getattr(tracing, name)
-    raise AttributeError(f"module 'autoclust' has no attribute {name!r}")
+    # (`from autoclust import registry` here would recurse: it asks this __getattr__ first.)
+    from autoclust.registry import public
+    return public(name)

@@ -113,8 +113,8 @@ def patch(module: Any) -> None:
     capi = sys.modules.get("onnxruntime.capi.onnxruntime_inference_collection")
     if capi is not None and getattr(capi, "InferenceSession", None) is current:
         capi.InferenceSession = jit
-    import autoclust.backends.ort as ort_backend
-    ort_backend.ORIGINAL_SESSION = current
+    from autoclust import registry
+    registry.fallback().ORIGINAL_SESSION = current
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 from importlib import metadata
 from types import ModuleType
+from typing import Any
 
 from autoclust.errors import FlagError
 
@@ -31,7 +32,24 @@ BACKENDS = {
     "interpreter": "autoclust.runtime.interpreter",
 }
 FALLBACK = "autoclust.backends.ort"      # runs whatever is not clustered
-IMPORTERS = {"onnx": "autoclust.importers.onnx"}
+IMPORTERS = {"onnx": "autoclust.importers.onnx", "numpy": "autoclust.importers.numpy",
+             "builder": "autoclust.importers.builder"}
+# The public API's names (autoclust.InferenceSession, ...) -> "module:attribute", resolved
+# when first used: `import autoclust` stays cheap, and a lower layer that must hand a model
+# to a session (Builder.compile) reaches the front door here instead of importing it.
+PUBLIC = {
+    "InferenceSession": "autoclust.session:InferenceSession",
+    "Builder": "autoclust.importers.builder:Builder",
+    "register_op": "autoclust.ops.custom:register_op",
+    "unregister_op": "autoclust.ops.custom:unregister_op",
+    "jit": "autoclust.tracing:jit",
+    "trace": "autoclust.tracing:trace",
+}
+# `autoclust.ray`'s names (batch inference on Ray Data), resolved the same way.
+RAY_API = {
+    "Predictor": "autoclust.serve.predictor:Predictor",
+    "ModelPredictor": "autoclust.serve.predictor:ModelPredictor",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +64,9 @@ class Policy:
     # MatMul + constant bias Add as one Gemm call: "" never, "alone" when no loop kernel
     # reads the sum, "always" (see fusion.bias_folds).
     fold_bias: str = ""
+    # Library ops whose operands and results may be strided views of buffers (a transpose
+    # in front of or behind a GEMM read or written in place: kernel/views.py).
+    library_views: frozenset = frozenset()
     # Values live in the device's own memory: the runtime copies them to the host for
     # onnxruntime segments and back, and the backend module offers to_device(x),
     # to_host(x), is_device(x) (and may offer capture(runtime), a whole-run replay).
@@ -103,5 +124,27 @@ def fallback() -> ModuleType:
 
 
 def importer(name: str) -> ModuleType:
-    """The importer module for a model format ("onnx")."""
+    """The importer package for a front end: "onnx", "numpy" or "builder"."""
     return importlib.import_module(IMPORTERS[name])
+
+
+def public(name: str) -> Any:
+    """The public API object `autoclust.<name>`; AttributeError when there is none."""
+    return _resolve(PUBLIC, "autoclust", name)
+
+
+def _resolve(table: dict[str, str], owner: str, name: str) -> Any:
+    if name not in table:
+        raise AttributeError(f"module {owner!r} has no attribute {name!r}")
+    module, _, attr = table[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def ray_api(name: str) -> Any:
+    """`autoclust.ray.<name>`; AttributeError when there is none."""
+    return _resolve(RAY_API, "autoclust.ray", name)
+
+
+def session_class() -> type:
+    """autoclust.InferenceSession."""
+    return public("InferenceSession")

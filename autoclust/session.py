@@ -31,9 +31,12 @@ import numpy as np
 import onnx
 
 from autoclust import flags as flags_mod
-from autoclust.backends import ort as ort_backend
-from autoclust.backends.ort import iobinding, values
+from autoclust import registry
 from autoclust.errors import AutoclustError, InvalidInputError, ModelLoadError
+
+# The onnxruntime backend (backends/ort): sessions, onnxruntime's error types, OrtValues.
+ort_backend = registry.fallback()
+values, iobinding = ort_backend.values, ort_backend.iobinding
 
 _ORT_TYPE = {
     np.dtype(np.float32): "tensor(float)", np.dtype(np.float64): "tensor(double)",
@@ -187,7 +190,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
 
     def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None,
                  provider_options: Any = None, **flag_overrides: Any):
-        from autoclust.importers.onnx import load_model_proto
+        load_model_proto = registry.importer("onnx").load_model_proto
         self._flags = _session_flags(sess_options, flag_overrides)
         self._sess_options = sess_options
         self._providers = providers
@@ -238,10 +241,9 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         return self._full_session()._sess
 
     def _build_plan(self) -> None:
-        from autoclust import registry
         from autoclust.clustering.partition import cluster
-        from autoclust.importers.onnx import import_model
         from autoclust.runtime import runner as runtime
+        import_model = registry.importer("onnx").import_model
         backend = registry.get_backend(self._flags.device)
         if registry.policy(backend).device_memory:
             require = getattr(backend, "require_device", None)
@@ -339,10 +341,12 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                 return self._runtime.run_outputs(input_feed, output_names)
             return self._run(output_names, input_feed, run_options, output_device)
         except InvalidInputError as exc:  # from compiled checks too (an index out of range,
-            # an integer division by zero): also onnxruntime's InvalidArgument, as everywhere
-            if isinstance(exc, ort_backend.InvalidArgument):
+            # an integer division by zero): also onnxruntime's InvalidArgument (its Fail for
+            # an InvalidShapeError), as everywhere
+            mapped = ort_backend.as_onnxruntime_error(exc)
+            if mapped is exc:
                 raise
-            raise ort_backend.input_error(str(exc)) from exc
+            raise mapped from exc
 
     def _run(self, output_names: list[str] | None, input_feed: dict[str, Any],
              run_options: Any, output_device: str) -> list[Any]:

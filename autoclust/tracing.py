@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import flags as flags_mod
+from autoclust import registry
 from autoclust.errors import TraceError
 
 _STATIC_SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -79,35 +80,39 @@ def _with_tracers(x: Any, tracers: Any) -> Any:
     return x
 
 
+# Module-level recursion, no nested recursive closures: a closure that calls itself sits
+# in a reference cycle (function -> cell -> function) with everything it captured, here
+# every output of every call; only the cycle collector freed them (issue 24 item 13).
+
 def flatten_result(x: Any) -> tuple[list[Any], Any]:
     """(leaves, tree) of a function's result: tuples, lists and dicts are structure."""
     leaves: list[Any] = []
+    return leaves, _walk(x, leaves)
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, list | tuple):
-            kids = [walk(c) for c in v]
-            return (type(v), kids)
-        if isinstance(v, dict):
-            return (dict, {k: walk(c) for k, c in v.items()})
-        leaves.append(v)
-        return None
-    return leaves, walk(x)
+
+def _walk(v: Any, leaves: list[Any]) -> Any:
+    if isinstance(v, list | tuple):
+        return (type(v), [_walk(c, leaves) for c in v])
+    if isinstance(v, dict):
+        return (dict, {k: _walk(c, leaves) for k, c in v.items()})
+    leaves.append(v)
+    return None
 
 
 def unflatten_result(tree: Any, leaves: Sequence[Any]) -> Any:
     """Rebuild flatten_result's structure from `leaves`."""
-    it = iter(leaves)
+    return _build(tree, iter(leaves))
 
-    def build(t: Any) -> Any:
-        if t is None:
-            return next(it)
-        kind, kids = t
-        if kind is dict:
-            return {k: build(c) for k, c in kids.items()}
-        items = [build(c) for c in kids]
-        return kind(*items) if issubclass(kind, tuple) and hasattr(kind, "_fields") \
-            else kind(items)
-    return build(tree)
+
+def _build(t: Any, it: Any) -> Any:
+    if t is None:
+        return next(it)
+    kind, kids = t
+    if kind is dict:
+        return {k: _build(c, it) for k, c in kids.items()}
+    items = [_build(c, it) for c in kids]
+    return kind(*items) if issubclass(kind, tuple) and hasattr(kind, "_fields") \
+        else kind(items)
 
 
 class Traced:
@@ -138,23 +143,21 @@ class Traced:
 
     def explain(self) -> str:
         """How autoclust clusters the traced graph, and why the rest does not cluster."""
-        from autoclust import registry
         from autoclust.clustering.partition import cluster
-        from autoclust.importers.onnx import import_model
         from autoclust.report import explain
         f = flags_mod.parse(**self.flags)
-        graph = import_model(self.to_onnx())
+        graph = registry.importer("onnx").import_model(self.to_onnx())
         return explain.explain_text(cluster(graph, f, registry.get_backend(f.device).why_not))
 
     def compile(self) -> Any:
         """An autoclust.InferenceSession-backed callable for this signature."""
-        from autoclust.importers.builder.builder import Compiled
-        return Compiled(self.to_onnx(), **self.flags) if self.has_outputs else None
+        compiled = registry.importer("builder").Compiled
+        return compiled(self.to_onnx(), **self.flags) if self.has_outputs else None
 
     def results(self, outputs: Sequence[np.ndarray]) -> Any:
         """The function's result: graph outputs put back into its structure."""
-        from autoclust.importers.numpy.trace import _OutputSlot
-        leaves = [outputs[s.index] if isinstance(s, _OutputSlot) else s for s in self.slots]
+        slot = registry.importer("numpy").OutputSlot
+        leaves = [outputs[s.index] if isinstance(s, slot) else s for s in self.slots]
         return unflatten_result(self.tree, leaves)
 
 
@@ -215,7 +218,7 @@ class Jitted:
 
     def _trace(self, args: tuple, kwargs: dict[str, Any],
                arrays: list[tuple[str, np.ndarray]]) -> Traced:
-        from autoclust.importers.numpy.trace import trace_graph
+        trace_graph = registry.importer("numpy").trace_graph
         names = _unique_names([n for n, _ in arrays])
 
         def call(tracers: list[Any]) -> Any:

@@ -6,6 +6,7 @@ cuda-pathfinder, or not)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -87,18 +88,47 @@ def test_a_failing_compile_is_a_problem_not_a_crash(fake, monkeypatch):
     assert report.problems == [want]
 
 
-def test_first_light_steps_on_the_stand_in(fake, tmp_path, monkeypatch):
-    """The GPU session's script (tools/debug/first_light.py) runs its in-process steps on
-    the stand-in (the subprocess steps need a real CuPy): every check passes and the
-    results land in OUT."""
+STANDIN_PYTHON = [sys.executable, os.path.join(os.path.dirname(__file__), "support",
+                                               "standin_python.py")]
+
+
+def test_first_light_end_to_end_on_the_stand_in(fake, tmp_path, monkeypatch):
+    """The GPU session's one script (tools/debug/first_light.py main) runs every step on
+    the stand-in: in-process steps here, subprocess steps (doctor, cuBLAS without torch,
+    pytest -m gpu, both benchmarks) through a python that installs the stand-in, at smoke
+    sizes; every check passes, and what comes back fits the device tool's eight files."""
     from autoclust.tools.debug import first_light
     monkeypatch.setattr(first_light, "_attention_timing", lambda: {"skipped": "stand-in"})
-    steps = ["denormals", "split_row_bits", "gemm", "attention", "zoo"]
-    results = first_light.run_steps(str(tmp_path), steps)
-    assert {k: r.get("ok") for k, r in results.items()} == dict.fromkeys(steps, True), results
+    monkeypatch.setattr(first_light, "PYTHON", STANDIN_PYTHON)
+    monkeypatch.setattr(first_light, "PYTEST_ARGS",
+                        ["-m", "gpu", "tests/test_gpu.py", "-k", "denormals"])
+    small = ["--small", "--repeat", "2"]
+    monkeypatch.setattr(first_light, "BENCH_KERNEL_ARGS", ["--cases", "gelu", *small])
+    monkeypatch.setattr(first_light, "BENCH_MODEL_ARGS", ["--cases", "layernorm", *small])
+    assert first_light.main(["--out", str(tmp_path), "--budget", "400"]) == 0
+    results = json.loads((tmp_path / "first_light.json").read_text())
+    assert list(results) == [name for name, _ in first_light.STEPS]
+    assert {k: r["ok"] for k, r in results.items()} == dict.fromkeys(results, True), results
+    assert results["doctor"]["report"]["problems"] == []
+    assert results["cublas_no_torch"]["tail"] == ["/stand-in/libcublas.so.13",
+                                                  "torch imported: False"]
     assert results["split_row_bits"]["identical_bits"]
     assert results["gemm"]["rel_err"]["float32_tf32"] > 10 * results["gemm"]["rel_err"]["float32"]
+    assert {r["fused"] for r in results["attention"]["checks"].values()} == {1}
     assert set(results["zoo"]["models"]) >= {"bert_encoder", "llama_block", "resnet_block"}
-    saved = json.loads((tmp_path / "first_light.json").read_text())
-    assert list(saved) == steps
-    assert "| denormals | yes |" in first_light.summary(results)
+    assert "1 passed" in results["pytest_gpu"]["tail"][-1]
+    assert [r["case"] for r in results["bench_kernels"]["rows"]] == ["gelu"]
+    assert results["bench_models"]["rows"][0]["max_abs_err"] < 1e-4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bench_kernels.log", "bench_models.log", "first_light.json", "first_light.md",
+        "pytest_gpu.log"]
+    assert "| denormals | yes |" in (tmp_path / "first_light.md").read_text()
+
+
+def test_first_light_skips_what_the_budget_cannot_fit(tmp_path):
+    """A step that would start with less than its minimum left is skipped, not begun."""
+    from autoclust.tools.debug import first_light
+    assert first_light.main(["--out", str(tmp_path), "--budget", "30",
+                             "--only", "pytest_gpu"]) == 1
+    (row,) = json.loads((tmp_path / "first_light.json").read_text()).values()
+    assert row["ok"] is False and row["error"] == "skipped: 30 s of the budget left"

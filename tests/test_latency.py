@@ -95,6 +95,7 @@ from test_latency import mlp
 import autoclust
 from autoclust import compile as compile_mod
 from autoclust.backends import cpu
+from autoclust.runtime import program_cache
 w = np.random.default_rng({seed}).standard_normal(({k}, 96)).astype(np.float32) / {k} ** 0.5
 model = mlp(w, {scale})
 sess = autoclust.InferenceSession(model, threads=1, min_cluster_size=1, cache_dir={cache!r},
@@ -107,7 +108,7 @@ for seq in {seqs}:
     first_s = time.perf_counter() - t0
     want = ort_run(model, {{"x": x}})[0]
     rows.append(dict(seq=seq, llvm=cpu.COMPILE_COUNT, lowered=compile_mod.COUNTS["lowered"],
-                     hits=compile_mod.COUNTS["program_hits"],
+                     hits=program_cache.COUNTS["program_hits"],
                      err=float(np.max(np.abs(got - want))), first_s=first_s))
 print(json.dumps(rows))
 """
@@ -172,8 +173,8 @@ def test_corrupt_or_stale_program_entry_is_relowered(tmp_path):
     path.write_bytes(path.read_bytes()[:-10] + b"0123456789")  # fails its checksum
     row = run_process(tmp_path)[0]
     assert row["hits"] == 0 and row["lowered"] == 1
-    from autoclust.backends.cpu import cache
-    cache.store(str(tmp_path), entry[:-5], b"not a pickle", ".prog")  # checksum fine
+    from autoclust.runtime import disk_cache
+    disk_cache.store(str(tmp_path), entry[:-5], b"not a pickle", ".prog")  # checksum fine
     row = run_process(tmp_path)[0]
     assert row["hits"] == 0 and row["lowered"] == 1
     assert run_process(tmp_path)[0]["hits"] == 1  # rewritten by the run before
@@ -183,23 +184,23 @@ def test_program_key_reads_values_attributes_and_types():
     from autoclust.backends import cpu
     from autoclust.importers.onnx import import_model
 
-    from autoclust import compile as compile_mod
+    from autoclust.runtime import program_cache
     f = flags_mod.parse("")
     w = weights()
     g = import_model(mlp(w, 0.5))
-    key = compile_mod.program_key(g, f, cpu)
-    assert key == compile_mod.program_key(import_model(mlp(w.copy(), 0.5)), f, cpu)
-    assert key != compile_mod.program_key(import_model(mlp(w + 1e-3, 0.5)), f, cpu)
-    assert key != compile_mod.program_key(import_model(mlp(w, 0.5000001)), f, cpu)
-    assert key != compile_mod.program_key(g, f.replace(fast_math=True), cpu)
+    key = program_cache.program_key(g, f, cpu)
+    assert key == program_cache.program_key(import_model(mlp(w.copy(), 0.5)), f, cpu)
+    assert key != program_cache.program_key(import_model(mlp(w + 1e-3, 0.5)), f, cpu)
+    assert key != program_cache.program_key(import_model(mlp(w, 0.5000001)), f, cpu)
+    assert key != program_cache.program_key(g, f.replace(fast_math=True), cpu)
     g.nodes[-1].attrs["alpha"] = 0.70710678  # attributes count at full precision
-    with_attr = compile_mod.program_key(g, f, cpu)
+    with_attr = program_cache.program_key(g, f, cpu)
     g.nodes[-1].attrs["alpha"] = 0.70710679  # str(graph) prints both as 0.707107
-    assert key != with_attr != compile_mod.program_key(g, f, cpu)
+    assert key != with_attr != program_cache.program_key(g, f, cpu)
     big = weights(256, 96)
     g_big = import_model(mlp(big, 0.5))
     # a weight above KEY_VALUE_BYTES keys by name, dtype and shape only
-    assert compile_mod.program_key(g_big, f, cpu) == compile_mod.program_key(
+    assert program_cache.program_key(g_big, f, cpu) == program_cache.program_key(
         import_model(mlp(big + 1, 0.5)), f, cpu)
 
 
@@ -221,7 +222,9 @@ def recording_sessions(monkeypatch, gate=None, fail_prepacked=False):
     import threading
 
     from autoclust.backends.cpu import library
+    library.wait_background(30)  # an earlier test's background work must not land here
     monkeypatch.setattr(library, "_SESSIONS", collections.OrderedDict())
+    monkeypatch.setattr(library, "_DECISIONS", {})
     made = []
     real = library._new_session
 
@@ -303,9 +306,10 @@ def test_dump_texts_are_made_only_when_read(monkeypatch):
     from autoclust.backends import cpu
     from autoclust.importers.onnx import import_model
 
-    from autoclust.compile import LazyDumps, compile_cluster
+    from autoclust.compile import compile_cluster
     from autoclust.ir import Graph
     from autoclust.kernel import ir as kir
+    from autoclust.report.lazy_dumps import LazyDumps
     made = []
     real_str, real_format = Graph.__str__, kir.format_program
     monkeypatch.setattr(Graph, "__str__", lambda g: made.append("graph") or real_str(g))

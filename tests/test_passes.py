@@ -14,12 +14,14 @@ import onnxruntime as ort
 import pytest
 from autoclust.importers.onnx import import_model
 
-from autoclust import compile as pipeline
 from autoclust import flags as flag_parser
-from autoclust.compile import compile_cluster, optimize, specialize
+from autoclust.compile import compile_cluster
 from autoclust.errors import CompileError, FlagError, ShapeInferenceError
 from autoclust.ir import Graph, Node, Value
 from autoclust.passes import copy_graph, cse, dce, fold_constants, simplify
+from autoclust.passes import optimize as pipeline
+from autoclust.passes.optimize import optimize
+from autoclust.passes.specialize import specialize
 from autoclust.runtime import interpreter
 
 FLAGS = flag_parser.parse("", verify_passes=True)

@@ -106,8 +106,10 @@ def input_types(sub: Any, typed: Any, known: dict[str, np.ndarray], missing: lis
 def cluster_files(sub: Any, types: list, values: dict[str, np.ndarray], flags: Any,
                   backend: Any, device: str) -> tuple[dict[str, str], int]:
     """({suffix: text}, kernel count) for one cluster graph with concrete input types."""
-    from autoclust.compile import lower_graph, optimize, specialize
+    from autoclust.compile import lower_graph
     from autoclust.kernel import ir as kir
+    from autoclust.passes.optimize import optimize
+    from autoclust.passes.specialize import specialize
     specialized = specialize(sub, types, values)
     optimized = optimize(specialized, flags)
     program = lower_graph(optimized, flags, backend)

@@ -1,5 +1,5 @@
-"""The `autoclust` command: run, explain, replay, flags, exec, zoo, compile, doctor, bench, fuzz,
-bisect, minify.
+"""The `autoclust` command: run, explain, replay, flags, exec, zoo, bench, fuzz, bisect, minify,
+compile, serve, doctor.
 
 User mistakes (missing or unreadable files, bad flags, bad inputs, bad options) print one
 line, `autoclust CMD: error: ...`, and exit 2; a replay mismatch exits 1. Output cut short
@@ -168,6 +168,8 @@ def _add_small(sub: argparse._SubParsersAction) -> None:
     aot.add_parser(sub)
     from autoclust.tools.debug import doctor  # `autoclust doctor`: versions and devices
     doctor.add_parser(sub)
+    from autoclust.serve import command as serve  # `autoclust serve`: Ray Serve replicas
+    serve.add_parser(sub)
 
     for name, fn, help_ in (("bench", _cmd_bench, "benchmark against onnxruntime"),
                             ("fuzz", _cmd_fuzz, "differential graph fuzzer"),

@@ -252,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
 
 def cluster_line(stats: dict[str, Any], interpreted: bool) -> str:
     """`compiled once, 5 kernels` / `interpreted, 12 nodes` / `fell back: ...`."""
-    from autoclust.report.explain import plural
+    from autoclust.text import plural
     counts = stats["kernels"]
     if interpreted:
         text = "interpreted, " + ", ".join(plural(n, "node") for n in counts)

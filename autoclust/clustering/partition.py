@@ -32,7 +32,7 @@ that is not clustered. Three concerns are kept apart, as in TF and Inductor:
    whose copies would cost more than it saves goes back to onnxruntime
    (autoclust/clustering/placement.py).
 
-Control flow (autoclust/runtime/control_flow.py): before the three phases, a Loop with a constant
+Control flow (control_flow.py here; autoclust/runtime/control_flow.py runs it): before the three phases, a Loop with a constant
 trip count and an elementwise body is unrolled into the graph; after candidates, an
 If/Loop/Scan whose bodies cluster (each body clustered recursively) becomes a ControlFlow
 step that the runtime runs itself; the others keep a "has a subgraph" reason.
@@ -49,24 +49,25 @@ import hashlib
 import heapq
 import itertools
 import weakref
-from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
 
 from autoclust import ops, registry
-from autoclust.clustering import placement
+from autoclust.clustering import control_flow, placement
+from autoclust.clustering.candidates import (
+    SUBGRAPH_REASON,
+    WhyNot,
+    is_shape_computation,
+    shape_static_values,
+    why_not_candidate,
+)
 from autoclust.clustering.graph_cycles import GraphCycles
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node, Value
 from autoclust.ops import custom
 from autoclust.registry import Policy
 
-WhyNot = Callable[[Node, Graph], "str | None"]
-
-LEGACY_DOMAIN = "autoclust.legacy"
-# The refusal of a node with a graph attribute; control_flow.py may run it after all.
-SUBGRAPH_REASON = "has a subgraph"
 # How many recent fallback segments an unclustered node tries to join (bounds the work).
 _SEGMENT_TRIES = 4
 
@@ -124,6 +125,8 @@ class Plan:
     flags: Flags
     control_flow: list[ControlFlow] = dataclasses.field(default_factory=list)
     unrolled: dict[str, str] = dataclasses.field(default_factory=dict)  # Loop name -> note
+    # measured placement decisions of the runs so far (autoclust/runtime/autotune.py)
+    placement: list = dataclasses.field(default_factory=list)
     _by_node: dict[str, Cluster] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False)
 
@@ -154,142 +157,13 @@ class _Analysis:
                 self.succs[p].append(i)
         self.opdefs = [ops.get(n.op, n.domain) for n in self.nodes]
         self.static = shape_static_values(graph)
-        self.is_shape = [_is_shape_computation(n, d, self.static)
+        self.is_shape = [is_shape_computation(n, d, self.static)
                          for n, d in zip(self.nodes, self.opdefs)]
         self.weight = [0 if s else (1 if d is None else d.cluster_weight)
                        for d, s in zip(self.opdefs, self.is_shape)]
 
 
-def _has_subgraph(node: Node) -> bool:
-    if node.implicit_inputs:
-        return True
-    for a in node.attrs.values():
-        items = a if isinstance(a, (list, tuple)) else [a]
-        if any(hasattr(x, "SerializeToString") for x in items):
-            return True
-    return False
-
-
-def shape_static_values(graph: Graph) -> set[str]:
-    """Names of values that follow from input shapes and constants alone.
-
-    A value is shape-static when it is a constant, an output of Shape or Size (whatever
-    their input), or an output of a table op with a static output shape whose inputs are
-    all shape-static. Such values are cheap to put in a compile signature.
-    """
-    static = {name for name in graph.initializers if graph.is_constant(graph.values.get(name))}
-    for node in graph.nodes:
-        d = ops.get(node.op, node.domain)
-        if d is not None and d.shape_of:
-            static.update(v.name for v in node.outputs)
-            continue
-        if d is None or d.data_dependent or _has_subgraph(node):
-            continue
-        if all(v.name in static for v in node.inputs if v is not None):
-            static.update(v.name for v in node.outputs)
-    return static
-
-
-def _is_shape_computation(node: Node, opdef: ops.OpDef | None, static: set[str]) -> bool:
-    if opdef is None:
-        return False
-    if opdef.kind == ops.SHAPE:
-        return True
-    inputs = [v for v in node.inputs if v is not None]
-    return opdef.shape_like and bool(inputs) and all(v.name in static for v in inputs)
-
-
 # ---- 1. candidates ----------------------------------------------------------------------
-
-def _matches(node: Node, opdef: ops.OpDef, names: Collection[str]) -> bool:
-    groups = opdef.group_names()
-    return any(n == node.op or n.upper() in groups for n in names)
-
-
-def _dtype_reason(node: Node, opdef: ops.OpDef, library_dtypes: frozenset = frozenset()
-                  ) -> str | None:
-    allowed = opdef.compiled_dtypes
-    if opdef.kind == ops.LIBRARY:
-        allowed = allowed | library_dtypes  # the backend's (Policy.library_dtypes)
-    shape_allowed = allowed | ops.COMPILABLE_TYPES  # shape inputs are read at compile time
-    for i, v in enumerate(node.inputs):
-        if v is None:
-            continue
-        ok = shape_allowed if i in opdef.shape_inputs else allowed
-        if v.dtype is None or v.dtype not in ok:
-            name = "unknown" if v.dtype is None else v.dtype.name
-            return f"dtype {name} of input '{v.name}' not supported"
-    for v in node.outputs:
-        if v.dtype is None or v.dtype not in allowed:
-            name = "unknown" if v.dtype is None else v.dtype.name
-            return f"dtype {name} of output '{v.name}' not supported"
-    return None
-
-
-def why_not_lowered(node: Node, graph: Graph, opdef: ops.OpDef) -> str | None:
-    """Why compiled code cannot compute `node`: no lowering, or an input the lowering
-    needs as a constant is not one."""
-    if opdef.lower is None and opdef.kind != ops.LIBRARY:
-        return opdef.refuse or f"{node.op} has no lowering"
-    if opdef.refuses is not None:
-        reason = opdef.refuses(node)
-        if reason:
-            return reason
-    for i in opdef.const_inputs:
-        v = node.inputs[i] if i < len(node.inputs) else None
-        if v is not None and i not in opdef.shape_inputs and not graph.is_constant(v):
-            return f"input '{v.name}' of {node.op} must be a constant to compile"
-    return None
-
-
-def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Collection[str],
-                      backend_why_not: WhyNot | None = None,
-                      lowers: bool = True, library_dtypes: frozenset = frozenset()
-                      ) -> str | None:
-    """Why `node` may not be clustered (fuel aside), or None when it is a candidate."""
-    if node.domain == LEGACY_DOMAIN:
-        return "old opset form"
-    if _has_subgraph(node):
-        return SUBGRAPH_REASON
-    opdef = ops.get(node.op, node.domain)
-    if opdef is None:
-        return f"unsupported op {node.qualified_op}"
-    if opdef.data_dependent:
-        return f"data-dependent output shape ({node.op})"
-    reason = _dtype_reason(node, opdef, library_dtypes) or _random_reason(node, graph)
-    if reason:
-        return reason
-    for i in opdef.shape_inputs:
-        v = node.inputs[i] if i < len(node.inputs) else None
-        if v is not None and v.name not in shape_static:
-            return (f"data-dependent output shape: shape input '{v.name}' of {node.op} "
-                    "comes from runtime data")
-    if lowers:
-        reason = why_not_lowered(node, graph, opdef)
-        if reason:
-            return reason
-    if flags.ops_to_cluster and not _matches(node, opdef, flags.ops_to_cluster):
-        return "not in --ops_to_cluster"
-    if flags.cluster_exclude_ops and _matches(node, opdef, flags.cluster_exclude_ops):
-        return "excluded by --cluster_exclude_ops"
-    if backend_why_not is not None:
-        reason = backend_why_not(node, graph)
-        if reason:
-            return f"device {flags.device}: {reason}"
-    return None
-
-
-def _random_reason(node: Node, graph: Graph) -> str | None:
-    """Dropout in training mode draws random masks: only inference Dropout compiles."""
-    if node.op != "Dropout" or len(node.inputs) < 3 or node.inputs[2] is None:
-        return None
-    mode = graph.constant_value(node.inputs[2])
-    if mode is None:
-        return "Dropout training_mode comes from runtime data (training mode is random)"
-    if bool(mode.any()):
-        return "Dropout in training mode is random (only inference Dropout compiles)"
-    return None
-
 
 def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None, policy: Policy,
                      reasons: dict[int, str]) -> list[bool]:
@@ -749,12 +623,12 @@ def _plan_control_flow(an: _Analysis, reasons: dict[int, str], flags: Flags, why
                        policy: Policy) -> dict[int, tuple[dict[str, Plan], str]]:
     """If/Loop/Scan nodes whose bodies cluster (each body clustered recursively): they
     become steps of their own; the others keep a "has a subgraph" reason saying why."""
-    from autoclust.runtime import control_flow
     flow = {}
     for i, reason in list(reasons.items()):
         if reason != SUBGRAPH_REASON:
             continue
-        found = control_flow.plan_bodies(an.nodes[i], an.graph, flags, why_not, policy)
+        found = control_flow.plan_bodies(an.nodes[i], an.graph, flags, why_not, policy,
+                                         cluster)
         if isinstance(found, str):
             reasons[i] = found
         else:
@@ -778,7 +652,6 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
     if flags.auto_jit == 0:
         return _plan_without_clusters(graph, flags, why_not, policy)
     why_not, policy = _backend_rules(flags, why_not, policy)
-    from autoclust.runtime import control_flow
     unrolled = control_flow.unroll_static_loops(graph, flags, why_not)
     an = _Analysis(graph)
     candidate = _find_candidates(an, flags, why_not, policy, reasons)

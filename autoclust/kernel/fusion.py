@@ -36,8 +36,9 @@ import numpy as np
 from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.ir import Graph, Node, Value
-from autoclust.kernel import inject
+from autoclust.kernel import inject, views
 from autoclust.kernel import ir as kir
+from autoclust.kernel.calls import bias_folds, deferred_operands
 from autoclust.kernel.indexing import (
     contiguous_strides,
     flat_index,
@@ -176,6 +177,8 @@ class KernelBuilder:
         it = iter(red_idx)
         idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
         red = kir.Reduction(kind, element(idx_x), dtype)
+        if self.is_scan:  # the element itself made this a scan kernel (CumSum -> ReduceMax)
+            raise self.scan_conflict(out, "a reduction cannot share a scan kernel")
         if not self.reductions:
             self.first_row_value = out
         if red not in self.reductions:
@@ -380,14 +383,18 @@ class Fusion:
     """One fusion attempt over a graph with a given set of materialized values."""
 
     def __init__(self, graph: Graph, materialized: set[str], library: set[str],
-                 folds: dict[str, Node], notes: list[str]):
+                 folds: dict[str, Node], notes: list[str],
+                 deferred: set[tuple[str, str]] | None = None):
         self.graph = graph
+        self.deferred = deferred or set()  # (library node, value): decided at the call
+        self.written: set[str] = set()  # values a library call writes through a view
         self.materialized = materialized
         self.notes = notes
         self.library = library
         self.folds = folds  # MatMul name -> the bias Add folded into its Gemm call
         self.folded = {a.name for a in folds.values()}
         self.buffers: dict[str, int] = {}
+        self.probe_names: dict[int, str] = {}  # buffer ids the last _probe named
         self.groups: list[Group] = []
         self.group_of: dict[str, int] = {}  # materialized value -> group index
         self.aliases: dict[str, str] = {}  # reshaped value -> the value whose buffer it shares
@@ -412,7 +419,8 @@ class Fusion:
                 self._add_library_call(node)
                 continue
             for v in node.outputs:
-                if v.name in self.materialized and v.name in self.live:
+                if v.name in self.materialized and v.name in self.live and \
+                        v.name not in self.written:
                     self._place(v)
 
     def _place(self, v: Value) -> None:
@@ -466,14 +474,78 @@ class Fusion:
             self.groups.append(Group(len(self.groups), None, thunk))
             self.group_of[out.name] = len(self.groups) - 1
             return
-        ins = tuple(None if v is None else self.buffer_of(v) for v in node.inputs)
-        outs = tuple(self.buffer_of(v) for v in node.outputs)
+        ins, in_views = self._operands(node)
+        outs, out_views = self._results(node)
         attrs = tuple(sorted(node.attrs.items()))
-        g = Group(len(self.groups), None, kir.LibraryCall(node.op, ins, outs, attrs,
-                                                          (node.name,)))
+        found = in_views + out_views
+        g = Group(len(self.groups), None, kir.LibraryCall(
+            node.op, ins, outs, attrs, (node.name,),
+            found if any(v is not None for v in found) else ()))
         self.groups.append(g)
         for v in node.outputs:
             self.group_of[v.name] = g.index
+        for v in self.written:
+            self.group_of.setdefault(v, g.index)
+
+    def _operands(self, node: Node) -> tuple[tuple, tuple]:
+        """(buffer per input, view per input): a deferred operand is read in place when it
+        is a strided view of one buffer, else it is computed into its own buffer now."""
+        ins, found = [], []
+        for v in node.inputs:
+            view = None
+            if v is not None and (node.name, v.name) in self.deferred and \
+                    v.name not in self.materialized:
+                hit = views.input_view(v, self._probe)
+                if hit is not None:  # the probe's buffer id, given back: name it for real
+                    hit = (self.buffer_of(self.graph.values[self.probe_names[hit[0]]]), hit[1])
+                if hit is None:
+                    self.materialized.add(v.name)
+                    self.notes.append(f"{v.name} materialized: feeds {node.op} "
+                                      f"({node.name}), no strided view of one buffer")
+                    self._place(v)
+                else:
+                    ins.append(hit[0])
+                    found.append(hit[1])
+                    continue
+            ins.append(None if v is None else self.buffer_of(v))
+            found.append(view)
+        return tuple(ins), tuple(found)
+
+    def _results(self, node: Node) -> tuple[tuple, tuple]:
+        """(buffer per output, view per output): a deferred result is written straight
+        into the buffer at the end of its reshape/transpose chain when it can be."""
+        y = node.outputs[0]
+        if (node.name, y.name) not in self.deferred or y.name in self.materialized:
+            return tuple(self.buffer_of(v) for v in node.outputs), (None,) * len(node.outputs)
+        w = views.chain_end(self.graph, y)
+        view = None if w is None else views.output_view(y, w, self._probe)
+        if view is None:
+            self.materialized.add(y.name)
+            return (self.buffer_of(y),), (None,)
+        self.materialized.add(w.name)
+        self.written.add(w.name)
+        self.notes.append(f"{y.name} written into {w.name}'s buffer by {node.op} "
+                          f"({node.name}): no layout kernel")
+        return (self.buffer_of(w),), (view,)
+
+    def _probe(self, v: Value, as_buffer: Value | None) -> kir.Expr | None:
+        """v's expression at its identity index in a loop nest of its own shape (with
+        `as_buffer` read from a buffer), or None when it cannot be built alone."""
+        saved, saved_buffers = set(self.materialized), dict(self.buffers)
+        if as_buffer is not None:
+            self.materialized.add(as_buffer.name)
+        probe = KernelBuilder(self, tuple(v.shape), 0)
+        try:
+            e = probe.expr(v, identity_index(tuple(v.shape)))
+        except (NeedRowDomain, Refuse, CompileError, Materialize):
+            return None
+        finally:  # ids the probe named are given back: executables index buffers densely
+            self.probe_names = {i: name for name, i in self.buffers.items()}
+            self.materialized.clear()
+            self.materialized.update(saved)
+            self.buffers = saved_buffers
+        known = set(self.group_of) | ({as_buffer.name} if as_buffer is not None else set())
+        return e if probe.loads <= known and not probe.checks else None
 
     def _add_root(self, v: Value) -> None:
         if 0 in v.shape:  # nothing to compute: the buffer is empty
@@ -537,7 +609,10 @@ class Fusion:
             try:
                 trial.add_root(v, idx)
             except (NeedRowDomain, Refuse) as exc:
-                raise Materialize(exc.value, str(exc)) from None
+                # v itself does not fit the row nest its reduction needs (a Concat of a
+                # ReduceMean along a kept axis): the reduction gets a kernel of its own
+                blocked = need.value if exc.value is v and need.value is not v else exc.value
+                raise Materialize(blocked, str(exc)) from None
             return trial
         except Refuse as exc:
             raise Materialize(exc.value, str(exc)) from None
@@ -565,49 +640,8 @@ class Fusion:
 
 # ---- what is materialized up front ---------------------------------------------------------
 
-def bias_folds(graph: Graph, library: set[str], mode: str) -> dict[str, Node]:
-    """MatMul name -> its only consumer, an Add of a constant bias [N], to run as one Gemm.
-
-    A is [..., K] (batch dims flattened into Gemm's M), B a constant [K, N]; onnxruntime
-    fuses the same pattern. The Add's output stands in for the MatMul's. `mode` is the
-    backend's policy: "alone" folds only when the Add's result is a graph output or feeds
-    library calls only (no loop kernel reads it, so the fold removes a kernel); "always"
-    also when a kernel reads it; "" never.
-    """
-    outputs = {v.name for v in graph.outputs}
-    folds: dict[str, Node] = {}
-    if not mode:
-        return folds
-    for node in graph.nodes:
-        if node.name not in library or node.op != "MatMul" or node.domain not in ("",
-                                                                                "ai.onnx"):
-            continue
-        a, b = node.inputs[0], node.inputs[1]
-        y = node.outputs[0]
-        if (a is None or b is None or len(a.shape) < 2 or len(b.shape) != 2
-                or not graph.is_constant(b) or y.name in outputs
-                or y.dtype.name not in ("float32", "float64")):
-            continue
-        users = graph.consumers(y)
-        if len(users) != 1 or len(y.uses) != 1:
-            continue
-        add = users[0]
-        if add.op != "Add" or add.domain not in ("", "ai.onnx") or add.name in library:
-            continue
-        bias = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
-        if (bias is y or not graph.is_constant(bias) or tuple(bias.shape) != (b.shape[1],)
-                or bias.dtype != y.dtype or tuple(add.outputs[0].shape) != tuple(y.shape)):
-            continue
-        out = add.outputs[0]
-        if mode == "alone" and out.name not in outputs and not all(
-                c.name in library for c in graph.consumers(out)):
-            continue
-        folds[node.name] = add
-    return folds
-
-
 def _initial_materialized(graph: Graph, library: set[str], notes: list[str],
-                          folds: dict[str, Node]) -> set[str]:
+                          folds: dict[str, Node], deferred: set[tuple[str, str]]) -> set[str]:
     keep = {v.name for v in graph.inputs} | set(graph.initializers)
     for add in folds.values():
         keep.add(add.outputs[0].name)
@@ -620,11 +654,11 @@ def _initial_materialized(graph: Graph, library: set[str], notes: list[str],
         if node.name not in library:
             continue
         for v in node.all_inputs():
-            if v.name not in keep:
+            if v.name not in keep and (node.name, v.name) not in deferred:
                 keep.add(v.name)
                 notes.append(f"{v.name} materialized: feeds {node.op} ({node.name})")
         if node.name not in folds:  # a folded MatMul's result is never stored
-            keep.update(v.name for v in node.outputs)
+            keep.update(v.name for v in node.outputs if (node.name, v.name) not in deferred)
     return keep
 
 
@@ -675,14 +709,17 @@ def _shared_expensive(f: Fusion) -> list[Value]:
     return picked
 
 
-def fuse(graph: Graph, fold_bias: str = "") -> kir.Program:
-    """Group `graph` (concrete shapes) into kernels and calls; see the module docstring."""
+def fuse(graph: Graph, fold_bias: str = "", library_views: frozenset = frozenset()
+         ) -> kir.Program:
+    """Group `graph` (concrete shapes) into kernels and calls; see the module docstring.
+    `library_views`: the library ops whose operands may be strided views (views.py)."""
     notes: list[str] = []
     library = {n.name for n in graph.nodes if ops.get(n.op, n.domain).kind == ops.LIBRARY}
-    folds = bias_folds(graph, library, fold_bias)
-    materialized = _initial_materialized(graph, library, notes, folds)
+    folds = bias_folds(graph, library, fold_bias, library_views)
+    deferred = deferred_operands(graph, library, folds, library_views)
+    materialized = _initial_materialized(graph, library, notes, folds, deferred)
     for _ in range(MAX_RESTARTS):
-        f = Fusion(graph, materialized, library, folds, notes)
+        f = Fusion(graph, materialized, library, folds, notes, deferred)
         f.run()
         costly = _shared_expensive(f)
         if not costly:

@@ -28,6 +28,7 @@ representable in float16, computed in a float32 register.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 # Primitive scalar ops and their arity. Compare ops yield bool; "cast" converts to the
@@ -59,6 +60,30 @@ COSTLY = frozenset({"exp", "log", "log1p", "tanh", "erf", "sigmoid", "pow", "sin
 REDUCTION_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin", "argmax_last",
                    "argmin_last")
 SCAN_KINDS = ("inclusive", "exclusive")
+
+
+def reduce_identity(kind: str, dtype: str, bits: int | None = None) -> int | float:
+    """Where a reduction of `kind` starts: 0 (sum), 1 (prod), the lowest value (max and
+    argmax) or the highest (min and argmin) of `dtype`, integers in the `bits`-wide type
+    they are computed in (default: 64 for int64, else 32: narrow ints compute in int32)."""
+    if kind == "sum":
+        return 0
+    if kind == "prod":
+        return 1
+    high = kind in ("max", "argmax", "argmax_last")
+    if dtype.startswith("float") or dtype == "bfloat16":
+        return -math.inf if high else math.inf
+    bits = bits or (64 if dtype == "int64" else 32)
+    return -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1
+
+
+def sum_start(red: Reduction) -> float:
+    """Where a float sum phase starts: an inclusive scan at -0.0, the exact additive
+    identity (-0.0 + x == x for every x), so CumSum([-0., -0.]) stays -0.0 and 1/it is
+    -inf, as onnxruntime and NumPy's cumsum give; any other sum at +0.0, as NumPy's sum
+    (onnxruntime's sign of a zero ReduceSum depends on its loop order) and onnxruntime's
+    exclusive scan (its first output is +0.0)."""
+    return -0.0 if red.scan == "inclusive" else 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,12 +227,39 @@ class Kernel:
 
 
 @dataclasses.dataclass(frozen=True)
+class View:
+    """A library operand read or written in place inside a buffer: element (i_0, ...) of
+    the operand (of `shape`) lives at buffer element offset + sum(i_k * strides[k]).
+
+    K^T of attention ([B, H, D, S] over the key projection's [B, S, H*D] buffer) is a view,
+    so the GEMM reads it where it lies instead of a transposing kernel copying it first.
+    """
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+    def __str__(self) -> str:
+        return f"view{list(self.shape)} strides {list(self.strides)} + {self.offset}"
+
+
+@dataclasses.dataclass(frozen=True)
 class LibraryCall:
+    """A library op on buffers. `views` (empty, or one entry per input then per output)
+    gives the operands read or written in place through strides (None: the buffer itself)."""
+
     op: str
     inputs: tuple[int | None, ...]
     outputs: tuple[int, ...]
     attrs: tuple  # sorted (name, value) pairs
     nodes: tuple[str, ...] = ()
+    views: tuple[View | None, ...] = ()
+
+    def view(self, k: int) -> View | None:
+        """The view of operand k (inputs first, then outputs), None when it is a buffer."""
+        return self.views[k] if k < len(self.views) else None
+
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,7 +386,13 @@ def format_thunk(t: Thunk, names: dict[int, str] | None = None) -> str:
     if isinstance(t, LibraryCall):
         ins = ", ".join(bname(b) for b in t.inputs)
         outs = ", ".join(bname(b) for b in t.outputs)
-        return f"library {t.op}({ins}) -> {outs}   # nodes: {', '.join(t.nodes)}"
+        text = f"library {t.op}({ins}) -> {outs}"
+        for k, v in enumerate(t.views):
+            if v is not None:
+                what = bname(t.inputs[k]) if k < len(t.inputs) else \
+                    bname(t.outputs[k - len(t.inputs)])
+                text += f" | {what} as {v}"
+        return f"{text}   # nodes: {', '.join(t.nodes)}"
     if isinstance(t, Check):
         what = f"in [{t.lo}, {t.hi}]" if t.kind == "range" else "non-zero"
         return f"check {bname(t.buf)} {what}   # nodes: {', '.join(t.nodes)}"

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import ELEMENTWISE, InferContext, TypeShape, register
 from autoclust.ops.elementwise import (
     F64,
     FLOAT,
@@ -31,6 +30,7 @@ from autoclust.ops.elementwise import (
     unary,
     upcast,
 )
+from autoclust.ops.table import ELEMENTWISE, InferContext, TypeShape, register
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -180,9 +180,10 @@ def _lower_prelu(ctx: LowerCtx):
     return _if_negative(x, op("mul", x, slope))
 
 
-unary("Relu", _relu, SIGNED, lower=lambda c: op("max", _x(c), const(0, _x(c).dtype)))
+unary("Relu", _relu, SIGNED, lower=lambda c: op("max", _x(c), const(0, _x(c).dtype)),
+      facts={"exact": "copy", "groups": ("CONV_EPILOGUE",)})
 unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, alpha * x), lower=_lower_leaky,
-      alpha=0.01)
+      alpha=0.01, facts={"groups": ("CONV_EPILOGUE",)})
 unary("Elu", lambda x, alpha: np.where(x >= 0, x, alpha * np.expm1(x)), lower=_lower_elu,
       cost=4, alpha=1.0)
 unary("Selu", lambda x, alpha, gamma: gamma * np.where(x > 0, x, alpha * np.expm1(x)),
@@ -191,10 +192,11 @@ unary("Selu", lambda x, alpha, gamma: gamma * np.where(x > 0, x, alpha * np.expm
 unary("Celu", lambda x, alpha: np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)),
       lower=_lower_celu, cost=4, alpha=1.0)
 unary("Gelu", gelu, infer=_infer_gelu, lower=_lower_gelu, cost=4, approximate="none")
-unary("Sigmoid", lambda x: 1 / (1 + np.exp(-x)), lower=lambda c: op("sigmoid", _x(c)), cost=4)
+unary("Sigmoid", lambda x: 1 / (1 + np.exp(-x)), lower=lambda c: op("sigmoid", _x(c)), cost=4,
+      facts={"groups": ("CONV_EPILOGUE",)})
 unary("HardSigmoid", hard_sigmoid,
       lower=lambda c: _hard_sigmoid(_x(c), c.attr("alpha", 0.2), c.attr("beta", 0.5)),
-      alpha=0.2, beta=0.5)
+      alpha=0.2, beta=0.5, facts={"groups": ("CONV_EPILOGUE",)})
 unary("HardSwish", lambda x: x * hard_sigmoid(x, 1 / 6, 0.5),
       lower=lambda c: op("mul", _x(c), _hard_sigmoid(_x(c), 1 / 6, 0.5)))
 unary("Softplus", softplus, lower=lambda c: _softplus(_x(c)), cost=4)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from autoclust.ops import LIBRARY, Arrays, InferContext, TypeShape, register
+from autoclust.ops.table import LIBRARY, Arrays, InferContext, TypeShape, register
 
 DOMAIN = "autoclust"
 OP = "FusedAttention"

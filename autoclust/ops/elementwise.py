@@ -18,13 +18,14 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from onnx import helper
 
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Shape
 from autoclust.kernel.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     ALL_TYPES,
     BFLOAT16,
     BOOL,
@@ -130,7 +131,8 @@ def finish(y: Any, dtype: np.dtype) -> Array:
 
 def unary(op: str, fn: Callable[..., Any], types: frozenset = FLOAT, out: np.dtype | None = None,
           infer: InferFn | None = None, lower: LowerFn | None = None, cost: int = 1,
-          shape_like: bool = False, **defaults: Any) -> None:
+          shape_like: bool = False, facts: dict[str, Any] | None = None,
+          **defaults: Any) -> None:
     """Register a one-input op: y = fn(x, **attrs) with attrs defaulting to `defaults`."""
     def ref(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         x = inputs[0]
@@ -139,13 +141,14 @@ def unary(op: str, fn: Callable[..., Any], types: frozenset = FLOAT, out: np.dty
             y = fn(upcast(x), **kw)
         return [finish(y, out if out is not None else x.dtype)]
     register(op, ELEMENTWISE, infer or infer_rule(types, out), ref, lower=lower, cost=cost,
-             shape_like=shape_like, dtypes=compilable(types, {out} if out is not None else set()))
+             shape_like=shape_like, dtypes=compilable(types, {out} if out is not None else set()),
+             **(facts or {}))
 
 
 def binary(op: str, fn: Callable[..., Any], types: frozenset = NUMERIC,
            out: np.dtype | None = None, infer: InferFn | None = None,
            lower: LowerFn | None = None, cost: int = 1, shape_like: bool = False,
-           **defaults: Any) -> None:
+           facts: dict[str, Any] | None = None, **defaults: Any) -> None:
     """Register a two-input broadcasting op: z = fn(a, b, **attrs)."""
     def ref(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         a, b = inputs[0], inputs[1]
@@ -154,11 +157,12 @@ def binary(op: str, fn: Callable[..., Any], types: frozenset = NUMERIC,
             z = fn(upcast(a), upcast(b), **kw)
         return [finish(z, out if out is not None else a.dtype)]
     register(op, ELEMENTWISE, infer or infer_rule(types, out), ref, lower=lower, cost=cost,
-             shape_like=shape_like, dtypes=compilable(types, {out} if out is not None else set()))
+             shape_like=shape_like, dtypes=compilable(types, {out} if out is not None else set()),
+             **(facts or {}))
 
 
 def variadic(op: str, fn: Callable[[list[Array]], Any], types: frozenset,
-             lower: LowerFn, shape_like: bool = False) -> None:
+             lower: LowerFn, shape_like: bool = False, **facts: Any) -> None:
     """Register an op over 1..N broadcasting inputs (Max, Min, Sum, Mean)."""
     def ref(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         xs = [upcast(x) for x in inputs if x is not None]
@@ -167,7 +171,7 @@ def variadic(op: str, fn: Callable[[list[Array]], Any], types: frozenset,
         # with one input the reduce returns that input: copy, so outputs never alias inputs
         return [np.array(y, dtype=inputs[0].dtype, copy=True)]
     register(op, ELEMENTWISE, infer_rule(types), ref, lower=lower, shape_like=shape_like,
-             dtypes=compilable(types))
+             dtypes=compilable(types), **facts)
 
 
 # ---- math with onnxruntime's integer semantics ---------------------------------------------
@@ -327,9 +331,23 @@ def _infer_clip(ctx: InferContext) -> list[TypeShape]:
     return [(ctx.dtypes[0], ctx.shapes[0])]
 
 
+def clip_limits(dtype: Any) -> tuple[float, float] | None:
+    """A float dtype's (lowest, max): Clip's missing bounds (the spec's numeric_limits), so
+    +inf clips to FLT_MAX (65504 in float16) as in onnxruntime; None for integers."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iub":
+        return None
+    info = ml_dtypes.finfo(dt)
+    return float(-info.max), float(info.max)
+
+
 def _ref_clip(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
     x = inputs[0]
     lo, hi = (inputs[i] if len(inputs) > i else None for i in (1, 2))
+    limits = clip_limits(x.dtype)
+    if limits is not None:  # a missing bound is the dtype's lowest / max, never +-inf
+        lo = np.asarray(limits[0], x.dtype) if lo is None else lo
+        hi = np.asarray(limits[1], x.dtype) if hi is None else hi
     y = x
     # min(max(x, lo), hi): NaN stays NaN, and hi wins when lo > hi (as onnxruntime)
     if lo is not None:
@@ -406,6 +424,10 @@ def _lower_isinf(ctx: LowerCtx):
 
 def _lower_clip(ctx: LowerCtx):
     x, lo, hi = (ctx.operands() + [None, None])[:3]
+    limits = clip_limits(ctx.dtype)
+    if limits is not None:  # missing bounds clip inf to the dtype's finite range (_ref_clip)
+        lo = const(limits[0], x.dtype) if lo is None else lo
+        hi = const(limits[1], x.dtype) if hi is None else hi
     if lo is not None:
         x = op("max", x, lo)
     if hi is not None:
@@ -440,29 +462,36 @@ def _lower_bit_shift(ctx: LowerCtx):
 
 # ---- the table ----------------------------------------------------------------------------
 
-binary("Add", np.add, lower=prim("add"), shape_like=True)
-binary("Sub", np.subtract, lower=prim("sub"), shape_like=True)
-binary("Mul", np.multiply, lower=prim("mul"), shape_like=True)
-binary("Div", trunc_div, lower=_lower_div, shape_like=True)
-binary("Mod", mod, infer=_infer_mod, lower=_lower_mod, shape_like=True, fmod=0)
+binary("Add", np.add, lower=prim("add"), shape_like=True,
+       facts={"exact": "rounded", "groups": ("CONV_EPILOGUE",)})
+binary("Sub", np.subtract, lower=prim("sub"), shape_like=True, facts={"exact": "rounded"})
+binary("Mul", np.multiply, lower=prim("mul"), shape_like=True, facts={"exact": "rounded"})
+binary("Div", trunc_div, lower=_lower_div, shape_like=True, facts={"exact": "rounded"})
+binary("Mod", mod, infer=_infer_mod, lower=_lower_mod, shape_like=True, fmod=0,
+       facts={"discrete": True})
 binary("Pow", power, POW_BASE, infer=_infer_pow, lower=_lower_pow, cost=4)
-variadic("Max", lambda xs: functools.reduce(np.maximum, xs), NUMERIC, fold("max"), True)
-variadic("Min", lambda xs: functools.reduce(np.minimum, xs), NUMERIC, fold("min"), True)
+variadic("Max", lambda xs: functools.reduce(np.maximum, xs), NUMERIC, fold("max"), True,
+         exact="copy")
+variadic("Min", lambda xs: functools.reduce(np.minimum, xs), NUMERIC, fold("min"), True,
+         exact="copy")
 variadic("Sum", lambda xs: functools.reduce(np.add, xs), FLOAT, fold("add"))
 variadic("Mean", lambda xs: functools.reduce(np.add, xs) / len(xs), FLOAT, _lower_mean)
 
-unary("Neg", np.negative, SIGNED, lower=prim("neg"), shape_like=True)
-unary("Abs", np.abs, NUMERIC, lower=prim("abs"), shape_like=True)
-unary("Sign", np.sign, NUMERIC, lower=prim("sign"))
+unary("Neg", np.negative, SIGNED, lower=prim("neg"), shape_like=True, facts={"exact": "copy"})
+unary("Abs", np.abs, NUMERIC, lower=prim("abs"), shape_like=True, facts={"exact": "copy"})
+unary("Sign", np.sign, NUMERIC, lower=prim("sign"), facts={"exact": "copy", "discrete": True})
 unary("Reciprocal", np.reciprocal, lower=_lower_reciprocal)
-unary("Sqrt", np.sqrt, lower=prim("sqrt"))
+unary("Sqrt", np.sqrt, lower=prim("sqrt"), facts={"exact": "rounded"})
 unary("Exp", np.exp, lower=prim("exp"), cost=4)
 unary("Log", np.log, lower=prim("log"), cost=4)
-unary("Floor", np.floor, lower=prim("floor"), shape_like=True)
-unary("Ceil", np.ceil, lower=prim("ceil"), shape_like=True)
-unary("Round", np.round, lower=prim("round"))  # half to even, as ONNX
+unary("Floor", np.floor, lower=prim("floor"), shape_like=True,
+      facts={"exact": "copy", "discrete": True})
+unary("Ceil", np.ceil, lower=prim("ceil"), shape_like=True,
+      facts={"exact": "copy", "discrete": True})
+unary("Round", np.round, lower=prim("round"),
+      facts={"exact": "copy", "discrete": True})  # half to even, as ONNX
 unary("Erf", erf, lower=prim("erf"), cost=4)
-unary("Tanh", np.tanh, lower=prim("tanh"), cost=4)
+unary("Tanh", np.tanh, lower=prim("tanh"), cost=4, facts={"groups": ("CONV_EPILOGUE",)})
 unary("Sin", np.sin, lower=prim("sin"), cost=4)
 unary("Cos", np.cos, lower=prim("cos"), cost=4)
 unary("Tan", np.tan, lower=prim("tan"), cost=4)
@@ -474,14 +503,16 @@ unary("Cosh", np.cosh, lower=prim("cosh"), cost=4)
 unary("Asinh", np.arcsinh, lower=prim("asinh"), cost=4)
 unary("Acosh", np.arccosh, lower=prim("acosh"), cost=4)
 unary("Atanh", np.arctanh, lower=prim("atanh"), cost=4)
-unary("IsNaN", np.isnan, out=BOOL, lower=prim("isnan"))
-unary("IsInf", is_inf, out=BOOL, lower=_lower_isinf, detect_negative=1, detect_positive=1)
+unary("IsNaN", np.isnan, out=BOOL, lower=prim("isnan"), facts={"discrete": True})
+unary("IsInf", is_inf, out=BOOL, lower=_lower_isinf, detect_negative=1, detect_positive=1,
+      facts={"discrete": True})
 
-binary("Equal", np.equal, ANY, out=BOOL, lower=prim("eq"), shape_like=True)
-binary("Less", np.less, out=BOOL, lower=prim("lt"))
-binary("Greater", np.greater, out=BOOL, lower=prim("gt"))
-binary("LessOrEqual", np.less_equal, out=BOOL, lower=prim("le"))
-binary("GreaterOrEqual", np.greater_equal, out=BOOL, lower=prim("ge"))
+binary("Equal", np.equal, ANY, out=BOOL, lower=prim("eq"), shape_like=True,
+       facts={"discrete": True})
+binary("Less", np.less, out=BOOL, lower=prim("lt"), facts={"discrete": True})
+binary("Greater", np.greater, out=BOOL, lower=prim("gt"), facts={"discrete": True})
+binary("LessOrEqual", np.less_equal, out=BOOL, lower=prim("le"), facts={"discrete": True})
+binary("GreaterOrEqual", np.greater_equal, out=BOOL, lower=prim("ge"), facts={"discrete": True})
 binary("And", np.logical_and, LOGIC, lower=prim("and"))
 binary("Or", np.logical_or, LOGIC, lower=prim("or"))
 binary("Xor", np.logical_xor, LOGIC, lower=prim("xor"))
@@ -494,9 +525,11 @@ register("BitShift", ELEMENTWISE, _infer_bit_shift,
          lambda ins, attrs: [bit_shift(ins[0], ins[1], attrs.get("direction", ""))],
          lower=_lower_bit_shift, dtypes=compilable(UINT))
 
-register("Where", ELEMENTWISE, _infer_where, _ref_where, lower=_lower_where, shape_like=True)
+register("Where", ELEMENTWISE, _infer_where, _ref_where, lower=_lower_where, shape_like=True,
+         exact="copy")
 register("Cast", ELEMENTWISE, _infer_cast, _ref_cast, lower=_lower_cast, shape_like=True,
          dtypes=COMPILABLE_TYPES | NARROW_INT_TYPES)
 register("CastLike", ELEMENTWISE, _infer_cast_like, _ref_cast_like, lower=_lower_cast,
          dtypes=COMPILABLE_TYPES | NARROW_INT_TYPES)
-register("Clip", ELEMENTWISE, _infer_clip, _ref_clip, lower=_lower_clip)
+register("Clip", ELEMENTWISE, _infer_clip, _ref_clip, lower=_lower_clip,
+         exact="copy", groups=("CONV_EPILOGUE",))

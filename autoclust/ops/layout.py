@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
-from autoclust.ir import Dim, Shape
+from autoclust.ir import Dim, Graph, Node, Shape
 from autoclust.kernel.lowering import LowerCtx, const
-from autoclust.ops import (
+from autoclust.ops.table import (
     BOOL,
     LAYOUT,
     Arrays,
@@ -352,16 +352,31 @@ def _lower_dropout(ctx: LowerCtx):
 
 
 register("Reshape", LAYOUT, _reshape_infer, _reshape_ref, shape_inputs=(1,), lower=_lower_view,
-         view=True, shape_like=True)
-register("Transpose", LAYOUT, _transpose_infer, _transpose_ref, lower=_lower_transpose)
+         view=True, shape_like=True, exact="copy")
+register("Transpose", LAYOUT, _transpose_infer, _transpose_ref, lower=_lower_transpose,
+         exact="copy")
 register("Squeeze", LAYOUT, _squeeze_infer, _squeeze_ref, shape_inputs=(1,), lower=_lower_view,
-         view=True, shape_like=True)
+         view=True, shape_like=True, exact="copy")
 register("Unsqueeze", LAYOUT, _unsqueeze_infer, _unsqueeze_ref, shape_inputs=(1,),
-         lower=_lower_view, view=True, shape_like=True)
-register("Flatten", LAYOUT, _flatten_infer, _flatten_ref, lower=_lower_view, view=True)
+         lower=_lower_view, view=True, shape_like=True, exact="copy")
+register("Flatten", LAYOUT, _flatten_infer, _flatten_ref, lower=_lower_view, view=True,
+         exact="copy")
 register("Expand", LAYOUT, _expand_infer, _expand_ref, shape_inputs=(1,), lower=_lower_expand,
-         shape_like=True)
+         shape_like=True, exact="copy")
 register("Identity", LAYOUT, same_as_input(0), _identity_ref, lower=lambda c: c.value(0, c.idx),
-         view=True, weight=0, shape_like=True)
+         view=True, weight=0, shape_like=True, exact="copy")
 # weight 0: inference Dropout is removed by simplify; training Dropout is never clustered.
-register("Dropout", LAYOUT, _dropout_infer, _dropout_ref, lower=_lower_dropout, weight=0)
+def _dropout_refuses(node: Node, graph: Graph) -> str | None:
+    """Dropout in training mode draws random masks: only inference Dropout compiles."""
+    if len(node.inputs) < 3 or node.inputs[2] is None:
+        return None
+    mode = graph.constant_value(node.inputs[2])
+    if mode is None:
+        return "Dropout training_mode comes from runtime data (training mode is random)"
+    if bool(mode.any()):
+        return "Dropout in training mode is random (only inference Dropout compiles)"
+    return None
+
+
+register("Dropout", LAYOUT, _dropout_infer, _dropout_ref, lower=_lower_dropout, weight=0,
+         refuses=_dropout_refuses)

@@ -15,12 +15,13 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Shape
-from autoclust.ops import (
+from autoclust.ops.table import (
     BFLOAT16,
     FLOAT_TYPES,
     INT64,
     LIBRARY,
     Arrays,
+    Attrs,
     InferContext,
     TypeShape,
     broadcast_shapes,
@@ -82,9 +83,49 @@ def _matmul_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     with np.errstate(all="ignore"):
         return [np.matmul(_work(a), _work(b)).astype(a.dtype)]
 
+# ---- work estimates (OpDef.flops): 2 x multiply-adds; window reads for pools ---------------
+
+def _size(t: Any) -> int:
+    return math.prod(t[1])
+
+
+def _matmul_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    return 2.0 * _size(outs[0]) * ins[0][1][-1]
+
+
+def _fused_matmul_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    return 2.0 * _size(outs[0]) * ins[0][1][-2 if attrs.get("transA", 0) else -1]
+
+
+def _gemm_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    return 2.0 * _size(outs[0]) * ins[0][1][0 if attrs.get("transA", 0) else 1]
+
+
+def _conv_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    return 2.0 * _size(outs[0]) * math.prod(ins[1][1][1:])
+
+
+def _convt_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    return 2.0 * _size(ins[0]) * math.prod(ins[1][1][1:])
+
+
+def _pool_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    return float(_size(outs[0]) * math.prod(attrs.get("kernel_shape", (1,))))
+
+
+def _global_pool_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    return float(_size(ins[0]))
+
+
+def _einsum_flops(attrs: Attrs, ins: list, outs: list) -> float:
+    # rough: every input element meets sqrt(output) partners
+    return 2.0 * max(_size(t) for t in ins if t is not None) * _size(outs[0]) ** 0.5
+
+
 
 register("MatMul", LIBRARY, _infer_matmul, _matmul_ref, dtypes=GEMM_COMPILED,
-         doc="MatMul(A, B): numpy matmul semantics (1-D operands, batch broadcasting).")
+         doc="MatMul(A, B): numpy matmul semantics (1-D operands, batch broadcasting).",
+         groups=("GEMM",), flops=_matmul_flops)
 
 
 def _swap_last(shape: Shape, flag: Any) -> Shape:
@@ -123,7 +164,8 @@ def _fused_matmul_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]
 # and what our cluster optimizer does too (passes/simplify.py): no transposed copy.
 register("FusedMatMul", LIBRARY, _infer_fused_matmul, _fused_matmul_ref,
          domain="com.microsoft", dtypes=frozenset(FLOAT_TYPES),
-         doc="FusedMatMul(A, B) = alpha * op(A) @ op(B); transA, transB swap the last dims.")
+         doc="FusedMatMul(A, B) = alpha * op(A) @ op(B); transA, transB swap the last dims.",
+         groups=("GEMM",), flops=_fused_matmul_flops)
 
 
 def _infer_gemm(ctx: InferContext) -> list[TypeShape]:
@@ -157,18 +199,19 @@ def _gemm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     b = b.T if attrs.get("transB", 0) else b
     with np.errstate(all="ignore"):
         y = np.asarray(attrs.get("alpha", 1.0), a.dtype) * (a @ b)
-        if c is not None:
-            y = y + np.asarray(attrs.get("beta", 1.0), a.dtype) * _work(c)
+        beta = float(attrs.get("beta", 1.0))
+        if c is not None and beta != 0:  # beta = 0: C is not read (its inf/NaN stay out)
+            y = y + np.asarray(beta, a.dtype) * _work(c)
     return [y.astype(inputs[0].dtype)]
 
 
 register("Gemm", LIBRARY, _infer_gemm, _gemm_ref, dtypes=GEMM_COMPILED,
-         doc="Gemm(A, B, C?) = alpha * A' @ B' + beta * C.")
+         doc="Gemm(A, B, C?) = alpha * A' @ B' + beta * C.", groups=("GEMM",), flops=_gemm_flops)
 
 
 # ---- window geometry (Conv, pooling) ----------------------------------------------------
 
-def _window_pads(in_dims: Sequence[Dim], kernel: Sequence[int], attrs: dict[str, Any],
+def window_pads(in_dims: Sequence[Dim], kernel: Sequence[int], attrs: dict[str, Any],
                  pool: bool) -> tuple[list[Dim], list[int], list[int]]:
     """(output dims, pads begin, pads end) of a sliding window per spatial dim."""
     n = len(kernel)
@@ -217,7 +260,7 @@ def _windows(x: np.ndarray, kernel: Sequence[int], attrs: dict[str, Any], fill: 
     n = len(kernel)
     strides = attrs.get("strides") or [1] * n
     dil = attrs.get("dilations") or [1] * n
-    out, pb, pe = _window_pads(x.shape[2:], kernel, attrs, pool)
+    out, pb, pe = window_pads(x.shape[2:], kernel, attrs, pool)
     # ceil_mode windows may run past the end pad: pad them too (they never count).
     need = [(o - 1) * s + (k - 1) * d + 1 if o > 0 else 0
             for o, s, k, d in zip(out, strides, kernel, dil)]
@@ -261,7 +304,7 @@ def _infer_conv(ctx: InferContext) -> list[TypeShape]:
     m = None if w is None else w[0]
     if isinstance(m, int) and m % group:
         raise ctx.fail(f"output channels {m} not divisible by group {group}")
-    out, _, _ = _window_pads(x[2:], kernel, ctx.attrs, pool=False)
+    out, _, _ = window_pads(x[2:], kernel, ctx.attrs, pool=False)
     return [(ctx.dtypes[0], (x[0], m, *out))]
 
 
@@ -292,7 +335,8 @@ def _conv_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 
 register("Conv", LIBRARY, _infer_conv, _conv_ref, dtypes=WINDOW_COMPILED,
-         doc="Conv(X, W, B?): 1-D/2-D/3-D, group, strides, dilations, pads, auto_pad.")
+         doc="Conv(X, W, B?): 1-D/2-D/3-D, group, strides, dilations, pads, auto_pad.",
+         groups=("WINDOW",), flops=_conv_flops)
 
 
 # ---- ConvTranspose ------------------------------------------------------------------------
@@ -376,7 +420,8 @@ def _convt_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 
 register("ConvTranspose", LIBRARY, _infer_convt, _convt_ref, dtypes=WINDOW_COMPILED,
-         doc="ConvTranspose(X, W, B?): strides, dilations, pads, output_padding/shape, group.")
+         doc="ConvTranspose(X, W, B?): strides, dilations, pads, output_padding/shape, group.",
+         groups=("WINDOW",), flops=_convt_flops)
 
 
 # ---- MaxPool / AveragePool ----------------------------------------------------------------
@@ -391,7 +436,7 @@ def _infer_pool(ctx: InferContext) -> list[TypeShape]:
     if x is None:
         out = None
     else:
-        dims, _, _ = _window_pads(x[2:], kernel, ctx.attrs, pool=True)
+        dims, _, _ = window_pads(x[2:], kernel, ctx.attrs, pool=True)
         out = (x[0], x[1], *dims)
     return [(ctx.dtypes[0], out), (INT64, out)]
 
@@ -453,9 +498,11 @@ def _windows_fixed(xp: np.ndarray, kernel: Sequence[int], attrs: dict[str, Any],
 
 register("MaxPool", LIBRARY, _infer_pool, _maxpool_ref,
          dtypes=WINDOW_COMPILED | {np.dtype("int64")},
-         doc="MaxPool(X) -> (Y, Indices?): kernel_shape, strides, pads, dilations, ceil_mode.")
+         doc="MaxPool(X) -> (Y, Indices?): kernel_shape, strides, pads, dilations, ceil_mode.",
+         groups=("WINDOW",), flops=_pool_flops)
 register("AveragePool", LIBRARY, _infer_pool, _avgpool_ref, dtypes=WINDOW_COMPILED,
-         doc="AveragePool(X): kernel_shape, strides, pads, ceil_mode, count_include_pad.")
+         doc="AveragePool(X): kernel_shape, strides, pads, ceil_mode, count_include_pad.",
+         groups=("WINDOW",), flops=_pool_flops)
 
 
 def _infer_global_pool(ctx: InferContext) -> list[TypeShape]:
@@ -476,10 +523,12 @@ def _global_pool_ref(fn: Any):
 
 register("GlobalAveragePool", LIBRARY, _infer_global_pool, _global_pool_ref(np.mean),
          dtypes=WINDOW_COMPILED,
-         doc="GlobalAveragePool(X): mean over all spatial dims, kept as size 1.")
+         doc="GlobalAveragePool(X): mean over all spatial dims, kept as size 1.",
+         groups=("WINDOW",), flops=_global_pool_flops)
 register("GlobalMaxPool", LIBRARY, _infer_global_pool, _global_pool_ref(np.max),
          dtypes=WINDOW_COMPILED,
-         doc="GlobalMaxPool(X): max over all spatial dims, kept as size 1.")
+         doc="GlobalMaxPool(X): max over all spatial dims, kept as size 1.", groups=("WINDOW",),
+         flops=_global_pool_flops)
 
 
 # ---- Einsum -------------------------------------------------------------------------------
@@ -543,4 +592,5 @@ def _einsum_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
 
 
 register("Einsum", LIBRARY, _infer_einsum, _einsum_ref, dtypes=GEMM_COMPILED,
-         doc="Einsum(inputs...): equation attr, numpy einsum semantics incl. '...'.")
+         doc="Einsum(inputs...): equation attr, numpy einsum semantics incl. '...'.",
+         groups=("GEMM",), flops=_einsum_flops)

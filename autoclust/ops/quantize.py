@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     ELEMENTWISE,
     Arrays,
     InferContext,
@@ -173,7 +173,7 @@ def _lower_dequantize(ctx: LowerCtx):
     return y
 
 
-def _refuses(node: Any) -> str | None:
+def _refuses(node: Any, graph: Any) -> str | None:
     if node.attrs.get("block_size", 0):
         return "blocked quantization (block_size) stays in onnxruntime"
     return None

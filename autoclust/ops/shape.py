@@ -17,7 +17,7 @@ import numpy as np
 
 from autoclust.errors import ShapeInferenceError
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
-from autoclust.ops import (
+from autoclust.ops.table import (
     DATA_DEPENDENT,
     INT64,
     SHAPE,
@@ -250,6 +250,6 @@ register("Range", SHAPE, _range_infer, _range_ref, shape_inputs=(0, 1, 2), lower
          shape_like=True)
 register("EyeLike", SHAPE, _eye_like_infer, _eye_like_ref, lower=_lower_eye_like)
 register("NonZero", DATA_DEPENDENT, _non_zero_infer, _non_zero_ref, data_dependent=True,
-         refuse=_DATA)
+         refuse=_DATA, discrete=True)
 register("Unique", DATA_DEPENDENT, _unique_infer, _unique_ref, data_dependent=True,
-         refuse=_DATA)
+         refuse=_DATA, discrete=True)

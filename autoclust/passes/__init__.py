@@ -1,4 +1,5 @@
-"""The cluster optimizer's passes, one module each; autoclust.compile lists their order.
+"""The cluster optimizer's passes, one module each; `optimize.py` lists their order
+(`PASSES`) and runs them to a fixed point.
 
 Each pass is `Graph -> Graph` on a graph with concrete shapes (after `specialize`), edits
 through use-def links, and keeps the graph's inputs and the meaning of its outputs.

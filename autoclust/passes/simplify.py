@@ -136,6 +136,50 @@ def _scaled_matmul(graph: Graph, n: Node) -> Result:
     return None
 
 
+def _scaled_operand(graph: Graph, v: Value | None) -> tuple[Value, float] | None:
+    """(x, c) when v = x * c (or x / c) for a float32 scalar constant c, read only here."""
+    p = None if v is None else v.producer
+    if p is None or p.domain not in ("", "ai.onnx") or p.op not in ("Mul", "Div") or \
+            len(v.uses) != 1 or v in graph.outputs or v.dtype != np.float32:
+        return None
+    pairs = [(p.inputs[0], p.inputs[1])] + ([(p.inputs[1], p.inputs[0])] if p.op == "Mul"
+                                            else [])
+    for x, c in pairs:
+        value = graph.constant_value(c)
+        if value is None or value.size != 1 or value.dtype != np.float32 or \
+                x is None or x.shape != v.shape or x.dtype != v.dtype:
+            continue
+        scale = float(value.reshape(()))
+        if p.op == "Div":
+            if scale == 0.0 or not np.isfinite(scale):
+                return None
+            scale = float(np.float32(1.0) / np.float32(scale))
+        return x, scale
+    return None
+
+
+def _matmul_of_scaled(graph: Graph, n: Node) -> Result:
+    """MatMul(a * c1, b * c2) -> FusedMatMul(a, b, alpha=c1*c2), as onnxruntime's
+    MatMulScaleFusion does: attention scales Q and K by sqrt(scale) each, and the scale
+    Muls stood between the GEMM and its operands' strided views (rounding as onnxruntime:
+    the scale is applied once, to the product)."""
+    is_fused = (n.op, n.domain) == ("FusedMatMul", "com.microsoft")
+    if n.outputs[0].dtype != np.float32 or (is_fused and any(
+            k in n.attrs for k in ("transBatchA", "transBatchB"))):
+        return None
+    found = [_scaled_operand(graph, v) for v in n.inputs[:2]]
+    if found[0] is None and found[1] is None:
+        return None
+    alpha = float(np.float32(n.attrs.get("alpha", 1.0)))
+    inputs = list(n.inputs[:2])
+    for k, hit in enumerate(found):
+        if hit is not None:
+            inputs[k] = hit[0]
+            alpha = float(np.float32(alpha) * np.float32(hit[1]))
+    attrs = {**(n.attrs if is_fused else {}), "alpha": alpha}
+    return ("FusedMatMul", inputs, attrs, "com.microsoft")
+
+
 def _neg_neg(graph: Graph, n: Node) -> Result:
     inner = _made_by(n.inputs[0], "Neg")
     return None if inner is None else inner.inputs[0]
@@ -164,6 +208,8 @@ RULES: list[tuple[str, Rule]] = [
     ("Neg", _neg_neg),  # -(-x) -> x
     ("MatMul", _matmul_of_transpose),  # MatMul(a, Transpose(b)) -> FusedMatMul(a, b, transB)
     ("Mul", _scaled_matmul),  # MatMul(a, b) * c -> FusedMatMul(a, b, alpha=c)
+    ("MatMul", _matmul_of_scaled),  # MatMul(a * c, b) -> FusedMatMul(a, b, alpha=c)
+    ("FusedMatMul", _matmul_of_scaled),  # FusedMatMul(a * c, b) -> alpha times c
     ("Expand", _forward(0)),  # Expand(x, shape) -> x when nothing broadcasts
 ]
 
@@ -206,7 +252,8 @@ for _op, _rule in RULES:
 def simplify(graph: Graph) -> Graph:
     """Apply the first matching rule of RULES to each node, in one sweep over the graph."""
     for node in list(graph.nodes):
-        if node.domain not in ("", "ai.onnx") or not node.outputs:
+        if not node.outputs or (node.domain not in ("", "ai.onnx") and
+                                (node.op, node.domain) != ("FusedMatMul", "com.microsoft")):
             continue
         for rule in _BY_OP.get(node.op, ()):
             result = rule(graph, node)

@@ -26,6 +26,7 @@ import numpy as np
 
 from autoclust.flags import Flags
 from autoclust.report.dump_html import cluster_color
+from autoclust.version import __version__
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -40,8 +41,7 @@ def versions() -> dict[str, str]:
     import onnx
     import onnxruntime
 
-    import autoclust
-    out = {"autoclust": autoclust.__version__, "numpy": np.__version__,
+    out = {"autoclust": __version__, "numpy": np.__version__,
            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
            "python": sys.version.split()[0]}
     try:
@@ -106,9 +106,12 @@ class Dumper:
                           "any more", RuntimeWarning, stacklevel=3)
 
     # ---- what the session and runtime call ----------------------------------------------
-    def write_plan(self, plan: Any) -> None:
-        from autoclust.importers.onnx import export_model
+    def write_plan(self, plan: Any, clusters: bool = True) -> None:
+        """manifest.json and clustering.*; with `clusters`, each cluster as cluster_NNNN.onnx
+        and its graph text (bisect leaves them out: BERT-base's one cluster is 440 MB)."""
+        from autoclust import registry
         from autoclust.report import explain
+        export_model = registry.importer("onnx").export_model
         manifest = {"versions": versions(), "flags": self.flags.as_dict(),
                     "flags_string": self.flags.to_string(), "platform": platform.platform(),
                     "cpu": cpu_info(), "model": plan.graph.name,
@@ -118,7 +121,7 @@ class Dumper:
         self.write("clustering.json", json.dumps(explain.explain_json(plan), indent=2))
         self.write("clustering.dot", to_dot(plan))
         self.write("clustering.html", to_html(plan))
-        for c in plan.clusters:
+        for c in plan.clusters if clusters else ():
             sub = plan.graph.extract(c.nodes, name=c.name)
             try:
                 self.write(f"{c.name}.onnx", export_model(sub).SerializeToString())

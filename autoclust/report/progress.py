@@ -120,7 +120,7 @@ class Progress:
 
     def _print_line(self) -> None:
         self._last_line = time.monotonic()
-        from autoclust.report.explain import plural
+        from autoclust.text import plural
         done = plural(self.count, self.unit)
         if self.total is not None:
             done = f"{self.count}/{plural(self.total, self.unit)}"

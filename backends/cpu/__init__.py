@@ -16,17 +16,18 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from autoclust.backends.cpu import cache, codegen, gemm, jit, library
+from autoclust.backends.cpu import choice, codegen, gemm, jit, library
 from autoclust.backends.cpu.executable import Executable
 from llvmlite import ir
 
 from autoclust import ops
-from autoclust.compile import LazyDumps
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
 from autoclust.kernel.passes import code_key, distinct_kernels
 from autoclust.registry import Policy
+from autoclust.report.lazy_dumps import LazyDumps
+from autoclust.runtime import disk_cache as cache
 
 NAME = "cpu"
 # onnxruntime's Conv and pooling kernels keep the blocked NCHWc layout between them and
@@ -36,11 +37,10 @@ NAME = "cpu"
 # fused epilogue the bias is free, inside the Gemm it is an extra pass (bert_encoder 51.5
 # vs 49.2 ms).
 POLICY = Policy(
-    leave_to_onnxruntime=frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool",
-                                    "GlobalAveragePool", "GlobalMaxPool"}),
-    onnxruntime_epilogues=frozenset({"BatchNormalization", "Relu", "LeakyRelu", "Clip",
-                                     "Sigmoid", "Tanh", "HardSigmoid", "Add"}),
+    leave_to_onnxruntime=ops.in_group("WINDOW"),            # Conv, ConvTranspose, pooling
+    onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
+    library_views=frozenset({"MatMul", "FusedMatMul"}),
 )
 # Kernels with at least this many loop iterations are split over `--threads` threads
 # (executable.Splitter: chunks of the outer loop claimed by the caller and helper threads),
@@ -70,6 +70,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
     """Render and compile a kernel IR Program into an Executable."""
     global COMPILE_COUNT
     threads = _threads(flags)
+    choice.use_cache_dir(flags.cache_dir or None)  # measured GEMM choices live there too
     live = [t for t in program.thunks if isinstance(t, kir.Kernel) and not t.empty]
     split = set()
     if threads > 1:
@@ -94,19 +95,20 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
         dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
             "".join(f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
     return Executable(program, addrs, split, threads, engine, dumps, library,
-                      MIN_CHUNK_WORK, gemms)
+                      MIN_CHUNK_WORK, gemms, flags.check_bounds)
 
 
 Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol)
 
 
 def _kernel_unit(k: kir.Kernel, flags: Flags) -> Unit:
-    key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}", jit.version_key())
+    key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}|check_bounds="
+                         f"{flags.check_bounds}", jit.version_key())
     sym = f"k_{key[:20]}"
 
     def build() -> str:
         renamed = dataclasses.replace(k, name=sym)
-        return str(codegen.build_module([renamed], flags.fast_math))
+        return str(codegen.build_module([renamed], flags.fast_math, flags.check_bounds))
     return k.name, key, build, sym
 
 

@@ -61,8 +61,8 @@ class GemmSpec:
 
 def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | None:
     """The GemmSpec of a MatMul/Gemm call this module can generate, else None."""
-    if t.op not in ("MatMul", "Gemm") or len(t.outputs) != 1:
-        return None
+    if t.op not in ("MatMul", "Gemm", "FusedMatMul") or len(t.outputs) != 1 or t.views:
+        return None  # strided operands go to a library (choice.py)
     attrs = dict(t.attrs)
     ins = [None if b is None else buffers[b] for b in t.inputs]
     a, b, out = ins[0], ins[1], buffers[t.outputs[0]]
@@ -227,6 +227,8 @@ class _Emitter:
         b, s = self.b, self.s
         if s.alpha != 1.0:
             acc = b.fmul(acc, ir.Constant(self.vty, [s.alpha] * self.vw))
+        if s.beta == 0.0:  # C is not read at all: beta * inf would be NaN (onnxruntime)
+            return acc
         if s.bias == "row":
             bias = self._load(self.p["bias"], col, mask)
         elif s.bias == "scalar":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes.util
 
 from autoclust.backends.cpu import mathlib
+from autoclust.backends.cpu.llvm_types import COMPUTE, NARROW_INTS
 from llvmlite import binding as llvm
 from llvmlite import ir
 
@@ -199,7 +200,6 @@ class MathOps:
     def cast(self, b: ir.IRBuilder, x: ir.Value, src: str, dst: str) -> ir.Value:
         """Convert between compute types; float16 rounds through half; narrow integers
         (computed in int32) wrap as onnxruntime's Cast does (through int32, low bits)."""
-        from autoclust.backends.cpu.codegen import COMPUTE, NARROW_INTS
         ty = _shaped(x.type, COMPUTE[dst])
         if src == dst:
             return x

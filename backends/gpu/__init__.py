@@ -33,9 +33,8 @@ NAME = "gpu"
 # Adds fold into a Gemm call only when no loop kernel reads the sum: a fused epilogue
 # adds the bias for free, inside the Gemm it costs a pre-fill of the output.
 POLICY = Policy(
-    leave_to_onnxruntime=frozenset(library.NO_CUDNN),
-    onnxruntime_epilogues=frozenset({"BatchNormalization", "Relu", "LeakyRelu", "Clip",
-                                     "Sigmoid", "Tanh", "HardSigmoid", "Add"}),
+    leave_to_onnxruntime=library.NO_CUDNN,
+    onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),
     fold_bias="alone",
     device_memory=True,
     fused_attention=attention.MAX_HEAD_DIM,

@@ -31,7 +31,7 @@ from autoclust.backends.gpu import cstyle, gemm
 
 from autoclust.errors import CompileError
 from autoclust.kernel import ir as kir
-from autoclust.ops.library import _window_pads  # the semantics' own geometry
+from autoclust.ops.library import window_pads  # the semantics' own geometry
 
 BLOCK = 256
 RUNS = 3              # timed runs of each candidate before choosing
@@ -89,7 +89,7 @@ def spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> Spec:
     if nsp not in (1, 2) or x.dtype not in DTYPES:
         raise CompileError(f"Conv ({', '.join(t.nodes)}): {nsp}-D {x.dtype} has no GPU path")
     kernel = list(a.get("kernel_shape") or w.shape[2:])
-    _, pb, _ = _window_pads(list(x.shape[2:]), kernel, a, pool=False)
+    _, pb, _ = window_pads(list(x.shape[2:]), kernel, a, pool=False)
     strides = list(a.get("strides") or [1] * nsp)
     dil = list(a.get("dilations") or [1] * nsp)
     hw, ohw = list(x.shape[2:]), list(out.shape[2:])

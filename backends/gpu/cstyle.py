@@ -110,16 +110,10 @@ def constant(value, dtype: str) -> str:
 
 def reduce_init(kind: str, dtype: str) -> str:
     """The identity of a reduction kind (the start of max: -inf, of argmin: +inf)."""
-    if kind == "sum":
-        return constant(0, dtype)
-    if kind == "prod":
-        return constant(1, dtype)
-    high = kind in ("max", "argmax", "argmax_last")
-    if is_float(dtype):
-        return constant(-math.inf if high else math.inf, dtype)
+    if kind in ("sum", "prod") or is_float(dtype):
+        return constant(kir.reduce_identity(kind, dtype), dtype)
     bits = INT_BITS[dtype]
-    return constant(-(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1,
-                    "int64" if bits == 64 else "int32")
+    return constant(kir.reduce_identity(kind, dtype, bits), "int64" if bits == 64 else "int32")
 
 
 def accumulator(red: kir.Reduction) -> list[tuple[str, str]]:
@@ -139,8 +133,9 @@ def accumulator_init(red: kir.Reduction) -> list[str]:
 def combine(kind: str, dtype: str, acc: str, x: str) -> str:
     """C expression: accumulator `acc` combined with value `x` (non-arg kinds).
 
-    Float max/min skip NaN (x != x compares false both ways), so the accumulator never
-    holds one; the first-NaN rule of onnxruntime is applied after the row (see rows.py).
+    Float max/min propagate NaN (NumPy semantics, as the reference): a NaN x is taken,
+    and a NaN accumulator stays (x > NaN is false). ArgMax/ArgMin's first-NaN rule (as
+    onnxruntime) is applied after the row (kernels.py _finish_phase).
     Float sums reassociate across lanes, as the CPU backend's vectorized sums do.
     """
     if kind in ("sum", "prod"):
@@ -150,6 +145,8 @@ def combine(kind: str, dtype: str, acc: str, x: str) -> str:
         t = compute(dtype)
         return f"(({t})(({UNSIGNED[t]}){acc} {sym} ({UNSIGNED[t]}){x}))"
     cmp = ">" if kind == "max" else "<"
+    if is_float(dtype):
+        return f"(({x}) {cmp} ({acc}) || ({x}) != ({x}) ? ({x}) : ({acc}))"
     return f"(({x}) {cmp} ({acc}) ? ({x}) : ({acc}))"
 
 

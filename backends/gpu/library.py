@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from autoclust.backends.gpu import gemm
 
+from autoclust import ops
 from autoclust.errors import CompileError
 from autoclust.kernel import ir as kir
 from autoclust.ops import attention as attn
@@ -40,9 +41,10 @@ COMPUTE_32F, COMPUTE_32F_PEDANTIC, COMPUTE_64F, COMPUTE_32F_FAST_TF32 = 68, 69, 
 GEMM_DEFAULT = -1
 POINTER_MODE_HOST = 0
 INT32_MAX = (1 << 31) - 1
-OPS = ("MatMul", "Gemm", "FusedMatMul", "Einsum")
+OPS = ops.in_group("GEMM")           # MatMul, Gemm, FusedMatMul, Einsum: cuBLAS
 BF16_OPS = ("MatMul", "Gemm", "FusedMatMul")  # (cuBLAS; CuPy's einsum has no bfloat16)
-NO_CUDNN = ("ConvTranspose", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
+# pooling and ConvTranspose: CuPy 14 has no cuDNN (Conv runs as im2col + cuBLAS: conv.py)
+NO_CUDNN = ops.in_group("WINDOW") - {"Conv"}
 
 # A step reads and writes device arrays by buffer id: step(arrays)
 Step = Callable[[list], None]

@@ -18,13 +18,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from autoclust.importers.builder.operand import Operand, active
 from autoclust.importers.builder.ops import OPSET
 from autoclust.importers.onnx.export import export_model
 
 from autoclust.errors import BuildError
 
 if TYPE_CHECKING:
-    from autoclust.importers.builder.builder import Builder, Operand
+    from autoclust.importers.builder import Builder
 
 BOOL = np.dtype(bool)
 INT64 = np.dtype(np.int64)
@@ -33,7 +34,6 @@ INT64 = np.dtype(np.int64)
 def _call(sb: Builder, fn: Callable[..., Any], *args: Any) -> Any:
     """fn(sb, *args) with sb the active builder: operators on outer operands build there,
     so a branch's `n / d` stays inside the branch."""
-    from autoclust.importers.builder.builder import active
     with active(sb):
         return fn(sb, *args)
 
@@ -46,7 +46,6 @@ def _as_list(values: Any) -> tuple[list[Any], bool]:
 
 
 def _results(b: Builder, out: Any, count: int | None, what: str) -> list[Operand]:
-    from autoclust.importers.builder.builder import Operand
     values, _ = _as_list(out)
     if count is not None and len(values) != count:
         raise BuildError(f"{what} returned {len(values)} values, expected {count}")
@@ -78,7 +77,6 @@ def _check_same_type(what: str, first: Operand, second: Operand, how: str,
 
 
 def _condition(b: Builder, c: Any, what: str) -> Operand:
-    from autoclust.importers.builder.builder import Operand
     if not isinstance(c, Operand):
         c = b._as_operand(np.asarray(c, dtype=bool), what)
     if c.dtype != BOOL or (c.shape is not None and c.shape not in ((), (1,))):
@@ -104,13 +102,11 @@ def _loop(b: Builder, trip: Operand | None, cond: Operand | None, init: list[Ope
 
 
 def _carried_inputs(sb: Builder, init: list[Operand]) -> list[Operand]:
-    from autoclust.importers.builder.builder import Operand
     return [Operand(sb, sb.graph.add_input(sb.graph.unique_name(f"carry{k}_"), x.dtype,
                                             x.shape)) for k, x in enumerate(init)]
 
 
 def _loop_header(sb: Builder) -> tuple[Operand, Operand]:
-    from autoclust.importers.builder.builder import Operand
     i = sb.graph.add_input(sb.graph.unique_name("iter_"), INT64, ())
     c = sb.graph.add_input(sb.graph.unique_name("cond_"), BOOL, ())
     return Operand(sb, i), Operand(sb, c)
@@ -140,7 +136,6 @@ def while_loop(b: Builder, cond_fn: Callable[..., Any], body_fn: Callable[..., A
 
 
 def _trip_count(b: Builder, n: Any) -> Operand:
-    from autoclust.importers.builder.builder import Operand
     if isinstance(n, Operand):
         if n.dtype != INT64 or n.shape not in ((), (1,), None):
             n = b.op("Cast", b.op("Reshape", n, [-1]) if n.shape not in ((), None) else n,

@@ -1,24 +1,23 @@
 """NumPy functions on traced arrays -> op-table ops (Tracer.__array_function__).
 
-functions() maps each supported NumPy function to its lowering; each takes NumPy's own
+FUNCTIONS maps each supported NumPy function to its lowering; each takes NumPy's own
 parameters and refuses the ones it cannot honour (out=, where=, ...) by name. Result
 dtypes come from NumPy itself, run on one-element or zero-strided stand-ins of the
 arguments (never on their data), so promotion, default accumulator types (np.sum of int32
 is int64) and argument checks (axes, shapes) are NumPy's. This module holds reductions,
 elementwise-like functions (where, clip, astype, round), products (matmul, dot, einsum)
-and array creation from a traced array's shape; layout functions are in numpy_shapes.py
-and indexing in numpy_index.py.
+and array creation from a traced array's shape; layout functions are in shapes.py and
+indexing in index.py.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from autoclust.importers.builder.builder import Operand
+from autoclust.importers.builder import Operand
 from autoclust.importers.numpy.trace import (
     WIDE,
     TraceContext,
@@ -29,6 +28,7 @@ from autoclust.importers.numpy.trace import (
 )
 
 from autoclust.errors import InvalidInputError
+from autoclust.kernel.ir import reduce_identity
 
 _NO = np._NoValue  # NumPy's "argument not given"
 INT64 = np.dtype(np.int64)
@@ -97,7 +97,8 @@ def reduced_shape(shape: tuple, axes: tuple[int, ...], keepdims: bool) -> tuple:
 
 # What a reduction over no elements gives (the graph gets it as a constant: compiled
 # reductions over a zero-size axis do not write their output yet).
-EMPTY_REDUCTION = {"ReduceSum": 0, "ReduceProd": 1, "ReduceMean": np.nan}
+EMPTY_REDUCTION = {"ReduceSum": reduce_identity("sum", "float32"),
+                   "ReduceProd": reduce_identity("prod", "float32"), "ReduceMean": np.nan}
 
 
 def filled(ctx: TraceContext, value: Any, dtype: np.dtype, shape: tuple) -> Operand:
@@ -501,28 +502,21 @@ def _static(fn: Callable[[Any], Any]) -> Callable[..., Any]:
     return lambda a, *args, **kwargs: fn(a)
 
 
-@functools.cache
-def functions() -> dict[Callable[..., Any], Callable[..., Any]]:
-    """NumPy function -> its lowering (built on first use: the modules import each other)."""
-    from autoclust.importers.numpy import index as numpy_index
-    from autoclust.importers.numpy import shapes as numpy_shapes
-    table = {
-        np.sum: reduce_sum, np.prod: reduce_prod, np.max: reduce_max, np.amax: reduce_max,
-        np.min: reduce_min, np.amin: reduce_min, np.mean: reduce_mean, np.any: reduce_any,
-        np.all: reduce_all, np.argmax: argmax, np.argmin: argmin, np.cumsum: cumsum,
-        np.var: var, np.std: std, np.count_nonzero: count_nonzero,
-        np.where: where, np.clip: clip, np.round: around, np.around: around,
-        np.astype: astype, np.matmul: matmul, np.dot: dot, np.einsum: einsum,
-        np.outer: outer, np.linalg.norm: norm,
-        np.zeros_like: _like("np.zeros_like", 0), np.ones_like: _like("np.ones_like", 1),
-        np.empty_like: _like("np.empty_like", 0), np.full_like: full_like,
-        np.shape: _static(lambda a: tuple(a.shape)), np.ndim: _static(lambda a: a.ndim),
-        np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
-        np.copy: lambda a, order="K", subok=False: np.positive(a),
-        np.result_type: lambda *args: np.result_type(*(stand_in(x, 0) if isinstance(
-            x, Tracer) else x for x in args)),
-    }
-    table.update(numpy_shapes.FUNCTIONS)
-    table.update(numpy_index.FUNCTIONS)
-    return table
+FUNCTIONS = {
+    np.sum: reduce_sum, np.prod: reduce_prod, np.max: reduce_max, np.amax: reduce_max,
+    np.min: reduce_min, np.amin: reduce_min, np.mean: reduce_mean, np.any: reduce_any,
+    np.all: reduce_all, np.argmax: argmax, np.argmin: argmin, np.cumsum: cumsum,
+    np.var: var, np.std: std, np.count_nonzero: count_nonzero,
+    np.where: where, np.clip: clip, np.round: around, np.around: around,
+    np.astype: astype, np.matmul: matmul, np.dot: dot, np.einsum: einsum,
+    np.outer: outer, np.linalg.norm: norm,
+    np.zeros_like: _like("np.zeros_like", 0), np.ones_like: _like("np.ones_like", 1),
+    np.empty_like: _like("np.empty_like", 0), np.full_like: full_like,
+    np.shape: _static(lambda a: tuple(a.shape)), np.ndim: _static(lambda a: a.ndim),
+    np.size: lambda a, axis=None: a.size if axis is None else a.shape[axis],
+    np.copy: lambda a, order="K", subok=False: np.positive(a),
+    np.result_type: lambda *args: np.result_type(*(stand_in(x, 0) if isinstance(
+        x, Tracer) else x for x in args)),
+}
+
 

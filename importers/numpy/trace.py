@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from autoclust.importers.builder.builder import Builder, Operand
+from autoclust.importers.builder import Builder, Operand
 
 from autoclust.errors import InvalidInputError, TraceError
 
@@ -33,6 +33,11 @@ WIDE = {np.dtype(k): np.dtype(v) for k, v in (
     ("float16", "float32"), ("int8", "int32"), ("int16", "int32"), ("uint8", "int32"),
     ("uint16", "int32"), ("uint32", "int64"), ("bool", "int32"))}
 TRACEABLE_KINDS = "biuf"
+# How traced arrays reach their lowerings: NumPy function -> its lowering, and the
+# lowerings of ufuncs, indexing and astype. The package's __init__ fills both from the
+# modules beside this one (they import this module, so it cannot import them).
+FUNCTIONS: dict[Callable[..., Any], Callable[..., Any]] = {}
+HOOKS: dict[str, Callable[..., Any]] = {}
 
 
 def describe(x: Any) -> str:
@@ -228,13 +233,11 @@ class Tracer:
     # ---- NumPy's protocols ----------------------------------------------------------
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any
                         ) -> Any:
-        from autoclust.importers.numpy import ufuncs as numpy_ufuncs
-        return numpy_ufuncs.lower(context_of(inputs), ufunc, method, inputs, kwargs)
+        return HOOKS["ufunc"](context_of(inputs), ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func: Callable[..., Any], types: Any, args: Any,
                            kwargs: Any) -> Any:
-        from autoclust.importers.numpy import functions as numpy_functions
-        impl = numpy_functions.functions().get(func)
+        impl = FUNCTIONS.get(func)
         if impl is None:
             name = f"np.{getattr(func, '__name__', func)}"
             raise unsupported(name, args, kwargs, "this NumPy function is not supported")
@@ -286,8 +289,7 @@ class Tracer:
         return np.invert(self)
 
     def __getitem__(self, key: Any) -> Tracer:
-        from autoclust.importers.numpy import index as numpy_index
-        return numpy_index.getitem(self, key)
+        return HOOKS["getitem"](self, key)
 
     # ---- ndarray methods ------------------------------------------------------------
     @property
@@ -302,8 +304,7 @@ class Tracer:
 
     def astype(self, dtype: Any, order: str = "K", casting: str = "unsafe", subok: bool = True,
                copy: bool = True) -> Tracer:
-        from autoclust.importers.numpy import functions as numpy_functions
-        return numpy_functions.astype(self, dtype, casting=casting)
+        return HOOKS["astype"](self, dtype, casting=casting)
 
     def reshape(self, *shape: Any, order: str = "C", copy: Any = None) -> Tracer:
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
@@ -368,7 +369,7 @@ def trace_graph(name: str, arrays: Sequence[tuple[str, np.ndarray]],
             else:
                 slots.append(leaf)
                 continue
-            slots.append(_OutputSlot(len(outputs) - 1))
+            slots.append(OutputSlot(len(outputs) - 1))
         if outputs:
             ctx.builder.build(outputs)
         return ctx.builder, (tree, slots)
@@ -376,7 +377,7 @@ def trace_graph(name: str, arrays: Sequence[tuple[str, np.ndarray]],
         ctx.active = False
 
 
-class _OutputSlot:
+class OutputSlot:
     """Marks where graph output `index` goes in the result tree."""
 
     __slots__ = ("index",)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from autoclust.importers.builder.builder import Builder, Operand
+from autoclust.importers.builder import Builder, Operand
 from autoclust.importers.numpy.trace import WIDE, TraceContext, Tracer, describe_call, unsupported
 
 from autoclust.errors import InvalidInputError, TraceError

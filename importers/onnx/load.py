@@ -370,6 +370,11 @@ def _outer_reads(body: GraphProto, seen: set[str]) -> list[str]:
     return list(reads)
 
 
+def outer_reads(body: GraphProto) -> list[str]:
+    """Names a subgraph body (and its nested bodies) reads from enclosing scopes."""
+    return _outer_reads(body, set())
+
+
 # ---- the import ---------------------------------------------------------------------
 
 def _opset_dict(proto: ModelProto) -> dict[str, int]:

@@ -1,10 +1,14 @@
 """The GPU backend's first run on a real GPU: one script, one call of the device tool.
 
-    pip install --no-deps --no-build-isolation -e . ; \\
-    python -m autoclust.tools.debug.first_light --out "$OUT"      # ~5 minutes on an H100
+    PYTHONPATH=$PWD PYTHONUNBUFFERED=1 python3 -m autoclust.tools.debug.first_light \\
+        --out "$OUT" --budget 480
 
-Each step is timed and may fail on its own (the next ones still run); the results go to
-OUT/first_light.json, a table to OUT/first_light.md, the long outputs to OUT/*.log:
+(from the repository root, nothing installed: the image's python3 has CuPy, torch,
+onnxruntime, llvmlite and ml_dtypes). Each step is timed and may fail on its own (the next
+ones still run); a step that would start with less than its minimum of the --budget left
+is skipped and says so. The results go to OUT/first_light.json (rewritten after every
+step, so a killed run keeps what it did), a table to OUT/first_light.md, the long outputs
+to OUT/*.log: five files, inside the device tool's eight.
 
     doctor             `autoclust doctor --device gpu --json` in a fresh process
     cublas_no_torch    libcublas located and loaded in a process that never imports torch
@@ -19,6 +23,8 @@ OUT/first_light.json, a table to OUT/first_light.md, the long outputs to OUT/*.l
                        every node clusters on the GPU, kernel counts, CUDA graph replays
     pytest_gpu         `pytest -m gpu tests` (every op and edge case under five launches)
     bench_kernels      `autoclust bench --device gpu --cases kernels`: bandwidth fractions
+    bench_models       `autoclust bench --device gpu --cases bert,gpt2`: float16, float32
+                       against torch eager and torch.compile, with whatever time is left
 
 Every figure names the GPU (doctor). A step's "ok" is its check; its numbers are the
 figures to report.
@@ -27,10 +33,12 @@ figures to report.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -41,8 +49,23 @@ import onnx
 from onnx import TensorProto, helper
 
 STEPS: list[tuple[str, Callable[[str], dict[str, Any]]]] = []
-PYTEST_TIMEOUT = 300
-BENCH_TIMEOUT = 150
+# Subprocess steps: their command lines, their own time limits (seconds), and the least
+# time left in the budget for which a step is started at all. Tests swap PYTHON for a
+# launcher that installs the GPU stand-in, and shrink the arguments.
+PYTHON = [sys.executable]
+# only test_gpu.py carries the gpu mark: collecting all of tests/ would import modules
+# whose packages (ray, ...) the GPU image may lack, and one collection error stops pytest
+PYTEST_ARGS = ["-m", "gpu", "-n", "4", "--maxfail=30", "-rf", "tests/test_gpu.py"]
+BENCH_KERNEL_ARGS = ["--cases", "kernels"]
+BENCH_MODEL_ARGS = ["--cases", "bert,gpt2", "--dtypes", "float16,float32", "--repeat", "20"]
+TIMEOUTS = {"doctor": 120, "cublas_no_torch": 60, "pytest_gpu": 240, "bench_kernels": 120,
+            "bench_models": 600}
+MIN_LEFT = {"pytest_gpu": 60, "bench_kernels": 40, "bench_models": 60}
+_DEADLINE = [float("inf")]  # perf_counter() time by which every step must have ended
+
+
+def _left() -> float:
+    return _DEADLINE[0] - time.perf_counter()
 
 
 def step(name: str) -> Callable:
@@ -52,9 +75,11 @@ def step(name: str) -> Callable:
     return register
 
 
-def _run(cmd: list[str], out: str, log: str, timeout: int) -> dict[str, Any]:
-    """A subprocess with its output in OUT/log; rc and the last lines."""
+def _run(cmd: list[str], out: str, log: str, timeout: float) -> dict[str, Any]:
+    """A subprocess with its output in OUT/log (cut to the budget left); rc and the last
+    lines."""
     t0 = time.perf_counter()
+    timeout = max(1.0, min(timeout, _left() - 5))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(),
                                                       os.environ.get("PYTHONPATH", "")]))
     try:
@@ -86,14 +111,16 @@ def _info(name: str, dtype: int, shape: list) -> Any:
 
 @step("doctor")
 def doctor_step(out: str) -> dict[str, Any]:
-    r = _run([sys.executable, "-m", "autoclust.tools.cli", "doctor", "--device", "gpu",
-              "--json"], out, "doctor.log", 180)
+    r = _run([*PYTHON, "-m", "autoclust.tools.cli", "doctor", "--device", "gpu", "--json"],
+             out, "doctor.log", TIMEOUTS["doctor"])
+    path = os.path.join(out, "doctor.log")
+    with open(path) as f:
+        text = f.read()
+    os.remove(path)  # kept in first_light.json: the device tool brings back eight files
     try:
-        with open(os.path.join(out, "doctor.log")) as f:
-            text = f.read()
         r["report"] = json.loads(text[text.index("{"):text.rindex("}") + 1])
     except ValueError:
-        pass
+        r["output"] = text[-4000:]
     return r
 
 
@@ -109,7 +136,10 @@ sys.exit(0 if lib is not None and "torch" not in sys.modules else 1)
 
 @step("cublas_no_torch")
 def cublas_step(out: str) -> dict[str, Any]:
-    return _run([sys.executable, "-c", CUBLAS_PROBE], out, "cublas_no_torch.log", 120)
+    r = _run([*PYTHON, "-c", CUBLAS_PROBE], out, "cublas_no_torch.log",
+             TIMEOUTS["cublas_no_torch"])
+    os.remove(os.path.join(out, "cublas_no_torch.log"))  # its tail is in the result
+    return r
 
 
 def _session(model: onnx.ModelProto, **kw: Any) -> Any:
@@ -154,8 +184,10 @@ def _gemm_error(dtype: str, allow_tf32: bool = False) -> float:
     from autoclust.backends import gpu
     from autoclust.importers.onnx import import_model
 
-    from autoclust.compile import lower_graph, optimize, specialize
+    from autoclust.compile import lower_graph
     from autoclust.flags import parse
+    from autoclust.passes.optimize import optimize
+    from autoclust.passes.specialize import specialize
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     onnx_type = helper.np_dtype_to_tensor_dtype(np_dtype)
     rng = np.random.default_rng(1)
@@ -289,32 +321,53 @@ def zoo_step(out: str) -> dict[str, Any]:
 
 @step("pytest_gpu")
 def pytest_step(out: str) -> dict[str, Any]:
-    return _run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                 "--maxfail=30", "-rf", "tests"], out, "pytest_gpu.log", PYTEST_TIMEOUT)
+    return _run([*PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PYTEST_ARGS], out,
+                "pytest_gpu.log", TIMEOUTS["pytest_gpu"])
+
+
+def _bench(out: str, name: str, args: list[str]) -> dict[str, Any]:
+    """`autoclust bench --device gpu ARGS`; its rows read off the log (it prints each as a
+    JSON line when done, so a run cut short by the budget keeps the rows it finished)."""
+    with tempfile.TemporaryDirectory() as tables:  # bench_gpu.{json,md}: rows are below
+        r = _run([*PYTHON, "-m", "autoclust.tools.cli", "bench", "--device", "gpu", *args,
+                  "--out", tables], out, f"{name}.log", TIMEOUTS[name])
+    rows = []
+    with open(os.path.join(out, f"{name}.log")) as f:
+        for line in f:
+            if line.startswith("{") and '"case"' in line:
+                rows.append(json.loads(line))
+    r["rows"] = rows
+    r["ok"] = r["ok"] and bool(rows) and not any("error" in row for row in rows)
+    return r
 
 
 @step("bench_kernels")
-def bench_step(out: str) -> dict[str, Any]:
-    r = _run([sys.executable, "-m", "autoclust.tools.cli", "bench", "--device", "gpu",
-              "--cases", "kernels", "--out", out], out, "bench_kernels.log", BENCH_TIMEOUT)
-    path = os.path.join(out, "bench_gpu.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            r["rows"] = json.load(f).get("kernels")
-    return r
+def bench_kernels_step(out: str) -> dict[str, Any]:
+    return _bench(out, "bench_kernels", BENCH_KERNEL_ARGS)
+
+
+@step("bench_models")
+def bench_models_step(out: str) -> dict[str, Any]:
+    return _bench(out, "bench_models", BENCH_MODEL_ARGS)
 
 
 # ---- driver ---------------------------------------------------------------------------------
 
-def run_steps(out: str, only: list[str] | None = None) -> dict[str, Any]:
-    """Run the steps (all, or `only`), each on its own; the results by step name."""
+def run_steps(out: str, only: list[str] | None = None, budget: float = float("inf")
+              ) -> dict[str, Any]:
+    """Run the steps (all, or `only`), each on its own, within `budget` seconds; the
+    results by step name."""
+    _DEADLINE[0] = time.perf_counter() + budget
     results: dict[str, Any] = {}
     for name, fn in STEPS:
         if only and name not in only:
             continue
         t0 = time.perf_counter()
         try:
-            r = fn(out)
+            if _left() < MIN_LEFT.get(name, 10):
+                r = {"ok": False, "error": f"skipped: {_left():.0f} s of the budget left"}
+            else:
+                r = fn(out)
         except Exception as exc:  # noqa: BLE001 - one failed step must not stop the others
             r = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                  "traceback": traceback.format_exc().splitlines()[-8:]}
@@ -345,9 +398,19 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "first_light_out"))
     p.add_argument("--only", default="", help="comma-separated step names")
+    p.add_argument("--budget", type=float, default=480.0,
+                   help="seconds for all the steps (default 480: the device tool's call "
+                        "limit is 600)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    results = run_steps(args.out, [s for s in args.only.split(",") if s])
+    stacks = os.path.join(args.out, "hang_stacks.log")
+    with open(stacks, "w") as hang:  # a kernel that never returns leaves its stacks here
+        faulthandler.dump_traceback_later(args.budget + 60, exit=True, file=hang)
+        try:
+            results = run_steps(args.out, [s for s in args.only.split(",") if s], args.budget)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    os.remove(stacks)
     with open(os.path.join(args.out, "first_light.md"), "w") as f:
         f.write(summary(results))
     return 0 if all(r.get("ok") for r in results.values()) else 1

@@ -71,8 +71,8 @@ def main(args: argparse.Namespace) -> int:
 
     from autoclust import flags, registry
     from autoclust.compile import compile_cluster
-    from autoclust.report.explain import plural
     from autoclust.runtime import interpreter
+    from autoclust.text import plural
 
     model_path, inputs_path = resolve(args.cluster)
     overrides = flags.parse_string(args.flags) if args.flags else {}

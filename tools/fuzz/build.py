@@ -18,6 +18,8 @@ import onnx
 from autoclust.tools.fuzz import values as fuzz_values
 from onnx import TensorProto, helper
 
+from autoclust import ops
+
 F16 = np.dtype("float16")
 F32 = np.dtype("float32")
 F64 = np.dtype("float64")
@@ -28,7 +30,7 @@ ELEM = {F16: TensorProto.FLOAT16, F32: TensorProto.FLOAT, F64: TensorProto.DOUBL
         I32: TensorProto.INT32, I64: TensorProto.INT64, BOOL: TensorProto.BOOL}
 
 # Profile switches and emitter groups; a case draws its profile within a feature set.
-GROUPS = ("core", "reduce", "index", "int", "round", "export")
+GROUPS = ("core", "reduce", "index", "int", "round", "export", "optional")
 SWITCHES = ("f16", "wide", "special", "empty", "errors")
 ALL = frozenset(GROUPS + SWITCHES)
 CLASSIC = frozenset({"core"})
@@ -40,17 +42,17 @@ PRESETS = {
     "index": frozenset({"core", "index", "export"}),          # Gather, Pad, Split, ...
     "int": frozenset({"int", "errors"}),                      # Div/Mod, raising feeds
     "round": frozenset({"round", "f16"}),                     # float16 rounding
+    # missing optional inputs, alpha/beta 0, signed zeros, indices longer than data
+    "optional": frozenset({"core", "optional", "special", "errors", "empty"}),
 }
 OPSETS = (13, 17, 21)
 
 # Ops whose result is the correctly rounded value of exact operands (or a copy): a chain
 # of them from graph inputs has one legal answer. MatMul, reductions and math functions
 # do not (summation order, FMA contraction, libm accuracy).
-ROUNDS_ONCE = frozenset({"Add", "Sub", "Mul", "Div", "Sqrt"})
-EXACT = frozenset({"Neg", "Abs", "Relu", "Max", "Min", "Where", "Clip", "Identity",
-                   "Transpose", "Reshape", "Slice", "Concat", "Squeeze", "Unsqueeze",
-                   "Expand", "Flatten", "Gather", "GatherElements", "Pad", "Tile", "Split",
-                   "Trilu", "ReduceMax", "ReduceMin", "Floor", "Ceil", "Round", "Sign"})
+# (OpDef.exact in the op table.)
+ROUNDS_ONCE = frozenset(d.op for d in ops.all_ops() if d.exact == "rounded")
+EXACT = frozenset(d.op for d in ops.all_ops() if d.exact == "copy")
 INEXACT = 99
 
 # Ops onnxruntime's CPU provider has no float16 kernel for, and the first opset of ops

@@ -22,12 +22,29 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
-DISCRETE = frozenset({"Floor", "Ceil", "Round", "Sign", "ArgMax", "ArgMin", "TopK",
-                      "NonZero", "Unique", "Greater", "Less", "Equal", "GreaterOrEqual",
-                      "LessOrEqual", "IsNaN", "IsInf", "Mod", "Hardmax"})
+from autoclust import ops
+
+# Ops whose outputs jump (OpDef.discrete), and Hardmax, which onnxruntime runs for us.
+DISCRETE = frozenset({d.op for d in ops.all_ops() if d.discrete} | {"Hardmax"})
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """An onnxruntime session with every graph optimization off, one thread, quiet."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4  # run-time failures are expected; they are reported here
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime with every graph optimization off: the reference outputs."""
+    return ort_session(model).run(None, feeds)
 
 
 def _is_discrete(node: onnx.NodeProto) -> bool:
@@ -136,7 +153,8 @@ class Arbiter:
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                (out,) = ReferenceEvaluator(model).run(None, self._feeds(model))
+                evaluator = ReferenceEvaluator(model, new_ops=spec_fixes())
+                (out,) = evaluator.run(None, self._feeds(model))
         except Exception:  # noqa: BLE001 - an op it lacks or gets wrong: no opinion
             return None
         return np.asarray(out)
@@ -147,10 +165,50 @@ class Arbiter:
             self._continuous = continuous_outputs(self.model)
         if not self._continuous[index]:
             return None
-        from autoclust.tools.fuzz.check import run_ort
         model = to_float64(only_output(self.model, index))
         try:
             (out,) = run_ort(model, self._feeds(model, np.float64))
         except Exception:  # noqa: BLE001 - no float64 kernel for some op: no arbiter
             return None
         return out
+
+
+def spec_fixes() -> list[type]:
+    """onnx.reference ops replaced where they depart from the spec's text."""
+    return [_gather_elements_op(), _clip_op()]
+
+
+def _clip_op() -> type:
+    """onnx.reference's Clip, fixed: a missing bound is numeric_limits::lowest() / max()
+    (the spec), not -inf / +inf, so +inf clips to FLT_MAX (it excused the old answer)."""
+    from onnx.reference.op_run import OpRun
+
+    class Clip(OpRun):
+        op_domain = ""
+
+        def _run(self, x, lo=None, hi=None):
+            if x.dtype.kind == "f":
+                info = np.finfo(x.dtype)
+                lo = info.min if lo is None else lo
+                hi = info.max if hi is None else hi
+            y = x if lo is None else np.maximum(x, lo)
+            return ((y if hi is None else np.minimum(y, hi)).astype(x.dtype),)
+    return Clip
+
+
+def _gather_elements_op() -> type:
+    """onnx.reference's GatherElements, fixed: it refuses indices smaller than the data
+    on a non-axis dim, which the spec allows (and which then cost a whole output its
+    opinion: a NaN from ReduceMin before such a Gather could not be arbitrated)."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        op_domain = ""
+
+        def _run(self, data, indices, axis=0):
+            axis = int(axis) % max(data.ndim, 1)
+            idx = np.where(indices < 0, indices + data.shape[axis], indices)
+            grid = list(np.indices(idx.shape, sparse=True))
+            grid[axis] = idx
+            return (data[tuple(grid)],)
+    return GatherElements

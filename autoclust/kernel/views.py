@@ -1,0 +1,126 @@
+"""Library operands in place: strided views instead of layout kernels around a GEMM.
+
+Attention reshapes and transposes the projections around its two batched MatMuls:
+
+    q = Transpose(Reshape(x @ Wq, [B, S, H, D]), [0, 2, 1, 3])       # [B, H, S, D]
+    k = Transpose(Reshape(x @ Wk, [B, S, H, D]), [0, 2, 3, 1])       # [B, H, D, S]
+    o = Reshape(Transpose(softmax(q @ k) @ v, [0, 2, 1, 3]), [B, S, H*D])
+
+Each Transpose used to be a kernel copying its tensor before or after the GEMM. With a
+backend that takes strided operands (its Policy.library_views), fusion instead
+- reads an operand made by layout ops from the buffer it lies in (`input_view`): the
+  operand's expression at the identity index, built by the ordinary lowering, is a single
+  affine load, whose coefficients are the strides (k above is x @ Wk read with strides
+  [., D, 1, H*D]);
+- writes a result whose only use is a chain of pure reshapes and transposes straight into
+  the buffer at the chain's end (`output_view`): o's MatMul writes [B, H, S, D] with
+  strides [., D, H*D, 1] into o's [B, S, H*D] buffer.
+A view that does not exist (a Mul in the chain, a Reshape regrouping a transposed
+value) makes fusion keep the operand in a buffer as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from autoclust import ops
+from autoclust.ir import Graph, Node, Value
+from autoclust.kernel import ir as kir
+from autoclust.kernel.indexing import contiguous_strides
+
+# Ops whose consumers see the same elements rearranged: a result's chain of these ends
+# in the buffer it can be written into.
+CHAIN_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+MAX_INVERT = 1 << 24  # elements: the output view is found numerically (np.indices)
+
+Probe = Callable[[Value, Value | None], kir.Expr | None]
+
+
+def takes_views(node: Node, ops_with_views: frozenset) -> bool:
+    """Whether `node` is a library call whose operands 0 and 1 and result may be views."""
+    return node.op in ops_with_views and node.domain in ("", "ai.onnx", "com.microsoft") \
+        and len(node.outputs) == 1
+
+
+def maybe_view(graph: Graph, v: Value) -> bool:
+    """Whether operand v could be a view of another buffer: made by a layout op."""
+    node = v.producer
+    if node is None or graph.is_constant(v) or 0 in v.shape:
+        return False
+    opdef = ops.get(node.op, node.domain)
+    return opdef is not None and opdef.kind == ops.LAYOUT
+
+
+def chain_end(graph: Graph, v: Value) -> Value | None:
+    """The end of the single-use chain of CHAIN_OPS that reads result v, or None."""
+    outputs = {w.name for w in graph.outputs}
+    w, moved = v, False
+    while len(w.uses) == 1 and w.name not in outputs:
+        node = graph.consumers(w)[0]
+        if node.op not in CHAIN_OPS or node.domain not in ("", "ai.onnx") or \
+                node.inputs[0] is not w or len(node.outputs) != 1:
+            break
+        w, moved = node.outputs[0], True
+    return w if moved and w.dtype == v.dtype else None
+
+
+def same_order_source(w: Value, v: Value) -> Value:
+    """The value before w's trailing reshapes on the chain from v: they keep the flat
+    order, so w's buffer holds that value's elements in the same places."""
+    while w is not v and w.producer is not None:
+        opdef = ops.get(w.producer.op, w.producer.domain)
+        if opdef is None or not opdef.view:
+            break
+        w = w.producer.inputs[0]
+    return w
+
+
+def input_view(x: Value, probe: Probe) -> tuple[int, kir.View] | None:
+    """(buffer, view) when operand x is an affine read of one buffer, else None."""
+    e = probe(x, None)
+    if not isinstance(e, kir.Load) or e.clamps or e.dyn:
+        return None
+    if not all(isinstance(c, int) for c in e.index.coeffs):
+        return None
+    return e.buf, kir.View(tuple(x.shape), tuple(e.index.coeffs), e.index.const)
+
+
+def output_view(v: Value, w: Value, probe: Probe) -> kir.View | None:
+    """The view of result v inside w's buffer, when w is a rearrangement of v's elements
+    (each element of v lands at one element of w, and the landing places are strided)."""
+    w = same_order_source(w, v)
+    if w is v:
+        return kir.View(tuple(v.shape), contiguous_strides(tuple(v.shape)), 0)
+    e = probe(w, v)
+    n = int(np.prod(w.shape, dtype=np.int64))
+    if not isinstance(e, kir.Load) or e.clamps or e.dyn or not w.shape or not v.shape:
+        return None
+    if n == 0 or n > MAX_INVERT or n != int(np.prod(v.shape, dtype=np.int64)):
+        return None
+    idx = np.indices(w.shape, dtype=np.int64).reshape(len(w.shape), -1)
+    src = e.index.const + np.asarray(e.index.coeffs, np.int64) @ idx  # v's flat index
+    if src.min() < 0 or src.max() >= n:
+        return None
+    dest = np.full(n, -1, np.int64)
+    dest[src] = np.arange(n, dtype=np.int64)  # v's element -> its place in w's buffer
+    if (dest < 0).any():
+        return None  # two places of w read the same element of v: not a rearrangement
+    dv = dest.reshape(v.shape)
+    offset = int(dv.flat[0])
+    strides = []
+    for k, size in enumerate(v.shape):
+        step = tuple(1 if j == k and size > 1 else 0 for j in range(len(v.shape)))
+        strides.append(int(dv[step]) - offset if size > 1 else 0)
+    where = offset + np.tensordot(np.asarray(strides, np.int64),
+                                  np.indices(v.shape, dtype=np.int64), axes=1)
+    if not np.array_equal(where, dv):
+        return None
+    return kir.View(tuple(v.shape), tuple(strides), offset)
+
+
+def is_plain(view: kir.View, buffer: kir.Buffer) -> bool:
+    """Whether the view is the whole buffer in its own layout (a reshape at most)."""
+    return view.offset == 0 and view.shape == buffer.shape and \
+        view.strides == contiguous_strides(view.shape)

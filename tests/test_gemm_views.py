@@ -1,0 +1,237 @@
+"""GEMMs around attention: strided operands instead of transpose kernels (kernel/views.py),
+scale Muls folded into alpha, and the measured GEMM choice among MLAS, NumPy and oneDNN
+(backends/cpu/choice.py, onednn.py), each checked against onnxruntime."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from autoclust.backends.cpu import choice, library, onednn
+from autoclust.models import zoo
+from onnx import TensorProto, helper, numpy_helper
+
+import autoclust
+from autoclust.errors import UnsupportedOpError
+
+RNG = np.random.default_rng(11)
+HAS_DNNL = onednn.unavailable() is None
+needs_dnnl = pytest.mark.skipif(not HAS_DNNL, reason="oneDNN not installed")
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _kernels(sess: autoclust.InferenceSession) -> list:
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    return [t for t in exe.program.thunks if type(t).__name__ == "Kernel"]
+
+
+def _calls(sess: autoclust.InferenceSession) -> list:
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    return [t for t in exe.program.thunks if type(t).__name__ == "LibraryCall"]
+
+
+def _attention(s: int = 16, heads: int = 4, d: int = 8, scale_q: bool = True) -> onnx.ModelProto:
+    """x -> Q/K/V projections, heads split by Reshape + Transpose (K^T by perm [0,2,3,1]),
+    softmax(Q K^T * c), merge heads by Transpose + Reshape, output projection."""
+    h = heads * d
+    w = {n: numpy_helper.from_array(RNG.standard_normal((h, h)).astype(np.float32) * 0.2, n)
+         for n in ("wq", "wk", "wv", "wo")}
+    inits = list(w.values()) + [
+        numpy_helper.from_array(np.array([1, s, heads, d], np.int64), "split"),
+        numpy_helper.from_array(np.array([1, s, h], np.int64), "merge"),
+        numpy_helper.from_array(np.array(d ** -0.25, np.float32), "c"),
+        numpy_helper.from_array(RNG.standard_normal(h).astype(np.float32), "bk")]
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "wq"], ["q0"]), n("MatMul", ["x", "wk"], ["k0"]),
+             n("Add", ["k0", "bk"], ["k1"]), n("MatMul", ["x", "wv"], ["v0"]),
+             n("Reshape", ["q0", "split"], ["q1"]), n("Transpose", ["q1"], ["q2"], perm=[0, 2, 1, 3]),
+             n("Reshape", ["k1", "split"], ["k2"]), n("Transpose", ["k2"], ["k3"], perm=[0, 2, 3, 1]),
+             n("Reshape", ["v0", "split"], ["v1"]), n("Transpose", ["v1"], ["v2"], perm=[0, 2, 1, 3])]
+    q = "q2"
+    if scale_q:
+        nodes += [n("Mul", ["q2", "c"], ["q3"]), n("Mul", ["k3", "c"], ["k4"])]
+        q = "q3"
+    nodes += [n("MatMul", [q, "k4" if scale_q else "k3"], ["sc"]),
+              n("Softmax", ["sc"], ["p"], axis=-1), n("MatMul", ["p", "v2"], ["o0"]),
+              n("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
+              n("Reshape", ["o1", "merge"], ["o2"]), n("MatMul", ["o2", "wo"], ["y"])]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, s, h])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, s, h])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("scale_q", [True, False])
+def test_attention_has_no_transpose_kernels(scale_q):
+    model = _attention(scale_q=scale_q)
+    x = RNG.standard_normal((1, 16, 32)).astype(np.float32)
+    sess = autoclust.InferenceSession(model, must_compile=True)
+    got = sess.run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, _ort(model, {"x": x})[0], rtol=2e-5, atol=2e-5)
+    kernels = _kernels(sess)
+    assert len(kernels) == 1 and "Softmax" in " ".join(kernels[0].nodes)  # the softmax only
+    calls = _calls(sess)
+    assert [c.op for c in calls].count("Gemm") == 1  # K's bias Add rides its projection
+    viewed = [c for c in calls if c.views]
+    assert len(viewed) == 2  # Q K^T reads both in place; P V writes into the merged heads
+    qk = viewed[0]
+    assert qk.views[1].strides[1:] == (8, 1, 32)  # K^T [1, 4, 8, 16] over k1 [1, 16, 32]
+    assert (qk.op == "FusedMatMul") == scale_q  # the two scale Muls became alpha
+
+
+def test_bert_encoder_kernels_and_output():
+    model = onnx.load("models/bert_encoder.onnx")
+    feeds = zoo.feeds(model)
+    sess = autoclust.InferenceSession(model, must_compile=True)
+    got = sess.run(None, feeds)
+    for g, w in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    kernels = _kernels(sess)
+    # per layer: softmax, 2 LayerNorms, GELU (was 8 with 4 transposing kernels), + embedding
+    assert len(kernels) == 9
+    assert not any("Transpose" in " ".join(k.nodes) for k in kernels)
+
+
+def _strided(shape: tuple, perm: tuple) -> np.ndarray:
+    """A random array of `shape` that is a transposed view of a contiguous buffer."""
+    base = RNG.standard_normal([shape[p] for p in perm]).astype(np.float32)
+    inverse = np.argsort(perm)
+    return base.transpose(inverse)
+
+
+CASES = [  # (a shape, b shape, a perm, b perm): perm None = contiguous
+    ((1, 4, 16, 8), (1, 4, 8, 16), (0, 2, 1, 3), (0, 3, 1, 2)),  # attention Q K^T
+    ((2, 3, 5, 7), (7, 6), None, (1, 0)),  # batched A, transposed shared B
+    ((3, 1, 5, 7), (1, 4, 7, 6), None, None),  # batch broadcasting both ways
+    ((33, 70), (70, 65), (1, 0), None),  # transposed A
+    ((1, 6, 9), (6, 9, 4), None, None),  # A broadcast over B's batch
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("impl", ["mlas", "numpy", "onednn"])
+def test_each_gemm_on_strided_operands(case, impl):
+    sa, sb, pa, pb = case
+    a = _strided(sa, pa) if pa else RNG.standard_normal(sa).astype(np.float32)
+    b = _strided(sb, pb) if pb else RNG.standard_normal(sb).astype(np.float32)
+    a.flat[0], b.flat[-1] = np.nan, np.inf  # non-finite values propagate like onnxruntime's
+    want = _ort_matmul(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    layouts = (_elems(a), _elems(b), None)
+    if impl == "onednn" and not HAS_DNNL:
+        pytest.skip("oneDNN not installed")
+    fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
+                           [(want.dtype, want.shape)], 2, impl=impl, layouts=layouts)
+    y = np.full(want.shape, 7, np.float32)
+    fn([a, b], [y])
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def _elems(x: np.ndarray) -> tuple | None:
+    return None if x.flags.c_contiguous else tuple(s // x.itemsize for s in x.strides)
+
+
+def _ort_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm", [
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a.shape)),
+        helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return _ort(model, {"a": a, "b": b})[0]
+
+
+@needs_dnnl
+@pytest.mark.parametrize("epilogue", [[], [("add", (24,))], [("add", (5, 24)), ("relu", ())],
+                                      [("gelu_erf", ())], [("silu", ())], [("mul", (5, 24))]])
+def test_onednn_epilogues(epilogue):
+    a = RNG.standard_normal((5, 12)).astype(np.float32)
+    w = RNG.standard_normal((12, 24)).astype(np.float32)
+    extras = [RNG.standard_normal(shape).astype(np.float32) for kind, shape in epilogue if shape]
+    y = np.empty((5, 24), np.float32)
+    mm = onednn.Matmul(onednn.Operand(a.shape), onednn.Operand(w.shape),
+                       onednn.Operand(y.shape), 0.5, epilogue, weights=w, threads=2)
+    mm([a, y, *extras])
+    want, it = 0.5 * (a @ w), iter(extras)
+    for kind, _ in epilogue:
+        from scipy.special import erf
+        want = {"add": lambda t: t + next(it), "mul": lambda t: t * next(it),
+                "relu": lambda t: np.maximum(t, 0), "silu": lambda t: t / (1 + np.exp(-t)),
+                "gelu_erf": lambda t: 0.5 * t * (1 + erf(t / np.sqrt(2)))}[kind](want)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_empty_and_one_dimensional_gemms_fall_back():
+    a, b = np.zeros((0, 8), np.float32), RNG.standard_normal((8, 4)).astype(np.float32)
+    fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
+                           [(a.dtype, (0, 4))], 2)
+    fn([a, b], [np.empty((0, 4), np.float32)])
+    assert fn.impl != "onednn"
+    with pytest.raises(UnsupportedOpError, match="onednn"):
+        library.make_call("MatMul", {}, [(a.dtype, (8,)), (b.dtype, b.shape)],
+                          [(a.dtype, (4,))], 2, impl="onednn")
+
+
+def test_missing_onednn_is_one_clear_reason(monkeypatch):
+    monkeypatch.setattr(onednn, "_STATE", {"why": "oneDNN not installed (pip install x)"})
+    a, b = np.ones((256, 256), np.float32), np.ones((256, 512), np.float32)
+    library._DECISIONS.clear()
+    fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
+                           [(a.dtype, (256, 512))], 2, {1: b})
+    assert fn.impl == "mlas" and "onednn: oneDNN not installed" in fn.note
+    library._DECISIONS.clear()
+
+
+@needs_dnnl
+def test_measured_choice_is_cached_on_disk(tmp_path):
+    a, b = np.ones((128, 256), np.float32), RNG.standard_normal((256, 512)).astype(np.float32)
+    choice.use_cache_dir(str(tmp_path))
+    try:
+        library._DECISIONS.clear()
+        fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
+                               [(a.dtype, (128, 512))], 2, {1: b})
+        assert fn.impl == "mlas"  # until the background measurement says otherwise
+        assert library.wait_background(30)
+        assert fn.impl in ("mlas", "onednn") and fn.note.startswith("measured"), fn.note
+        entries = json.loads((tmp_path / "gemm_choices.json").read_text())
+        assert [v[0] for v in entries.values()] == [fn.impl]
+        library._DECISIONS.clear()
+        choice.use_cache_dir(str(tmp_path))  # a new process: the file answers
+        again = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
+                                  [(a.dtype, (128, 512))], 2, {1: b})
+        assert again.impl == fn.impl and again.note.endswith("(--cache_dir)")
+    finally:
+        choice.use_cache_dir(None)
+        library._DECISIONS.clear()
+
+
+def test_operand_view_of_a_graph_input_reads_that_input():
+    """(Q c) @ (K^T c) with K a graph input: the probe that finds K's view names K's
+    buffer before any other, and gives the id back; the call must still read K (it once
+    read its own output buffer: the ONNX node suite's expanded Attention cases)."""
+    n = helper.make_node
+    nodes = [n("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), n("Mul", ["q", "c"], ["qc"]),
+             n("Mul", ["kt", "c"], ["ktc"]), n("MatMul", ["qc", "ktc"], ["s"]),
+             n("Softmax", ["s"], ["p"], axis=-1), n("MatMul", ["p", "v"], ["y"])]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3, t, 8])
+              for name, t in (("q", 4), ("k", 6), ("v", 6))]
+    graph = helper.make_graph(nodes, "qk", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [2, 3, 4, 8])], [numpy_helper.from_array(
+            np.array(8 ** -0.25, np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    feeds = {"q": RNG.standard_normal((2, 3, 4, 8)).astype(np.float32),
+             "k": RNG.standard_normal((2, 3, 6, 8)).astype(np.float32),
+             "v": RNG.standard_normal((2, 3, 6, 8)).astype(np.float32)}
+    sess = autoclust.InferenceSession(model, must_compile=True, min_cluster_size=1)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0], rtol=2e-5,
+                               atol=2e-5)
+    assert [k for k in _kernels(sess) if "Transpose" in str(k)] == []
