@@ -10,6 +10,7 @@ killed under load (another ~60 s) is marked `slow`, which CI leaves out: run it 
 `python -m pytest -q -m slow tests/test_serve_ray.py`.
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -232,46 +233,48 @@ def check_ray_data(cache):
     assert cache_files(cache).items() >= before.items()
 
 
-def start_ray(metrics_port):
+@contextlib.contextmanager
+def local_ray():
+    """A local Ray instance with 2 CPUs; yields the port its metrics are exported on."""
+    metrics_port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              _metrics_export_port=metrics_port)
+    try:
+        yield metrics_port
+    finally:
+        ray.shutdown()
+
+
+@contextlib.contextmanager
+def serving(tmp_path, cache, stop_signal):
+    """`autoclust serve` on the Ray instance; yields its address; stops it with
+    `stop_signal`."""
+    port = free_port()
+    cli = start_cli(tmp_path, port, cache)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        if cli.poll() is None:
+            stop_cli(cli, tmp_path, stop_signal)
 
 
 def test_fleet_on_ray(tmp_path):
-    metrics_port, port = free_port(), free_port()
     cache = tmp_path / "cache"
-    start_ray(metrics_port)
-    try:
-        cli = start_cli(tmp_path, port, cache)
-        try:
-            url = f"127.0.0.1:{port}"
+    with local_ray() as metrics_port:
+        with serving(tmp_path, cache, signal.SIGTERM) as url:
             requests = check_answers(url)
             check_second_replica_loads(url, metrics_port, cache, requests)
             check_explain(url)
-        finally:
-            if cli.poll() is None:
-                stop_cli(cli, tmp_path, signal.SIGTERM)
-        check_ray_data(cache)
-    finally:
-        ray.shutdown()
+        check_ray_data(cache)  # on the cluster the command joined and left running
 
 
 @pytest.mark.slow
 def test_replica_killed_under_load_is_replaced(tmp_path):
-    metrics_port, port = free_port(), free_port()
     cache = tmp_path / "cache"
-    start_ray(metrics_port)
-    try:
-        cli = start_cli(tmp_path, port, cache)
-        try:
-            check_replica_killed_under_load(f"127.0.0.1:{port}")
-            text = scrape_metrics(metrics_port, lambda t: "ray_autoclust_requests_total" in t)
-            # a killed replica's counts may be lost: the sum is a lower bound
-            assert metric(text, "ray_autoclust_requests_total", status="200") >= 40
-            assert 1 <= metric(text, "ray_autoclust_cache_entries_total", event="stored") \
-                <= len(cache_files(cache))
-        finally:
-            if cli.poll() is None:
-                stop_cli(cli, tmp_path, signal.SIGINT)
-    finally:
-        ray.shutdown()
+    with local_ray() as metrics_port, serving(tmp_path, cache, signal.SIGINT) as url:
+        check_replica_killed_under_load(url)
+        text = scrape_metrics(metrics_port, lambda t: "ray_autoclust_requests_total" in t)
+        # a killed replica's counts may be lost: the sum is a lower bound
+        assert metric(text, "ray_autoclust_requests_total", status="200") >= 40
+        assert 1 <= metric(text, "ray_autoclust_cache_entries_total", event="stored") \
+            <= len(cache_files(cache))
