@@ -130,8 +130,8 @@ def _scaled_matmul(graph: Graph, n: Node) -> Result:
     for mm, c in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
         p = None if mm is None else mm.producer
         value = graph.constant_value(c)
-        if (mm is None or p is None or (p.op, p.domain) not in (("MatMul", ""), ("FusedMatMul",
-                                                                  "com.microsoft"))
+        if (mm is None or p is None
+                or (p.op, p.domain) not in (("MatMul", ""), ("FusedMatMul", "com.microsoft"))
                 or len(mm.uses) != 1 or mm in graph.outputs or value is None
                 or value.size != 1 or mm.dtype != np.float32 or value.dtype != np.float32
                 or p.attrs.get("alpha", 1.0) != 1.0):
