@@ -240,3 +240,22 @@ def test_modules_and_functions_stay_small():
                 if size > MAX_FUNCTION_LINES:
                     too_long.append(f"{mod}.{node.name}: {size} lines")
     assert too_long == []
+
+
+def test_no_test_module_imports_another():
+    """Tests share helpers through tests/support, never by importing a test module (also
+    inside the scripts tests hand to subprocesses): every test file runs on its own."""
+    bad = []
+    for root, _, names in os.walk(paths.TESTS):
+        for name in names:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            for lineno, line in enumerate(text.splitlines(), 1):
+                words = line.split()
+                if words[:1] in (["import"], ["from"]) and len(words) > 1 \
+                        and words[1].split(".")[0].startswith(("test_", "conftest")):
+                    bad.append(f"{os.path.relpath(path, paths.TESTS)}:{lineno}: {line.strip()}")
+    assert bad == []

@@ -39,7 +39,7 @@ def _host(outs: list) -> list:
 def programs() -> list:
     for c in CASE_LIST:
         if c.program is None:
-            from test_cpu_backend import run_onnxruntime
+            from support.compiled import run_onnxruntime
             c.program = lower_graph(c.graph, FLAGS, cpu)
             c.expected = [np.asarray(e) for e in run_onnxruntime(c.graph, c.feeds)]
     return CASE_LIST

@@ -52,7 +52,7 @@ def _ort(model, feeds):
 def test_lowered_op_through_the_gpu_executable(variant, index):
     case = CASE_LIST[index]
     if case.program is None:
-        from test_cpu_backend import run_onnxruntime
+        from support.compiled import run_onnxruntime
         for c in CASE_LIST:
             c.program = c.program or lower_graph(c.graph, FLAGS, cpu)
             c.expected = c.expected or [np.asarray(e) for e in
