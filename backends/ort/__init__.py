@@ -90,6 +90,16 @@ def input_error(message: str) -> errors.InvalidInputError:
     return errors.also(errors.InvalidInputError, InvalidArgument)(message)
 
 
+def as_onnxruntime_error(exc: errors.InvalidInputError) -> errors.InvalidInputError:
+    """exc, typed also as what onnxruntime raises for the same mistake: Fail for an
+    InvalidShapeError, InvalidArgument for the other bad inputs."""
+    kind = Fail if isinstance(exc, errors.InvalidShapeError) else InvalidArgument
+    if isinstance(exc, kind):
+        return exc
+    return errors.also(type(exc) if type(exc).__module__ == errors.__name__ else
+                       errors.InvalidInputError, kind)(str(exc))
+
+
 def load_error(message: str, ort_exc: BaseException | None) -> ModelLoadError:
     """ModelLoadError that is also the type onnxruntime raised loading the same model
     (InvalidProtobuf, NoSuchFile, InvalidGraph, Fail, TypeError, ...)."""
