@@ -53,9 +53,9 @@ STEPS: list[tuple[str, Callable[[str], dict[str, Any]]]] = []
 # time left in the budget for which a step is started at all. Tests swap PYTHON for a
 # launcher that installs the GPU stand-in, and shrink the arguments.
 PYTHON = [sys.executable]
-# only test_gpu.py carries the gpu mark: collecting all of tests/ would import modules
+# only tests/gpu/test_gpu.py carries the gpu mark: collecting all of tests/ would import modules
 # whose packages (ray, ...) the GPU image may lack, and one collection error stops pytest
-PYTEST_ARGS = ["-m", "gpu", "-n", "4", "--maxfail=30", "-rf", "tests/test_gpu.py"]
+PYTEST_ARGS = ["-m", "gpu", "-n", "4", "--maxfail=30", "-rf", "tests/gpu/test_gpu.py"]
 BENCH_KERNEL_ARGS = ["--cases", "kernels"]
 BENCH_MODEL_ARGS = ["--cases", "bert,gpt2", "--dtypes", "float16,float32", "--repeat", "20"]
 TIMEOUTS = {"doctor": 120, "cublas_no_torch": 60, "pytest_gpu": 240, "bench_kernels": 120,
