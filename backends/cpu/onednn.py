@@ -12,8 +12,18 @@ reordered once into the layout the primitive asked for ("format any").
 The library is optional: `pip install onednn-cpu-gomp` (oneDNN 3.2 with GNU OpenMP, the
 CPU build: a 39 MB download, 164 MB installed, ~10 s). The `onednn` wheel (3.13) is a SYCL
 build whose CPU engine needs a SYCL CPU device that pip does not install, so it is
-refused with that reason. `AUTOCLUST_DNNL=/path/libdnnl.so.3` picks another build.
-`unavailable()` says why oneDNN is not used; explain and library notes repeat it.
+refused with that reason. `AUTOCLUST_DNNL=/path/libdnnl.so.3` picks another build,
+`AUTOCLUST_DNNL=none` turns oneDNN off. `unavailable()` says why oneDNN is not used;
+explain and library notes repeat it.
+
+OpenMP threads: libgomp's idle workers spin for ~300k pause instructions after each
+parallel region unless OMP_WAIT_POLICY=PASSIVE. Between oneDNN calls those spinning
+threads took the cores from MLAS, our kernels and onnxruntime: GPT-2 (4 layers, 2
+threads) ran 92 ms instead of 49 ms, a 64x768x3072 oneDNN GEMM 7.8 ms instead of 2.7 ms.
+So loading oneDNN sets OMP_WAIT_POLICY=PASSIVE when it is unset and libgomp is not loaded
+yet (libgomp reads it once, at load); when another library (torch) loaded libgomp first
+with the policy unset, oneDNN is refused with that reason. An explicit OMP_WAIT_POLICY is
+the user's choice and is kept.
 """
 
 from __future__ import annotations
@@ -67,14 +77,47 @@ _LOCK = threading.Lock()
 
 
 def _candidates() -> list[str]:
-    paths = [os.environ.get("AUTOCLUST_DNNL", ""),
-             os.path.join(sys.prefix, "lib", "libdnnl.so.3"),
+    """Where libdnnl may be: $AUTOCLUST_DNNL, the environment's lib/, the loader's path."""
+    bundled = os.path.join(sys.prefix, "lib", "libdnnl.so.3")
+    paths = [os.environ.get("AUTOCLUST_DNNL", ""), bundled if os.path.exists(bundled) else "",
              ctypes.util.find_library("dnnl") or ""]
     return [p for p in paths if p]
 
 
+def _gomp_loaded() -> bool:
+    """Whether a libgomp is mapped into this process already (Linux; False elsewhere)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libgomp" in f.read()
+    except OSError:
+        return False
+
+
+def _wait_policy() -> str | None:
+    """Make libgomp's idle threads sleep (see the module docstring); the reason oneDNN is
+    refused when they cannot be made to."""
+    if os.environ.get("OMP_WAIT_POLICY"):
+        return None
+    if _gomp_loaded():
+        return ("libgomp was loaded (by torch?) with OMP_WAIT_POLICY unset: its threads "
+                "would spin between oneDNN calls and take the cores (GPT-2 ran 1.9x "
+                "slower); set OMP_WAIT_POLICY=PASSIVE before the first import")
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return None
+
+
 def _load() -> None:
     """Load libdnnl once: _STATE gets lib, engine, stream, version, or `why` not."""
+    if os.environ.get("AUTOCLUST_DNNL", "").lower() == "none":
+        _STATE["why"] = "oneDNN turned off (AUTOCLUST_DNNL=none)"
+        return
+    if not _candidates():
+        _STATE["why"] = "oneDNN not installed (pip install onednn-cpu-gomp)"
+        return
+    why = _wait_policy()
+    if why:
+        _STATE["why"] = why
+        return
     errors = []
     for path in _candidates():
         try:
