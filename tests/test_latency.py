@@ -216,18 +216,17 @@ def test_warm_process_first_run_is_much_faster(tmp_path):
 # ---- library calls: prepacked sessions built in the background -------------------------------
 
 def recording_sessions(monkeypatch, gate=None, fail_prepacked=False):
-    """Fresh session cache; every mlas.new_session call recorded as (thread name, constant
+    """Fresh session cache; every _new_session call recorded as (thread name, constant
     slots). Background builds wait for `gate`; with fail_prepacked they raise."""
     import collections
     import threading
 
-    from autoclust.backends.cpu import library, mlas, onednn
-    monkeypatch.setattr(mlas, "SESSIONS", collections.OrderedDict())
-    # MLAS alone: with oneDNN a measurement (choice.py) could pick it for these GEMMs
-    monkeypatch.setattr(onednn, "_STATE", {"why": "off for this test"})
+    from autoclust.backends.cpu import library
+    library.wait_background(30)  # an earlier test's background work must not land here
+    monkeypatch.setattr(library, "_SESSIONS", collections.OrderedDict())
     monkeypatch.setattr(library, "_DECISIONS", {})
     made = []
-    real = mlas.new_session
+    real = library._new_session
 
     def new_session(op, attrs, in_types, out_types, threads, constants):
         made.append((threading.current_thread().name, sorted(constants)))
@@ -237,8 +236,8 @@ def recording_sessions(monkeypatch, gate=None, fail_prepacked=False):
             raise RuntimeError("refused on purpose")
         return real(op, attrs, in_types, out_types, threads, constants)
 
-    monkeypatch.setattr(mlas, "new_session", new_session)
-    return library, mlas, made
+    monkeypatch.setattr(library, "_new_session", new_session)
+    return library, made
 
 
 def matmul_case(seed):
@@ -265,7 +264,7 @@ def check(fn, x, w):
 def test_weights_prepack_in_background_while_a_shared_session_runs(monkeypatch):
     import threading
     gate = threading.Event()
-    library, mlas, made = recording_sessions(monkeypatch, gate)
+    library, made = recording_sessions(monkeypatch, gate)
     cases = [matmul_case(1), matmul_case(2)]
     fns = [call(library, x, w) for x, w in cases]
     for fn, (x, w) in zip(fns, cases):  # prepacking is held up: the stand-in runs
@@ -275,7 +274,7 @@ def test_weights_prepack_in_background_while_a_shared_session_runs(monkeypatch):
     gate.set()
     assert library.wait_background(30)
     assert [m for m in made if m[1]] == [("autoclust-prepack_0", [1])] * 2
-    shared = next(v[0].result() for k, v in mlas.SESSIONS.items() if not v[1])
+    shared = next(v[0].result() for k, v in library._SESSIONS.items() if not v[1])
 
     def refuse(*args):
         raise AssertionError("the stand-in ran after the prepacked session was ready")
@@ -286,7 +285,7 @@ def test_weights_prepack_in_background_while_a_shared_session_runs(monkeypatch):
 
 
 def test_failed_prepacked_session_keeps_the_stand_in(monkeypatch):
-    library, _, made = recording_sessions(monkeypatch, fail_prepacked=True)
+    library, made = recording_sessions(monkeypatch, fail_prepacked=True)
     x, w = matmul_case(3)
     fn = call(library, x, w)
     assert library.wait_background(30)
@@ -296,8 +295,8 @@ def test_failed_prepacked_session_keeps_the_stand_in(monkeypatch):
 
 
 def test_background_prepack_off_builds_prepacked_sessions_now(monkeypatch):
-    library, mlas, made = recording_sessions(monkeypatch)
-    monkeypatch.setattr(mlas, "BACKGROUND_PREPACK", False)
+    library, made = recording_sessions(monkeypatch)
+    monkeypatch.setattr(library, "BACKGROUND_PREPACK", False)
     x, w = matmul_case(4)
     check(call(library, x, w), x, w)
     assert made == [("MainThread", [1])]

@@ -177,6 +177,8 @@ class KernelBuilder:
         it = iter(red_idx)
         idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
         red = kir.Reduction(kind, element(idx_x), dtype)
+        if self.is_scan:  # the element itself made this a scan kernel (CumSum -> ReduceMax)
+            raise self.scan_conflict(out, "a reduction cannot share a scan kernel")
         if not self.reductions:
             self.first_row_value = out
         if red not in self.reductions:
@@ -392,6 +394,7 @@ class Fusion:
         self.folds = folds  # MatMul name -> the bias Add folded into its Gemm call
         self.folded = {a.name for a in folds.values()}
         self.buffers: dict[str, int] = {}
+        self.probe_names: dict[int, str] = {}  # buffer ids the last _probe named
         self.groups: list[Group] = []
         self.group_of: dict[str, int] = {}  # materialized value -> group index
         self.aliases: dict[str, str] = {}  # reshaped value -> the value whose buffer it shares
@@ -493,6 +496,8 @@ class Fusion:
             if v is not None and (node.name, v.name) in self.deferred and \
                     v.name not in self.materialized:
                 hit = views.input_view(v, self._probe)
+                if hit is not None:  # the probe's buffer id, given back: name it for real
+                    hit = (self.buffer_of(self.graph.values[self.probe_names[hit[0]]]), hit[1])
                 if hit is None:
                     self.materialized.add(v.name)
                     self.notes.append(f"{v.name} materialized: feeds {node.op} "
@@ -535,6 +540,7 @@ class Fusion:
         except (NeedRowDomain, Refuse, CompileError, Materialize):
             return None
         finally:  # ids the probe named are given back: executables index buffers densely
+            self.probe_names = {i: name for name, i in self.buffers.items()}
             self.materialized.clear()
             self.materialized.update(saved)
             self.buffers = saved_buffers
@@ -603,7 +609,10 @@ class Fusion:
             try:
                 trial.add_root(v, idx)
             except (NeedRowDomain, Refuse) as exc:
-                raise Materialize(exc.value, str(exc)) from None
+                # v itself does not fit the row nest its reduction needs (a Concat of a
+                # ReduceMean along a kept axis): the reduction gets a kernel of its own
+                blocked = need.value if exc.value is v and need.value is not v else exc.value
+                raise Materialize(blocked, str(exc)) from None
             return trial
         except Refuse as exc:
             raise Materialize(exc.value, str(exc)) from None

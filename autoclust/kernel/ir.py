@@ -77,6 +77,15 @@ def reduce_identity(kind: str, dtype: str, bits: int | None = None) -> int | flo
     return -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1
 
 
+def sum_start(red: Reduction) -> float:
+    """Where a float sum phase starts: an inclusive scan at -0.0, the exact additive
+    identity (-0.0 + x == x for every x), so CumSum([-0., -0.]) stays -0.0 and 1/it is
+    -inf, as onnxruntime and NumPy's cumsum give; any other sum at +0.0, as NumPy's sum
+    (onnxruntime's sign of a zero ReduceSum depends on its loop order) and onnxruntime's
+    exclusive scan (its first output is +0.0)."""
+    return -0.0 if red.scan == "inclusive" else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Affine:
     """const + sum(coeffs[k] * i_k) over the loop indices i_k of a kernel."""

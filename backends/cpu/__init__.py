@@ -95,19 +95,20 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
         dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
             "".join(f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
     return Executable(program, addrs, split, threads, engine, dumps, library,
-                      MIN_CHUNK_WORK, gemms)
+                      MIN_CHUNK_WORK, gemms, flags.check_bounds)
 
 
 Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol)
 
 
 def _kernel_unit(k: kir.Kernel, flags: Flags) -> Unit:
-    key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}", jit.version_key())
+    key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}|check_bounds="
+                         f"{flags.check_bounds}", jit.version_key())
     sym = f"k_{key[:20]}"
 
     def build() -> str:
         renamed = dataclasses.replace(k, name=sym)
-        return str(codegen.build_module([renamed], flags.fast_math))
+        return str(codegen.build_module([renamed], flags.fast_math, flags.check_bounds))
     return k.name, key, build, sym
 
 

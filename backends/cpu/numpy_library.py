@@ -1,11 +1,9 @@
-"""NumPy implementations of the CPU backend's library calls (backends/cpu/library.py).
-
-OpenBLAS matmul with out= (batched MatMul as one 2-D call or a loop of 2-D calls: NumPy
-2.4's stacked matmul does not use BLAS), im2col + matmul Conv, pooling as a loop over
-kernel offsets on a preallocated padded buffer, einsum with a precomputed path. float16
-computes in float32 and rounds once, as the op references do. ("ref": the op's NumPy
-reference plus a copy, for ConvTranspose and MaxPool Indices.)
-"""
+"""The NumPy implementations of the CPU backend's library calls ("numpy" and "ref" in
+library.py): OpenBLAS matmul with out= (batched MatMul as one 2-D call or a loop of 2-D
+calls: NumPy 2.4's stacked matmul does not use BLAS), im2col + matmul Conv, pooling as a
+loop over kernel offsets on a preallocated padded buffer, einsum with a precomputed path.
+float16 computes in float32 and rounds once, as the op references do. ("ref": the op's
+NumPy reference plus a copy, for ConvTranspose and MaxPool Indices.)"""
 
 from __future__ import annotations
 
@@ -14,10 +12,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from autoclust.backends.cpu.call_types import F16, F32, INTS, Arrays, RunFn, TypeShape
 
 from autoclust import ops
 from autoclust.ops.library import window_pads  # the semantics' own geometry
+
+TypeShape = tuple[np.dtype, tuple[int, ...]]
+Arrays = Sequence[np.ndarray | None]
+RunFn = Callable[[Arrays, Sequence[np.ndarray]], None]
+INTS = tuple(np.dtype(t) for t in ("int32", "int64"))
+F16, F32 = np.dtype("float16"), np.dtype("float32")
 
 
 def staged(run: RunFn, in_types: list, out_types: list) -> RunFn:
@@ -26,13 +29,13 @@ def staged(run: RunFn, in_types: list, out_types: list) -> RunFn:
         return run
     stage = [np.empty(s, F32) for _, s in out_types]
 
-    def staged(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
+    def run_staged(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
         wide = [None if x is None else x.astype(F32) for x in inputs]
         run(wide, stage)
         for y, s in zip(outputs, stage):
             np.copyto(y, s, casting="unsafe")
 
-    return staged
+    return run_staged
 
 
 def _work_type(t: TypeShape) -> np.dtype:
@@ -74,7 +77,8 @@ def _numpy_gemm(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn
     trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
     alpha = np.asarray(attrs.get("alpha", 1.0), dtype)
     beta = np.asarray(attrs.get("beta", 1.0), dtype)
-    has_c = len(in_types) > 2 and in_types[2] is not None
+    # beta = 0: C is not read at all (0 * inf would be NaN), as onnxruntime
+    has_c = len(in_types) > 2 and in_types[2] is not None and beta != 0
 
     def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
         a = ins[0].T if trans_a else ins[0]
@@ -299,7 +303,7 @@ def _numpy_fused_matmul(attrs: dict[str, Any], in_types: list, out_types: list) 
     return run
 
 
-BUILDERS: dict[str, Callable[[dict, list, list], RunFn]] = {
+NUMPY_BUILDERS: dict[str, Callable[[dict, list, list], RunFn]] = {
     "FusedMatMul": _numpy_fused_matmul,
     "MatMul": _numpy_matmul,
     "Gemm": _numpy_gemm,
