@@ -12,6 +12,7 @@ from autoclust.models import zoo
 from onnx import TensorProto, helper, numpy_helper
 
 import autoclust
+from autoclust.kernel import ir as kir
 from autoclust.passes import siblings
 
 RNG = np.random.default_rng(5)
@@ -35,7 +36,7 @@ def _gemms(program) -> list[tuple[str, tuple, tuple]]:
 
 
 def _kernels(program) -> list:
-    return [t for t in program.thunks if type(t).__name__ == "Kernel"]
+    return kir.kernels(program.thunks)  # library calls' epilogues included
 
 
 def test_bert_base_qkv_is_one_768x2304_gemm():
@@ -56,6 +57,8 @@ def test_bert_base_qkv_is_one_768x2304_gemm():
     assert [v.offset for v in qk.views[:2]] == [0, 768] and pv.views[1].offset == 1536
     # embedding LayerNorm, softmax, 2 LayerNorms, GELU: no kernel copies a projection
     assert len(_kernels(program)) == 5
+    ffn_in = [t for t in program.thunks if type(t).__name__ == "LibraryCall"][4]
+    assert "Erf" in " ".join(ffn_in.epilogue.nodes)  # GELU rides FFN-in (kernel/epilogues.py)
 
 
 def _gqa_mlp(hidden: int = 64, kv: int = 16, inter: int = 96, bias: tuple = (1, 0, 1),

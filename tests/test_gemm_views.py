@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import autoclust
 from autoclust.errors import UnsupportedOpError
+from autoclust.kernel import ir as kir
 
 RNG = np.random.default_rng(11)
 HAS_DNNL = onednn.unavailable() is None
@@ -29,7 +30,7 @@ def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 
 def _kernels(sess: autoclust.InferenceSession) -> list:
     exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
-    return [t for t in exe.program.thunks if type(t).__name__ == "Kernel"]
+    return kir.kernels(exe.program.thunks)  # library calls' epilogues included
 
 
 def _calls(sess: autoclust.InferenceSession) -> list:

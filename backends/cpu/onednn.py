@@ -50,9 +50,9 @@ QUERY_IMPL_INFO = 8
 QUERY_EXEC_ARG_MD = 255
 ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_SCRATCHPAD = 1, 2, 17, 33, 80
 RUNTIME_OMP, RUNTIME_OCL, RUNTIME_SYCL = 2, 256, 512
-ALG = {"relu": 0x20, "sigmoid": 0x29, "linear": 0x26, "gelu_tanh": 0x2B, "silu": 0x2C,
-       "gelu_erf": 0x31, "add": 0x1FFF0, "mul": 0x1FFF1}
-BINARY = ("add", "mul")
+ALG = {"relu": 0x20, "tanh": 0x21, "sigmoid": 0x29, "linear": 0x26, "gelu_tanh": 0x2B,
+       "silu": 0x2C, "gelu_erf": 0x31, "add": 0x1FFF0, "mul": 0x1FFF1, "sub": 0x1FFF5}
+BINARY = ("add", "mul", "sub")
 MAX_DIMS = 12
 Dims = ctypes.c_int64 * MAX_DIMS
 VP = ctypes.c_void_p
@@ -223,11 +223,12 @@ class Matmul:
     """One matmul primitive: y = epilogue(alpha * a @ b) over fixed operand layouts.
 
     epilogue: (kind, shape) steps, shape the extra operand's (broadcast from the right) for
-    "add"/"mul", () for activations. Call with [a, b, y, *extra operands] arrays whose
-    first element sits where the layout says (strided NumPy views are fine)."""
+    "add"/"mul"/"sub", () for activations; ("linear", (), alpha, beta) is alpha * y + beta.
+    Call with [a, b, y, *extra operands] arrays whose first element sits where the layout
+    says (strided NumPy views are fine)."""
 
     def __init__(self, a: Operand, b: Operand, y: Operand, alpha: float = 1.0,
-                 epilogue: Sequence[tuple[str, tuple[int, ...]]] = (),
+                 epilogue: Sequence[tuple] = (),
                  weights: np.ndarray | None = None, threads: int = 0):
         lib = _lib()
         rank = max(len(a.shape), len(b.shape), len(y.shape), 2)
@@ -246,7 +247,7 @@ class Matmul:
         self._prim = VP()
         _check(lib.dnnl_primitive_create(ctypes.byref(self._prim), pd), "primitive")
         binaries = [(_post_arg(k + (alpha != 1.0)), _binary_md(shape, rank))
-                    for k, (kind, shape) in enumerate(epilogue) if kind in BINARY]
+                    for k, (kind, shape, *_) in enumerate(epilogue) if kind in BINARY]
         # argument slots fed per call, in call order: a, b (unless packed), y, extras
         fed = [(ARG_SRC, _md(a))] + ([] if weights is not None else [(ARG_WEIGHTS, _md(b))])
         fed += [(ARG_DST, _md(y))] + binaries
@@ -270,23 +271,23 @@ class Matmul:
         self._last: list = [None] * len(self._fed)
         self.skip_b = weights is not None  # b is packed inside: call without it
 
-    def _attr(self, alpha: float, epilogue: Sequence[tuple[str, tuple[int, ...]]],
-              rank: int) -> VP:
+    def _attr(self, alpha: float, epilogue: Sequence[tuple], rank: int) -> VP:
         lib = _lib()
         attr, post = VP(), VP()
         _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr")
         _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, SCRATCHPAD_USER), "scratch")
         _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post-ops")
-        steps = ([("linear", ())] if alpha != 1.0 else []) + list(epilogue)
-        for kind, shape in steps:
+        steps = ([("linear", (), alpha, 0.0)] if alpha != 1.0 else []) + list(epilogue)
+        for kind, shape, *params in steps:
             if kind in BINARY:
                 _check(lib.dnnl_post_ops_append_binary(post, ALG[kind],
                                                        _binary_md(shape, rank)), kind)
-            else:
-                # alpha: linear's scale, relu's negative slope, swish's sigmoid scale
-                a = ctypes.c_float({"linear": alpha, "silu": 1.0}.get(kind, 0.0))
-                _check(lib.dnnl_post_ops_append_eltwise(post, ALG[kind], a,
-                                                        ctypes.c_float(0.0)), kind)
+                continue
+            # alpha: linear's scale, relu's negative slope, swish's sigmoid scale; beta:
+            # linear's shift
+            a, b = params if params else ({"silu": 1.0}.get(kind, 0.0), 0.0)
+            _check(lib.dnnl_post_ops_append_eltwise(post, ALG[kind], ctypes.c_float(a),
+                                                    ctypes.c_float(b)), kind)
         _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set post-ops")
         lib.dnnl_post_ops_destroy(post)
         return attr
