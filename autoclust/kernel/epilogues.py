@@ -78,6 +78,7 @@ def attach_epilogues(program: kir.Program, ops: frozenset) -> kir.Program:
         t = program.thunks[i]
         k = program.thunks[i + 1] if i + 1 < len(program.thunks) else None
         if k is not None and _fits(t, k, buffers, readers, aliased, ops):
+            assert isinstance(t, kir.LibraryCall) and isinstance(k, kir.Kernel)  # _fits
             thunks.append(dataclasses.replace(t, epilogue=k))
             i += 2
             continue

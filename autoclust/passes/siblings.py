@@ -93,8 +93,10 @@ def _bias(graph: Graph, node: Node) -> tuple[Node, np.ndarray] | None:
         return None
     other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
     b = graph.constant_value(other)
-    n = y.shape[-1]
-    if other is y or b is None or b.shape != (n,) or b.dtype != y.dtype or \
+    if other is y or other is None or b is None or y.shape is None or \
+            add.outputs[0].shape is None:
+        return None
+    if b.shape != (y.shape[-1],) or b.dtype != y.dtype or \
             tuple(add.outputs[0].shape) != tuple(y.shape):
         return None
     return add, b
@@ -104,9 +106,10 @@ def groups(graph: Graph) -> list[list[Node]]:
     """MatMuls with constant weights grouped by their shared A (groups of two or more)."""
     by_input: dict[str, list[Node]] = {}
     for node in graph.nodes:
-        w = _weight(graph, node)
-        if w is not None and node.inputs[0].shape[-1] == w.shape[0]:
-            by_input.setdefault(node.inputs[0].name, []).append(node)
+        w, a = _weight(graph, node), node.inputs[0]
+        if w is not None and a is not None and a.shape is not None and \
+                a.shape[-1] == w.shape[0]:
+            by_input.setdefault(a.name, []).append(node)
     return [g for g in by_input.values() if len(g) > 1]
 
 
@@ -119,9 +122,12 @@ def _slice(graph: Graph, src: Value, start: int, stop: int, like: Node) -> None:
 
 
 def _fuse(graph: Graph, group: list[Node]) -> None:
-    weights = [graph.constant_value(n.inputs[1]) for n in group]
+    found = [_weight(graph, n) for n in group]
     biases = [_bias(graph, n) for n in group]
     a, y0 = group[0].inputs[0], group[0].outputs[0]
+    weights = [w for w in found if w is not None]
+    if len(weights) != len(group) or a is None or y0.shape is None:
+        return  # groups() found every weight; this keeps the types honest
     total = sum(w.shape[1] for w in weights)
     shape = tuple(y0.shape[:-1]) + (total,)
     at = graph.nodes.index(group[0])
