@@ -5,6 +5,7 @@
       optimize: up to MAX_ROUNDS of PASSES    fold_constants, simplify, cse, dce
       fuse                                    kernel IR: Kernels, LibraryCalls, Checks, each
                                               op lowered by its own `lower` in the op table
+      attach_epilogues                        a GEMM's elementwise consumer rides its call
       collapse_loops                          merge contiguous loop dims
       prove_in_bounds                         every load and store inside its buffer, or a
                                               CompileError (kernel/bounds.py)
@@ -32,6 +33,7 @@ from autoclust.ir import Graph
 from autoclust.kernel import inject
 from autoclust.kernel import ir as kir
 from autoclust.kernel.bounds import check_program as prove_in_bounds
+from autoclust.kernel.epilogues import attach_epilogues
 from autoclust.kernel.fusion import fuse
 from autoclust.kernel.memplan import plan_memory
 from autoclust.kernel.passes import collapse_loops, share_code
@@ -69,6 +71,8 @@ def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
     COUNTS["lowered"] += 1
     pol = policy(backend)
-    program = collapse_loops(fuse(graph, pol.fold_bias, pol.library_views))
+    program = attach_epilogues(fuse(graph, pol.fold_bias, pol.library_views),
+                               pol.library_epilogues)
+    program = collapse_loops(program)
     prove_in_bounds(program)  # CompileError where an access may leave its buffer
     return plan_memory(share_code(program))
