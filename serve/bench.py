@@ -4,9 +4,11 @@ and the same model in one in-process session, on this machine's cores.
     ac-bench python -m autoclust.serve.bench --model models/bert_encoder.onnx --dim seq=64
 
 Rows (the same total of cores each): `in-process session` (the callers call session.run
-directly; --threads = cores), `1 replica` (--threads = cores), `2 replicas` (cores / 2 each),
-`2 replicas, batching` (--max_batch_size 8). Each row: requests per second, p50 and p99
-latency seen by the callers, errors. The callers run on the same machine, so they take CPU
+directly; --threads = cores) and `in-process onnxruntime` (ORT_ENABLE_ALL, the same threads),
+`1 replica` (--threads = cores), `2 replicas` (cores / 2 each), `2 replicas, batching`
+(--max_batch_size 8); the replica rows again with plain onnxruntime (`--auto_jit=0`) behind
+the same deployment and protocol. Each row: requests per second, p50 and p99 latency seen by
+the callers, errors. The callers run on the same machine, so they take CPU
 from the replicas: a ceiling, not a cluster's figure. Answers are checked against
 onnxruntime before timing.
 """
@@ -82,6 +84,14 @@ def _check(call: Callable[[], Any], want: list[np.ndarray], outputs: list[str]) 
             raise SystemExit(f"serve bench: output {name} differs from onnxruntime by {err}")
 
 
+# (label, replicas, max_batch_size (-1: the canned deployment), extra flags): the onnxruntime
+# rows are the same deployment and protocol with --auto_jit=0, plain onnxruntime sessions
+ROWS = (("1 replica", 1, 0, ""), ("1 replica, onnxruntime", 1, 0, " --auto_jit=0"),
+        ("2 replicas", 2, 0, ""), ("2 replicas, onnxruntime", 2, 0, " --auto_jit=0"),
+        ("2 replicas, batching", 2, 8, ""),
+        ("2 replicas, canned answer (no model)", 2, -1, ""))
+
+
 def _served_rows(args: argparse.Namespace, feeds: dict, want: list, outputs: list[str]
                  ) -> list[tuple[str, dict]]:
     import ray
@@ -97,12 +107,10 @@ def _served_rows(args: argparse.Namespace, feeds: dict, want: list, outputs: lis
     name = os.path.splitext(os.path.basename(args.model))[0]
     rows = []
     try:
-        for label, replicas, batch in (("1 replica", 1, 0), ("2 replicas", 2, 0),
-                                       ("2 replicas, batching", 2, 8),
-                                       ("2 replicas, canned answer (no model)", 2, -1)):
+        for label, replicas, batch, jit in ROWS:
             threads = max(1, cores // replicas)
-            config = ServeConfig(os.path.abspath(args.model), flags=f"--threads={threads}",
-                                 max_batch_size=max(batch, 0))
+            config = ServeConfig(os.path.abspath(args.model), max_batch_size=max(batch, 0),
+                                 flags=f"--threads={threads}" + jit)
             scale = Scale(replicas, replica_cpus=cores / replicas)
             app = application(config, scale) if batch >= 0 else _canned(name, scale, feeds,
                                                                          outputs, want)
@@ -136,19 +144,23 @@ def _canned(name: str, scale: Any, feeds: dict, outputs: list[str], want: list) 
                             ray_actor_options={"num_cpus": scale.replica_cpus})(Canned).bind()
 
 
-def _in_process_row(args: argparse.Namespace, feeds: dict, want: list, outputs: list[str]
-                    ) -> tuple[str, dict]:
+def _in_process_rows(args: argparse.Namespace, feeds: dict, want: list, outputs: list[str]
+                     ) -> list[tuple[str, dict]]:
     from autoclust.tools.bench import timing
-    sess = timing.autoclust_session(args.model, os.cpu_count() or 1)
-    got = sess.run(outputs, feeds)
-    err = max(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want))
-    if err > 1e-3:
-        raise SystemExit(f"serve bench: the session differs from onnxruntime by {err}")
+    cores = os.cpu_count() or 1
+    rows = []
+    for label, sess in (("in-process session", timing.autoclust_session(args.model, cores)),
+                        ("in-process onnxruntime", timing.ort_session(args.model, cores))):
+        got = sess.run(outputs, feeds)
+        err = max(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want))
+        if err > 1e-3:
+            raise SystemExit(f"serve bench: {label} differs from onnxruntime by {err}")
 
-    def call() -> Any:
-        return sess.run(outputs, feeds)
-    measure(call, args.clients, args.warmup)
-    return "in-process session", measure(call, args.clients, args.seconds)
+        def call(sess: Any = sess) -> Any:
+            return sess.run(outputs, feeds)
+        measure(call, args.clients, args.warmup)
+        rows.append((label, measure(call, args.clients, args.seconds)))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ref = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"])
     outputs = [o.name for o in ref.get_outputs()]
     want = [w.astype(np.float64) for w in ref.run(outputs, feeds)]
-    rows = [_in_process_row(args, feeds, want, outputs)]
+    rows = _in_process_rows(args, feeds, want, outputs)
     rows += _served_rows(args, feeds, want, outputs)
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
     print(f"{args.model} ({shapes}), {args.clients} callers, {args.seconds:g} s per row, "

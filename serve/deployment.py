@@ -141,6 +141,9 @@ def run(config: ServeConfig, scale: Scale, host: str, port: int, address: str | 
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address=address) if address else ray.init()
+    # again: ray.init installs the core worker's fatal-signal handler over ours, and on
+    # SIGTERM that one aborts the process after ours, mid-shutdown, orphaning Ray's agents
+    signal.signal(signal.SIGTERM, _interrupt)
     started_serve = not _serve_running()
     app = f"autoclust-{config.model_name()}"
     deployed = False

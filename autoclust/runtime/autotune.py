@@ -337,6 +337,9 @@ class WholePlan:
         self.runtime, self.placement = runtime, placement
         self.route: dict[tuple, Any] = {}
         self.seen: set[tuple] = set()  # signatures run once through the steps
+        # (signature key, the whole model's onnxruntime Segment) when a signature is handed
+        # back: the session then calls onnxruntime for it directly (no routing at all)
+        self.on_handed_back: Callable[[tuple, Any], None] | None = None
         self._session: Any = None
         self._fingerprint = ""
         self._lock = threading.Lock()
@@ -377,6 +380,7 @@ class WholePlan:
                 stored.cluster, stored.signature, stored.source = WHOLE, sig, "cache"
                 self.placement._record(stored)
                 target = self._ort_side(names) if stored.winner == ONNXRUNTIME else plan_side
+                self._handed(key, target)
             elif self.placement.budget.left_ms() <= 0:
                 self.placement._record(Decision(WHOLE, sig, COMPILED,
                                                 "not measured: measuring budget spent"))
@@ -387,11 +391,16 @@ class WholePlan:
                     self.placement._record(decision)
                     if entry:
                         store(self.placement.flags.cache_dir, entry, decision)
+                    self._handed(key, winner)
 
                 target = Trial(WHOLE, sig, plan_side, lambda: self._ort_side(names),
                                self.placement.budget, done, self.placement.clock)
             self.route[key] = target
             return target
+
+    def _handed(self, key: tuple, target: Any) -> None:
+        if isinstance(target, _OrtSide) and self.on_handed_back is not None:
+            self.on_handed_back(key, target.segment)
 
     def _ort_side(self, names: tuple) -> Any:
         if self._session is None:

@@ -211,6 +211,7 @@ class Executable:
         self._guards: dict[str, tuple[tuple[int, ...], np.ndarray]] = {}
         self._check_bounds = check_bounds
         self._library = library
+        self._fresh = True  # the first run holds background work back (library.foreground)
         self._fixed(constants)
         self._constants = constants
         self._min_chunk_work = min_chunk_work
@@ -410,12 +411,24 @@ class Executable:
         return [(kir.format_thunk(t, names).splitlines()[0], float(np.median(ts)) * 1e3)
                 for (t, _), ts in zip(self._ungrouped, times)]
 
+    def _first_run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """run() with the library's background work (weight prepacking) held back: the first
+        run's GEMMs then have both cores (they pack their weights as they go)."""
+        hold = getattr(self._library, "foreground", None)
+        self._fresh = False
+        if hold is None:
+            return self.run(inputs)
+        with hold():
+            return self.run(inputs)
+
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run the cluster; outputs are arrays the caller owns (reused once it drops them).
 
         The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
         same checks), no per-run allocation beyond the returned list and new outputs.
         """
+        if self._fresh:
+            return self._first_run(inputs)
         with self._lock:
             arrays, last = self._arrays, self._last_inputs
             for bid, x in zip(self._input_ids, inputs):

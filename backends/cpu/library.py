@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -322,6 +323,13 @@ MAX_SESSIONS = 256
 BACKGROUND_PREPACK = True
 _BACKGROUND: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 _PENDING: list[concurrent.futures.Future] = []
+# First runs in progress (foreground()): background tasks start only when none is. A first
+# run feeds the GEMMs unpacked weights anyway (MLAS packs them per call), so prepacking
+# beside it is the same work done twice on the core the run's second thread needs: BERT-
+# base's warm first run took 2x its GEMM time beside the background builds, ~1.4x alone.
+_FOREGROUND = threading.Condition()
+_HOLDS = [0]
+MAX_HOLD_S = 30.0  # a background task waits at most this long for first runs to end
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
@@ -374,14 +382,35 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
 
 
 def _in_background(fn: Callable, *args: Any) -> concurrent.futures.Future:
-    """fn(*args) in the one background thread (prepacking, GEMM measurements), in order."""
+    """fn(*args) in the one background thread (prepacking, GEMM measurements), in order,
+    each task after the first runs in progress (foreground())."""
     with _SESSIONS_LOCK:
         if _BACKGROUND.get("pool") is None:
             _BACKGROUND["pool"] = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="autoclust-prepack")
-        future = _BACKGROUND["pool"].submit(fn, *args)
+        future = _BACKGROUND["pool"].submit(_after_foreground, fn, *args)
         _PENDING[:] = [f for f in _PENDING if not f.done()] + [future]
     return future
+
+
+def _after_foreground(fn: Callable, *args: Any) -> Any:
+    with _FOREGROUND:
+        _FOREGROUND.wait_for(lambda: not _HOLDS[0], timeout=MAX_HOLD_S)
+    return fn(*args)
+
+
+@contextlib.contextmanager
+def foreground():
+    """Hold background tasks back (between tasks) while a first run is in progress."""
+    with _FOREGROUND:
+        _HOLDS[0] += 1
+    try:
+        yield
+    finally:
+        with _FOREGROUND:
+            _HOLDS[0] -= 1
+            if not _HOLDS[0]:
+                _FOREGROUND.notify_all()
 
 
 def wait_background(timeout: float | None = None) -> bool:

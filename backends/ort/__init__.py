@@ -49,18 +49,33 @@ def sub_session_options(user: ort.SessionOptions | None, threads: int = 0,
 
 
 def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOptions | None,
-                   providers: Any = None, provider_options: Any = None) -> Any:
-    """An onnxruntime InferenceSession; load failures become ModelLoadError."""
+                   providers: Any = None, provider_options: Any = None,
+                   external: dict[str, np.ndarray] | None = None) -> Any:
+    """An onnxruntime InferenceSession; load failures become ModelLoadError.
+
+    `external`: arrays for the initializers the model holds as stubs (export_model's and
+    the importer's), handed over as OrtValues without a copy (the session keeps them);
+    they are added to `options`, which must be the caller's own."""
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     if providers is None:
         providers = ["CPUExecutionProvider"]
+    kept = None
+    if external:
+        if options is None:
+            options = ort.SessionOptions()
+        kept = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                for a in external.values()]
+        options.add_external_initializers(list(external), kept)
     try:
-        return ORIGINAL_SESSION(model, options, providers=providers,
-                                provider_options=provider_options)
+        session = ORIGINAL_SESSION(model, options, providers=providers,
+                                   provider_options=provider_options)
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph/...
         where = model if isinstance(model, str) else "model bytes"
         raise load_error(f"onnxruntime could not load {where}: {exc}", exc) from None
+    if kept is not None:
+        session._autoclust_external = kept  # onnxruntime reads them in place
+    return session
 
 
 # ---- errors: ours, and also the type onnxruntime raises for the same mistake ------------
@@ -119,12 +134,9 @@ class Segment:
                  input_names: list[str] | None = None, output_names: list[str] | None = None,
                  external: dict[str, np.ndarray] | None = None):
         self.name = name
-        if external:  # initializers the model holds as stubs: handed over without a copy
-            options = sub_session_options(options)  # add_external_initializers mutates it
-            self._external = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
-                              for a in external.values()]  # live as long as the session
-            options.add_external_initializers(list(external), self._external)
-        self.session = create_session(model, options, providers, provider_options)
+        if external:  # a copy (add_external_initializers mutates it), spinning off
+            options = sub_session_options(options)
+        self.session = create_session(model, options, providers, provider_options, external)
         # Feeds and fetches go by name, so any order the caller keeps works.
         self.input_names = input_names or [i.name for i in self.session.get_inputs()]
         self.output_names = output_names or [o.name for o in self.session.get_outputs()]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import onnx
 from autoclust.importers.onnx.export import export_model
 from autoclust.importers.onnx.forms import LEGACY, normalize_node
+from autoclust.importers.onnx.weights import LoadedModel, is_stub, read_model
 from onnx import (
     AttributeProto,
     GraphProto,
@@ -33,7 +34,8 @@ from autoclust import ops
 from autoclust.errors import AutoclustError, ModelLoadError
 from autoclust.ir import Graph, Node, Shape, Value
 
-__all__ = ["LEGACY", "export_model", "import_model", "load_model_proto"]
+__all__ = ["LEGACY", "LoadedModel", "export_model", "import_model", "load_model",
+           "load_model_proto"]
 
 log = logging.getLogger("autoclust.importers.onnx")
 
@@ -42,12 +44,14 @@ _MAX_INFER_BYTES = 1_500_000_000
 _MAX_CHECK_BYTES = 100_000_000
 _SMALL_TENSOR = 1024  # elements; larger initializers reach shape inference as stubs
 
-ModelSource = str | os.PathLike | bytes | bytearray | memoryview | ModelProto
+ModelSource = str | os.PathLike | bytes | bytearray | memoryview | ModelProto | LoadedModel
 
 
 # ---- loading --------------------------------------------------------------------------
 
 def _describe(model: Any) -> str:
+    if isinstance(model, LoadedModel):
+        return model.where
     if isinstance(model, str | os.PathLike):
         return f"model file {os.fspath(model)!r}"
     if isinstance(model, bytes | bytearray | memoryview):
@@ -55,19 +59,74 @@ def _describe(model: Any) -> str:
     return "model"
 
 
+def load_model(model: ModelSource, *, weights: bool = True) -> LoadedModel:
+    """Load a model from a path, bytes or a ModelProto, its large initializers read once
+    into arrays (weights.py); `weights=False` skips reading them (the stubs stay, the
+    arrays are left out: for callers that only look at the graph). ModelLoadError on
+    failure."""
+    if isinstance(model, LoadedModel):
+        return model
+    where = _describe(model)
+    loaded = None
+    if isinstance(model, str | os.PathLike):
+        path = os.fspath(model)
+        loaded = _from_file(path, where, lambda: read_model(path, weights))
+        if loaded is not None:
+            _load_external(loaded, os.path.dirname(os.path.abspath(path)), where)
+    elif isinstance(model, bytes | bytearray | memoryview):
+        loaded = read_model(bytes(model), weights)
+        if loaded is not None:
+            _load_external(loaded, None, where)
+    if loaded is None:  # a ModelProto, or wire data the reader leaves to the parser
+        loaded = LoadedModel(load_model_proto(model), {})
+    elif not loaded.proto.HasField("graph"):
+        raise ModelLoadError(f"{where}: not an ONNX model (the ModelProto has no graph)")
+    loaded.where = where
+    return loaded
+
+
+def _load_external(loaded: LoadedModel, base_dir: str | None, where: str) -> None:
+    """Data in external files (other than our stubs) into the proto, as onnx.load does."""
+    from onnx.external_data_helper import (
+        _get_all_tensors,
+        load_external_data_for_tensor,
+        uses_external_data,
+    )
+    for tensor in _get_all_tensors(loaded.proto):
+        if not uses_external_data(tensor) or is_stub(tensor) and tensor.name in loaded.stubs:
+            continue
+        if base_dir is None:
+            raise ModelLoadError(f"{where}: tensor {tensor.name!r} has its data in an external "
+                                 "file, but the model was not loaded from a file")
+        try:
+            load_external_data_for_tensor(tensor, base_dir)
+        except Exception as e:
+            raise ModelLoadError(f"{where}: cannot load: {type(e).__name__}: {e}") from e
+        tensor.data_location = TensorProto.DEFAULT
+        del tensor.external_data[:]
+
+
+def _from_file(path: str, where: str, read: Callable[[], Any]) -> Any:
+    """read() of the model file at `path`; its failures become ModelLoadError."""
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{where}: no such file")
+    try:
+        return read()
+    except Exception as e:  # OSError, DecodeError, missing external data file, ...
+        raise ModelLoadError(f"{where}: cannot load: {type(e).__name__}: {e}") from e
+
+
 def load_model_proto(model: ModelSource, *, load_external: bool = True) -> ModelProto:
     """Load a ModelProto from a path, bytes or a ModelProto; raise ModelLoadError on failure."""
     where = _describe(model)
-    if isinstance(model, ModelProto):
+    if isinstance(model, LoadedModel):
+        proto = model.full_proto()
+    elif isinstance(model, ModelProto):
         proto = model
     elif isinstance(model, str | os.PathLike):
         path = os.fspath(model)
-        if not os.path.isfile(path):
-            raise ModelLoadError(f"{where}: no such file")
-        try:
-            proto = onnx.load(path, load_external_data=load_external)
-        except Exception as e:  # DecodeError, missing external data file, ...
-            raise ModelLoadError(f"{where}: cannot load: {type(e).__name__}: {e}") from e
+        proto = _from_file(path, where, lambda: onnx.load(path,
+                                                          load_external_data=load_external))
     elif isinstance(model, bytes | bytearray | memoryview):
         try:
             proto = onnx.load_model_from_string(bytes(model))
@@ -417,10 +476,12 @@ def _node_names(nodes: Iterable[NodeProto]) -> list[str]:
 class _Importer:
     """State of one import: the graph being built and every name in the model."""
 
-    def __init__(self, proto: ModelProto, where: str, base_dir: str | None):
+    def __init__(self, proto: ModelProto, where: str, base_dir: str | None,
+                 loaded: LoadedModel | None = None):
         self.proto = proto
         self.where = where
         self.base_dir = base_dir
+        self.loaded = loaded  # read_model's arrays for its stubs
         self.graph = Graph(proto.graph.name or "graph")
         self.graph.opset = _opset_dict(proto)
         self.graph.doc = _model_doc(proto)
@@ -483,8 +544,18 @@ class _Importer:
                 except Exception as e:
                     raise self.fail(f"{what}: bad sparse tensor: {e}") from e
             else:
-                array = tensor_to_array(tensor, f"{self.where}: {what}", self.base_dir)
+                array = self.weight(tensor, what)
             self.graph.add_initializer(name, array)
+
+    def weight(self, tensor: TensorProto, what: str) -> np.ndarray:
+        """An initializer's array: read_model's for its stubs (no copy), else from the proto."""
+        loaded = self.loaded
+        if loaded is not None and tensor.name in loaded.stubs and is_stub(tensor):
+            array = loaded.weights.get(tensor.name)
+            if array is None:
+                raise self.fail(f"{what}: the model was loaded without its weights")
+            return array
+        return tensor_to_array(tensor, f"{self.where}: {what}", self.base_dir)
 
     def check_nodes(self, gp: GraphProto, names: list[str]) -> list[list[str]]:
         """Define node outputs, reject dangling reads and bad attributes; return each
@@ -595,15 +666,20 @@ def fill_types(graph: Graph) -> None:
 
 
 def import_model(model: ModelSource, *, load_external: bool = True) -> Graph:
-    """Load an ONNX model (path, bytes or ModelProto) into an autoclust Graph."""
-    proto = load_model_proto(model, load_external=load_external)
+    """Load an ONNX model (path, bytes, ModelProto or LoadedModel) into an autoclust Graph."""
+    loaded = None
+    if isinstance(model, LoadedModel) or load_external and not isinstance(model, ModelProto):
+        loaded = load_model(model)  # weights read once, straight into arrays
+        proto = loaded.proto
+    else:
+        proto = load_model_proto(model, load_external=load_external)
     where = _describe(model)
     base_dir = None
     if isinstance(model, str | os.PathLike):
         base_dir = os.path.dirname(os.path.abspath(os.fspath(model)))
     try:
         _run_checker(proto, where)
-        return _Importer(proto, where, base_dir).run()
+        return _Importer(proto, where, base_dir, loaded).run()
     except ModelLoadError:
         raise
     except Exception as e:  # a malformed proto must not crash callers with KeyError & co.

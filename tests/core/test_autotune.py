@@ -286,13 +286,44 @@ def test_whole_plan_handed_back_when_boundaries_lose(monkeypatch, tmp_path):
     assert not autotune.measuring(again._runtime)
 
 
-def test_whole_plan_kept_when_it_wins(monkeypatch):
-    _inject_whole(monkeypatch, plan_ms=1.0, whole_ort_ms=2.0)
+def _whole_decided(monkeypatch, plan_ms: float, whole_ort_ms: float):
+    """(model, feeds, session) after enough runs to decide the whole plan's placement."""
+    _inject_whole(monkeypatch, plan_ms=plan_ms, whole_ort_ms=whole_ort_ms)
     model = zoo.build("mixed_dynamic")
     feeds = zoo.feeds(model)
     sess = autoclust.InferenceSession(model)
     for _ in range(15):
         sess.run(None, feeds)
+    return model, feeds, sess
+
+
+def test_whole_plan_kept_when_it_wins(monkeypatch):
+    _, _, sess = _whole_decided(monkeypatch, plan_ms=1.0, whole_ort_ms=2.0)
     whole = sess.explain(as_json=True)["placement"][-1]
     assert whole["cluster"] == autotune.WHOLE and whole["winner"] == COMPILED
     assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._PlanSide)
+
+
+def test_handed_back_plan_runs_onnxruntime_directly(monkeypatch):
+    # Once the whole plan goes back to onnxruntime for a signature, run() calls the whole
+    # model's session as --auto_jit=0 does: no plan, no routing (counted, not timed).
+    model, feeds, sess = _whole_decided(monkeypatch, plan_ms=5.0, whole_ort_ms=2.0)
+    assert sess.explain(as_json=True)["placement"][-1]["winner"] == ONNXRUNTIME
+    routed = []
+    real_run = sess._runtime.run
+    monkeypatch.setattr(sess._runtime, "run", lambda *a, **k: routed.append(1) or
+                        real_run(*a, **k))
+    monkeypatch.setattr(sess._runtime, "run_outputs", lambda *a, **k: routed.append(1) or
+                        pytest.fail("the runtime routed a handed-back signature"))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for _ in range(3):
+        got = sess.run(None, feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    (y,) = sess.run([sess.get_outputs()[-1].name], feeds)
+    np.testing.assert_allclose(y, want[-1], rtol=1e-5, atol=1e-6)
+    assert routed == [] and len(sess._direct) == 1
+    # another signature (batch 3) has not been decided: it goes through the plan
+    bigger = {"x": np.concatenate([feeds["x"], feeds["x"][:1]]), "k": feeds["k"]}
+    sess.run(None, bigger)
+    assert routed == [1]

@@ -199,6 +199,7 @@ def instrument(sess: Any, rec: Recorder) -> tuple[list[dict], list[dict]]:
     # measured placement may have handed the whole model to onnxruntime: profile the
     # plan's steps as they run without it (profile() reports the decision)
     rt.whole = None
+    sess._direct.clear()  # and the session's direct calls for signatures it handed back
     op_of = {n.name: n.op for n in rt.graph.nodes}
     steps, thunks = [], []
     for i, (runner, (run, ins, outs, frees)) in enumerate(zip(rt.runners, rt.steps)):
