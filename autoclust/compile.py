@@ -5,6 +5,7 @@
       optimize: up to MAX_ROUNDS of PASSES    fold_constants, simplify, cse, dce
       fuse                                    kernel IR: Kernels, LibraryCalls, Checks, each
                                               op lowered by its own `lower` in the op table
+      attach_epilogues                        a GEMM's elementwise consumer rides its call
       collapse_loops                          merge contiguous loop dims
       prove_in_bounds                         every load and store inside its buffer, or a
                                               CompileError (kernel/bounds.py)
@@ -32,6 +33,7 @@ from autoclust.ir import Graph
 from autoclust.kernel import inject
 from autoclust.kernel import ir as kir
 from autoclust.kernel.bounds import check_program as prove_in_bounds
+from autoclust.kernel.epilogues import attach_epilogues
 from autoclust.kernel.fusion import fuse
 from autoclust.kernel.memplan import plan_memory
 from autoclust.kernel.passes import collapse_loops, share_code
@@ -75,6 +77,8 @@ def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     if pol.fused_attention and "fuse_attention" not in flags.disable_passes \
             and any(n.op == "Softmax" for n in graph.nodes):
         graph = fuse_attention(copy_graph(graph), pol.fused_attention)
-    program = collapse_loops(fuse(graph, pol.fold_bias, pol.library_views))
+    program = attach_epilogues(fuse(graph, pol.fold_bias, pol.library_views),
+                               pol.library_epilogues)
+    program = collapse_loops(program)
     prove_in_bounds(program)  # CompileError where an access may leave its buffer
     return plan_memory(share_code(program))

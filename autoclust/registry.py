@@ -67,6 +67,9 @@ class Policy:
     # Library ops whose operands and results may be strided views of buffers (a transpose
     # in front of or behind a GEMM read or written in place: kernel/views.py).
     library_views: frozenset = frozenset()
+    # Library ops whose calls take the elementwise kernel after them as an epilogue
+    # (kernel/epilogues.py): the backend runs it inside the call or right after it.
+    library_epilogues: frozenset = frozenset()
     # Values live in the device's own memory: the runtime copies them to the host for
     # onnxruntime segments and back, and the backend module offers to_device(x),
     # to_host(x), is_device(x) (and may offer capture(runtime), a whole-run replay).

@@ -59,11 +59,12 @@ def _loads(e: kir.Expr, per_row: bool) -> Iterator[Access]:
 
 
 def check_program(program: kir.Program) -> None:
-    """Raise CompileError if some access of some kernel may leave its buffer."""
+    """Raise CompileError if some access of some kernel (library calls' epilogues
+    included) may leave its buffer."""
     buffers = {b.id: b for b in program.buffers}
-    for t in program.thunks:
-        if isinstance(t, kir.Kernel) and not t.empty:
-            check_kernel(t, buffers)
+    for k in kir.kernels(program.thunks):
+        if not k.empty:
+            check_kernel(k, buffers)
 
 
 def check_kernel(k: kir.Kernel, buffers: dict[int, kir.Buffer]) -> None:

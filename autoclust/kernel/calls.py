@@ -9,11 +9,12 @@ from autoclust.kernel import views
 
 def feeds_library(graph: Graph, v: Value, library: set[str], view_ops: frozenset) -> bool:
     """Whether only library calls read v: directly, or (when they take views) through
-    layout ops they read in place (a bias-added Q projection's head split)."""
+    layout ops they read in place (a bias-added Q projection's head split, or its Slice
+    of a sibling-fused QKV projection)."""
     for c in graph.consumers(v):
         if c.name in library:
             continue
-        if not view_ops or c.op not in views.CHAIN_OPS or len(c.outputs) != 1 or \
+        if not view_ops or c.op not in views.READ_OPS or len(c.outputs) != 1 or \
                 c.outputs[0] in graph.outputs or \
                 not feeds_library(graph, c.outputs[0], library, view_ops):
             return False

@@ -246,7 +246,13 @@ class View:
 @dataclasses.dataclass(frozen=True)
 class LibraryCall:
     """A library op on buffers. `views` (empty, or one entry per input then per output)
-    gives the operands read or written in place through strides (None: the buffer itself)."""
+    gives the operands read or written in place through strides (None: the buffer itself).
+
+    `epilogue`: an elementwise Kernel applied to the result (a GEMM's bias, activation,
+    residual add: kernel/epilogues.py). It reads outputs[0] at its own loop index, nothing
+    else reads outputs[0], and its stores are the call's real results; a backend runs it
+    as a pass after the library call or inside the call (oneDNN post-ops), when the result
+    is still in cache and outputs[0] need not be written at all."""
 
     op: str
     inputs: tuple[int | None, ...]
@@ -254,6 +260,7 @@ class LibraryCall:
     attrs: tuple  # sorted (name, value) pairs
     nodes: tuple[str, ...] = ()
     views: tuple[View | None, ...] = ()
+    epilogue: Kernel | None = None
 
     def view(self, k: int) -> View | None:
         """The view of operand k (inputs first, then outputs), None when it is a buffer."""
@@ -348,12 +355,27 @@ def loaded_buffers(k: Kernel) -> set[int]:
 
 
 def thunk_buffers(t: Thunk) -> tuple[set[int], set[int]]:
-    """(buffers read, buffers written) by a thunk."""
+    """(buffers read, buffers written) by a thunk (a call's epilogue included)."""
     if isinstance(t, Kernel):
         return loaded_buffers(t), {s.buf for s in t.stores}
     if isinstance(t, Check):
         return {t.buf}, set()
-    return {b for b in t.inputs if b is not None}, set(t.outputs)
+    reads, writes = {b for b in t.inputs if b is not None}, set(t.outputs)
+    if t.epilogue is not None:
+        reads |= loaded_buffers(t.epilogue) - writes
+        writes |= {s.buf for s in t.epilogue.stores}
+    return reads, writes
+
+
+def kernels(thunks: list) -> list[Kernel]:
+    """Every Kernel among `thunks`, library calls' epilogues included, in order."""
+    out = []
+    for t in thunks:
+        if isinstance(t, Kernel):
+            out.append(t)
+        elif isinstance(t, LibraryCall) and t.epilogue is not None:
+            out.append(t.epilogue)
+    return out
 
 
 # ---- printing ------------------------------------------------------------------------------
@@ -392,7 +414,12 @@ def format_thunk(t: Thunk, names: dict[int, str] | None = None) -> str:
                 what = bname(t.inputs[k]) if k < len(t.inputs) else \
                     bname(t.outputs[k - len(t.inputs)])
                 text += f" | {what} as {v}"
-        return f"{text}   # nodes: {', '.join(t.nodes)}"
+        text = f"{text}   # nodes: {', '.join(t.nodes)}"
+        if t.epilogue is not None:
+            text += "\n" + "\n".join("  " + line for line in
+                                     format_thunk(t.epilogue, names).splitlines())
+            text = text.replace("\n  kernel ", "\n  epilogue kernel ", 1)
+        return text
     if isinstance(t, Check):
         what = f"in [{t.lo}, {t.hi}]" if t.kind == "range" else "non-zero"
         return f"check {bname(t.buf)} {what}   # nodes: {', '.join(t.nodes)}"

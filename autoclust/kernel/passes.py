@@ -3,7 +3,8 @@
 - collapse_loops: merge loop dims every index map walks contiguously, drop size-1 dims
   ([64, 1024] with maps 1024*i0 + i1 -> [65536]).
 - share_code: one function per distinct kernel code (a model's repeated layers): kernels
-  that differ only in buffer ids, or in their outer loop extent, share it. Backends compile
+  (library calls' epilogues included) that differ only in buffer ids, or in their outer
+  loop extent, share it. Backends compile
   each distinct kernel once and bind each kernel's buffers in the shared code's order.
 """
 
@@ -15,9 +16,15 @@ from autoclust.kernel import ir as kir
 
 
 def collapse_loops(program: kir.Program) -> kir.Program:
-    """Every kernel with its loop nest collapsed (kernel_ir.collapse)."""
-    thunks = [kir.collapse(t) if isinstance(t, kir.Kernel) else t for t in program.thunks]
-    return dataclasses.replace(program, thunks=thunks)
+    """Every kernel (library calls' epilogues too) with its loop nest collapsed
+    (kernel_ir.collapse)."""
+    def one(t: kir.Thunk) -> kir.Thunk:
+        if isinstance(t, kir.Kernel):
+            return kir.collapse(t)
+        if isinstance(t, kir.LibraryCall) and t.epilogue is not None:
+            return dataclasses.replace(t, epilogue=kir.collapse(t.epilogue))
+        return t
+    return dataclasses.replace(program, thunks=[one(t) for t in program.thunks])
 
 
 def code_key(k: kir.Kernel) -> str:
@@ -68,9 +75,7 @@ def share_code(program: kir.Program) -> kir.Program:
     (Program.sharing); the first kernel of each code carries the renumbered body."""
     unique: dict[str, str] = {}
     sharing: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for t in program.thunks:
-        if not isinstance(t, kir.Kernel):
-            continue
+    for t in kir.kernels(program.thunks):
         canon, ids = renumber(t)
         key = code_key(canon)
         unique.setdefault(key, t.name)
@@ -80,7 +85,7 @@ def share_code(program: kir.Program) -> kir.Program:
 
 def distinct_kernels(program: kir.Program) -> list[kir.Kernel]:
     """One renumbered kernel per distinct code, named after its first user (see share_code)."""
-    by_name = {t.name: t for t in program.thunks if isinstance(t, kir.Kernel)}
+    by_name = {t.name: t for t in kir.kernels(program.thunks)}
     out = []
     for name, (owner, _) in program.sharing.items():
         if name == owner:

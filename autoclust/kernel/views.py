@@ -33,6 +33,9 @@ from autoclust.kernel.indexing import contiguous_strides
 # Ops whose consumers see the same elements rearranged: a result's chain of these ends
 # in the buffer it can be written into.
 CHAIN_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+# Ops an operand may be read through in place: a chain op, or a Slice (one projection of
+# a sibling-fused GEMM's output, passes/siblings.py) picking a strided part of the buffer.
+READ_OPS = CHAIN_OPS | {"Slice"}
 MAX_INVERT = 1 << 24  # elements: the output view is found numerically (np.indices)
 
 Probe = Callable[[Value, Value | None], kir.Expr | None]

@@ -9,8 +9,9 @@ from autoclust.passes.cse import cse
 from autoclust.passes.dce import dce
 from autoclust.passes.edits import copy_graph
 from autoclust.passes.fold_constants import fold_constants
+from autoclust.passes.siblings import fuse_siblings
 from autoclust.passes.simplify import simplify
 from autoclust.passes.specialize import not_concrete, specialize
 
-__all__ = ["copy_graph", "cse", "dce", "fold_constants", "not_concrete", "simplify",
+__all__ = ["copy_graph", "cse", "dce", "fold_constants", "fuse_siblings", "not_concrete", "simplify",
            "specialize"]

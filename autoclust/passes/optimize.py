@@ -11,6 +11,7 @@ from autoclust.passes.cse import cse
 from autoclust.passes.dce import dce
 from autoclust.passes.edits import copy_graph
 from autoclust.passes.fold_constants import fold_constants
+from autoclust.passes.siblings import fuse_siblings
 from autoclust.passes.simplify import simplify
 from autoclust.passes.specialize import not_concrete
 
@@ -21,6 +22,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_constants", fold_constants),
     ("simplify", simplify),
     ("cse", cse),
+    ("siblings", fuse_siblings),  # after simplify: scale Muls are alphas by then
     ("dce", dce),
 ]
 # Graph passes lower_graph runs for some backends only (after the rounds, before fusion)

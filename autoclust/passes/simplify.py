@@ -185,6 +185,37 @@ def _matmul_of_scaled(graph: Graph, n: Node) -> Result:
     return ("FusedMatMul", inputs, attrs, "com.microsoft")
 
 
+def _feeds_matmul(v: Value) -> bool:
+    """v reaches a MatMul operand through single-use views and transposes only."""
+    while len(v.uses) == 1 and v.uses[0][1] >= 0:
+        user, slot = v.uses[0]
+        if (user.op, user.domain) in (("MatMul", ""), ("FusedMatMul", "com.microsoft")):
+            return slot < 2
+        if user.domain or (user.op not in VIEWS and user.op != "Transpose") or slot != 0:
+            return False
+        v = user.outputs[0]
+    return False
+
+
+def _scale_past_layout(graph: Graph, n: Node) -> Result:
+    """L(x * c) -> L(x) * c for a view or transpose L on the way to a MatMul, c a float32
+    scalar: attention scales Q and K between their head transposes and the GEMM, so the
+    scale kept the transposes materialized; moved next to the MatMul it becomes its alpha
+    (_matmul_of_scaled) and the transposes the GEMM's strided operands. Exact: every
+    element is multiplied by the same c either way."""
+    y = n.inputs[0] if n.inputs else None
+    hit = _scaled_operand(graph, y)
+    if hit is None or y is None or y.producer is None or not _feeds_matmul(n.outputs[0]):
+        return None
+    x, scaled = hit[0], y.producer
+    out = n.outputs[0]
+    moved = Value(graph.unique_name(f"{out.name}_unscaled"), out.dtype, out.shape)
+    graph.add_node(Node(n.op, [x, *n.inputs[1:]], [moved], dict(n.attrs),
+                        graph.unique_name(f"{n.name}_unscaled"), n.domain),
+                   graph.nodes.index(n))
+    return (scaled.op, [moved if v is x else v for v in scaled.inputs], dict(scaled.attrs))
+
+
 def _neg_neg(graph: Graph, n: Node) -> Result:
     inner = _made_by(n.inputs[0], "Neg")
     return None if inner is None else inner.inputs[0]
@@ -207,6 +238,7 @@ RULES: list[tuple[str, Rule]] = [
     ("Transpose", _transpose_transpose),  # Transpose(Transpose(x)) -> Transpose(x) or x
     *[(op, _forward(0)) for op in VIEWS],  # Reshape(x) to x's own shape -> x, Identity(x) -> x
     *[(op, _reshape_chain) for op in VIEWS],  # Reshape(Reshape(x)) -> Reshape(x) or x
+    *[(op, _scale_past_layout) for op in (*VIEWS, "Transpose")],  # L(x*c) -> L(x)*c
     ("Cast", _forward(0)),  # Cast(x: T, to=T) -> x
     ("CastLike", _forward(0)),  # CastLike(x: T, y: T) -> x
     ("Dropout", _dropout),  # Dropout(x) -> x (inference)

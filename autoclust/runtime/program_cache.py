@@ -26,7 +26,7 @@ from autoclust.runtime import disk_cache
 from autoclust.version import __version__
 
 COUNTS = {"program_hits": 0}  # Programs read from --cache_dir
-PROGRAM_FORMAT = 2  # bump when kernel IR or this entry's layout changes
+PROGRAM_FORMAT = 3  # bump when kernel IR or this entry's layout changes
 # Constants whose values key a cached Program: every integer or bool constant (indices,
 # divisors and shapes whose values lowering reads: range checks, refusals) and every
 # constant up to this size (scalars inline into kernel code). Larger float constants are

@@ -41,6 +41,7 @@ POLICY = Policy(
     onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
     library_views=frozenset({"MatMul", "FusedMatMul"}),
+    library_epilogues=frozenset({"MatMul", "FusedMatMul", "Gemm"}),
 )
 # Kernels with at least this many loop iterations are split over `--threads` threads
 # (executable.Splitter: chunks of the outer loop claimed by the caller and helper threads),
@@ -48,9 +49,19 @@ POLICY = Policy(
 # break-even is low: GELU on 256K floats takes ~0.35 ms on one thread.
 PARALLEL_MIN_WORK = 1 << 18
 MIN_CHUNK_WORK = 1 << 16
+COSTLY_WEIGHT = 2  # loop iterations one exp/tanh/erf/sigmoid/... costs (see split_work)
 COMPILE_COUNT = 0  # LLVM compiles in this process (a warm --cache_dir keeps it 0)
 
 __all__ = ["COMPILE_COUNT", "NAME", "POLICY", "Executable", "compile", "why_not"]
+
+
+def split_work(k: kir.Kernel) -> int:
+    """k.work weighted by its costly primitives (exp, tanh, erf, ...: kir.COSTLY), each
+    counted as COSTLY_WEIGHT loop iterations: GPT-2's tanh-GELU over [64, 3072] (196608
+    elements, 230 us on one thread) and a SwiGLU product over [128, 1408] (200 us) stayed
+    on one thread under the element-count rule."""
+    costly = sum(1 for e in kir.kernel_exprs(k) if isinstance(e, kir.Op) and e.name in kir.COSTLY)
+    return k.work * (1 + COSTLY_WEIGHT * costly)
 
 
 def why_not(node: Node, graph: Graph) -> str | None:
@@ -71,10 +82,11 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
     global COMPILE_COUNT
     threads = _threads(flags)
     choice.use_cache_dir(flags.cache_dir or None)  # measured GEMM choices live there too
-    live = [t for t in program.thunks if isinstance(t, kir.Kernel) and not t.empty]
-    split = set()
+    live = [k for k in kir.kernels(program.thunks) if not k.empty]
+    split: dict[str, int] = {}  # kernel -> its weighted work, for those split over threads
     if threads > 1:
-        split = {k.name for k in live if k.work >= PARALLEL_MIN_WORK and k.shape[0] > 1}
+        split = {k.name: w for k in live if (w := split_work(k)) >= PARALLEL_MIN_WORK
+                 and k.shape[0] > 1}
     used = {program.sharing[k.name][0] for k in live}
     units = [_kernel_unit(k, flags) for k in distinct_kernels(program) if k.name in used]
     buffers = {b.id: b for b in program.buffers}

@@ -45,9 +45,11 @@ def use_cache_dir(path: str | None) -> None:
 
 def onednn_builder(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
                    threads: int, constants: dict[int, np.ndarray],
-                   layouts: Layouts) -> Callable | None:
+                   layouts: Layouts, post: Sequence[tuple] = ()) -> Callable | None:
     """A builder of oneDNN's run function for this call, or None where it cannot apply
-    (not float32, a 1-D operand, an empty dim, Gemm's beta != 1)."""
+    (not float32, a 1-D operand, an empty dim, Gemm's beta != 1). `post`: epilogue steps
+    after Gemm's C (onednn.Matmul's format); their binary operands follow the call's
+    inputs."""
     if op not in GEMM_OPS or onednn.unavailable():
         return None
     types = [t for t in in_types if t is not None] + list(out_types)
@@ -66,7 +68,8 @@ def onednn_builder(op: str, attrs: dict[str, Any], in_types: list, out_types: li
         a = a.swapped()
     if attrs.get("transB", 0):
         b = b.swapped()
-    epilogue = [("add", tuple(in_types[2][1]))] if has_c else []
+    epilogue = ([("add", tuple(in_types[2][1]))] if has_c else []) + list(post)
+    n_in = len(in_types)
     weights = constants.get(1) if 1 in constants and lay[1] is None else None
 
     def build() -> Callable:
@@ -79,6 +82,7 @@ def onednn_builder(op: str, attrs: dict[str, Any], in_types: list, out_types: li
             args.append(outputs[0])
             if has_c:
                 args.append(inputs[2])
+            args.extend(inputs[n_in:])  # the post-ops' operands
             mm(args)
         run.impl_info = mm.impl  # type: ignore[attr-defined]
         return run

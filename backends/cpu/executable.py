@@ -188,7 +188,7 @@ def chunk_bounds(n0: int, work: int, threads: int, min_chunk_work: int) -> list[
 class Executable:
     """run(inputs in graph.inputs order) -> outputs in graph.outputs order."""
 
-    def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: set[str],
+    def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: dict[str, int],
                  threads: int, engine: object, dumps: dict[str, str], library: object = None,
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
                  check_bounds: bool = False):
@@ -196,7 +196,6 @@ class Executable:
         constants = program.constants
         self.engine = engine  # keeps the code alive
         self.dumps = dumps
-        self.num_kernels = sum(1 for t in program.thunks if not isinstance(t, kir.Check))
         self.buffers = {b.id: b for b in program.buffers}
         self._lock = threading.Lock()
         self._ptrs = (ctypes.c_void_p * max(1, len(program.buffers)))()
@@ -217,10 +216,19 @@ class Executable:
         self._min_chunk_work = min_chunk_work
         self.split: set[str] = set()  # kernels split over threads (names)
         self._gemms = {id(t): g for t, g in (gemms or {}).items()}
-        steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
-        # (thunk, step) for `profile`: the same steps one by one, without the driver
-        self._ungrouped = [(t, s) for t, s in zip(program.thunks, steps) if s is not None]
-        self._steps = group_native([s for s in steps if s is not None], self._sites)
+        # (thunk, step) for `profile`: the same steps one by one, without the driver; a
+        # library call's epilogue kernel, when run after the call, is a step of its own
+        self._ungrouped: list[tuple[kir.Thunk, Native | Callable[[], None]]] = []
+        for t in program.thunks:
+            if isinstance(t, kir.LibraryCall) and t.epilogue is not None:
+                self._ungrouped += self._with_epilogue(t, addrs, parallel, threads)
+                continue
+            step = self._step(t, addrs, parallel, threads)
+            if step is not None:
+                self._ungrouped.append((t, step))
+        self._steps = group_native([s for _, s in self._ungrouped], self._sites)
+        # kernels and library calls run (an epilogue inside its call is not one of its own)
+        self.num_kernels = sum(1 for t, _ in self._ungrouped if not isinstance(t, kir.Check))
         self._outputs = [b for b in program.buffers if b.role == "output"]
         self._output_specs = [(b.id, tuple(b.shape), np.dtype(b.dtype)) for b in self._outputs]
         self._input_ids = tuple(program.inputs)
@@ -286,24 +294,73 @@ class Executable:
         self._guards[name] = (ids, guard)
         return fn_name, self._site(ids, guard)
 
-    def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
+    def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: dict[str, int],
               threads: int) -> Native | Callable[[], None] | None:
         if isinstance(t, kir.Kernel):
             if t.empty:
                 return None
             fn_name, bufs = self._entry(t.name)
-            return self._native(t.name, addrs[fn_name], bufs, t.shape[0], t.work,
-                                t.name in parallel, threads)
+            return self._native(t.name, addrs[fn_name], bufs, t.shape[0],
+                                parallel.get(t.name, t.work), t.name in parallel, threads)
         if isinstance(t, kir.Check):
             return self._check_step(t)
+        return self._call_step(t, addrs, threads)[0]
+
+    def _call_step(self, t: kir.LibraryCall, addrs: dict[str, int], threads: int,
+                   epilogue_run: Callable[[], None] | None = None
+                   ) -> tuple[Native | Callable[[], None], bool]:
+        """(step, whether it runs the call's epilogue too) of a library call."""
         gemm = self._gemms.get(id(t))
         if gemm is not None:  # a generated GEMM: a native kernel over output rows
             name, spec = gemm
             ids = tuple(b for b in t.inputs if b is not None) + t.outputs
             big = threads > 1 and spec.flops >= 4 * PARALLEL_FLOPS and spec.rows > 1
             return self._native(name, addrs[name], self._site(ids), spec.rows,
-                                int(spec.flops // 2), big, threads)
-        return self._library_step(t, threads, self._constants)
+                                int(spec.flops // 2), big, threads), False
+        fn = self._library.make_call_for(t, self.program.buffers, threads, self._constants,
+                                         epilogue_run)
+        fused = getattr(fn, "fused", False)
+        arrays = self._arrays
+        ins = t.inputs + tuple(fn.extra) if fused else t.inputs
+        outs = tuple(fn.dest) if fused else t.outputs
+        return (lambda: fn([None if b is None else arrays[b] for b in ins],
+                           [arrays[b] for b in outs])), fused
+
+    def _with_epilogue(self, t: kir.LibraryCall, addrs: dict[str, int],
+                       parallel: dict[str, int], threads: int) -> list[tuple]:
+        """(thunk, step) pairs of a call with an epilogue: the call running it (oneDNN
+        post-ops), or the call and then the epilogue kernel."""
+        k = t.epilogue
+        epi = self._step(k, addrs, parallel, threads)
+        probe = None
+        if epi is not None and id(t) not in self._gemms:
+            probe = self._probe(k, addrs, parallel, threads)
+        step, fused = self._call_step(t, addrs, threads, probe)
+        if fused or epi is None:
+            return [(t, step)]
+        return [(t, step), (k, epi)]
+
+    def _probe(self, k: kir.Kernel, addrs: dict[str, int], parallel: dict[str, int],
+               threads: int) -> Callable[[], None]:
+        """Kernel k on buffers of its own where the executable has none bound yet (inputs
+        and outputs): library.make_call_for times it to choose where an epilogue runs."""
+        fn_name, ids = self._bindings.get(k.name, (k.name, tuple(range(len(self._arrays)))))
+        arrays = [self._arrays[b] if self._arrays[b] is not None else
+                  np.zeros(self.buffers[b].shape, self.buffers[b].dtype) for b in ids]
+        site = (ctypes.c_void_p * max(1, len(ids)))(*[_address(a) for a in arrays])
+        fn, addr = KERNEL_FN(addrs[fn_name]), ctypes.addressof(site)
+        bounds = chunk_bounds(k.shape[0], parallel.get(k.name, k.work), threads,
+                              self._min_chunk_work)
+        keep = (site, arrays)  # alive as long as the probe
+
+        def probe() -> None:
+            if k.name in parallel and len(bounds) > 1:
+                splitter(threads).run(fn, addr, bounds)
+            else:
+                fn(addr, 0, k.shape[0])
+
+        probe.keep = keep  # type: ignore[attr-defined]
+        return probe
 
     def _native(self, name: str, addr: int, bufs: int, n0: int, work: int, split: bool,
                 threads: int) -> Native | Callable[[], None]:
@@ -351,14 +408,6 @@ class Executable:
                 raise InvalidInputError(t.message)
 
         return check
-
-    def _library_step(self, t: kir.LibraryCall, threads: int,
-                      constants: dict[int, np.ndarray]) -> Callable[[], None]:
-        fn = self._library.make_call_for(t, self.program.buffers, threads, constants)
-        arrays = self._arrays
-        ins, outs = t.inputs, t.outputs
-        return lambda: fn([None if b is None else arrays[b] for b in ins],
-                          [arrays[b] for b in outs])
 
     def _bind_outputs(self) -> None:
         """Point the output buffers at the last run's arrays where the caller has dropped

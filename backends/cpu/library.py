@@ -51,6 +51,7 @@ import onnx
 import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
 from autoclust.backends.cpu import choice as gemm_choice
+from autoclust.backends.cpu import epilogue, onednn
 from autoclust.backends.cpu.numpy_library import (
     NUMPY_BUILDERS,
     Arrays,
@@ -88,6 +89,9 @@ class LibraryFn:
         self.op = op
         self.note = note
         self.switch(impl, run, note)
+        # fused: the call runs its epilogue too (make_call_for), reading the inputs plus
+        # the buffers `extra` and writing `dest` instead of the call's outputs
+        self.fused, self.extra, self.dest = False, (), ()
 
     def switch(self, impl: str, run: RunFn, note: str) -> None:
         """Run `impl` from now on (a background measurement found it faster)."""
@@ -226,8 +230,15 @@ class _ViewCache:
 
 
 def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads: int = 0,
-                  constants: dict[int, np.ndarray] | None = None) -> LibraryFn:
-    """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value."""
+                  constants: dict[int, np.ndarray] | None = None,
+                  epilogue_run: Callable[[], None] | None = None) -> LibraryFn:
+    """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value.
+
+    A call with an epilogue (thunk.epilogue) gets a LibraryFn with `fused` set when the
+    epilogue runs inside it (oneDNN post-ops, measured faster than the library call
+    followed by `epilogue_run`, the epilogue kernel on probe buffers): it is then called
+    with the inputs plus the buffers in `fn.extra` and writes `fn.dest`, not
+    thunk.outputs. Otherwise the caller runs the epilogue kernel after the call."""
     by_id = {b.id: b for b in buffers}
     n_in = len(thunk.inputs)
 
@@ -245,7 +256,64 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
     layouts = tuple(None if v is None else v.strides for v in thunk.views)
     fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
                    layouts=layouts)
+    if thunk.epilogue is not None and epilogue_run is not None:
+        fused = _fused(thunk, by_id, fn, epilogue_run, (in_types, out_types, threads, consts,
+                                                        layouts))
+        if fused is not None:
+            return fused
     return gemm_choice.in_place(fn, thunk.views, n_in) if thunk.views else fn
+
+
+def _fused(thunk: kir.LibraryCall, by_id: dict[int, kir.Buffer], plain: LibraryFn,
+           epilogue_run: Callable[[], None], call: tuple) -> LibraryFn | None:
+    """The call with its epilogue as oneDNN post-ops, when they express it and measure
+    faster than `plain` then the epilogue kernel; else None (`plain.note` says why)."""
+    in_types, out_types, threads, consts, layouts = call
+    found = epilogue.post_ops(thunk, by_id)
+    if found is None:
+        plain.note += "; epilogue after the call: not oneDNN post-ops"
+        return None
+    steps, dest = found
+    attrs = dict(thunk.attrs)
+    n_in = len(in_types)
+    out_layouts = tuple(layouts[:n_in]) + (None,) if layouts else ()
+    build = gemm_choice.onednn_builder(thunk.op, attrs, in_types, out_types, threads, consts,
+                                       out_layouts, [s.onednn() for s in steps])
+    if build is None:
+        plain.note += f"; epilogue after the call: onednn: {onednn.unavailable() or 'n/a'}"
+        return None
+    extra = tuple(s.buf for s in steps if s.buf is not None)
+    extra_types = [(F32, s.shape) for s in steps if s.buf is not None]
+    key = ("epilogue", thunk.op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
+           tuple(sorted(consts)), tuple(layouts), tuple(steps), plain.impl,
+           epilogue.kernel_key(thunk.epilogue))
+
+    def then_kernel() -> RunFn:
+        # the same implementation with its weights prepacked now (plain's may still be
+        # prepacking in the background: timing it would favour oneDNN)
+        same = make_call(thunk.op, attrs, in_types, out_types, threads, consts, plain.impl,
+                         layouts)
+
+        def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
+            same(inputs[:n_in], outputs)
+            epilogue_run()
+        return run
+
+    if key not in _DECISIONS:
+        _DECISIONS[key] = gemm_choice.measure(
+            key, {f"{plain.impl} then kernel": then_kernel, "onednn post-ops": build},
+            list(in_types) + extra_types, out_types,
+            out_layouts[:n_in] + (None,) * (len(extra) + 1) if layouts else (), consts)
+    choice, note = _DECISIONS[key]
+    if choice != "onednn post-ops":
+        plain.note += f"; epilogue after the call: {note}"
+        return None
+    fn = LibraryFn(thunk.op, "onednn+post-ops", build(),
+                   f"{note}; post-ops {', '.join(s.kind for s in steps)}")
+    fn.switch(fn.impl, fn._current[0], fn.note)  # strided outputs written in place
+    fn.fused, fn.extra, fn.dest = True, extra, (dest,)
+    views = tuple(thunk.views[:n_in]) + (None,) * (len(extra) + 1) if thunk.views else ()
+    return gemm_choice.in_place(fn, views, n_in + len(extra)) if views else fn
 
 
 def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:

@@ -12,8 +12,18 @@ reordered once into the layout the primitive asked for ("format any").
 The library is optional: `pip install onednn-cpu-gomp` (oneDNN 3.2 with GNU OpenMP, the
 CPU build: a 39 MB download, 164 MB installed, ~10 s). The `onednn` wheel (3.13) is a SYCL
 build whose CPU engine needs a SYCL CPU device that pip does not install, so it is
-refused with that reason. `AUTOCLUST_DNNL=/path/libdnnl.so.3` picks another build.
-`unavailable()` says why oneDNN is not used; explain and library notes repeat it.
+refused with that reason. `AUTOCLUST_DNNL=/path/libdnnl.so.3` picks another build,
+`AUTOCLUST_DNNL=none` turns oneDNN off. `unavailable()` says why oneDNN is not used;
+explain and library notes repeat it.
+
+OpenMP threads: libgomp's idle workers spin for ~300k pause instructions after each
+parallel region unless OMP_WAIT_POLICY=PASSIVE. Between oneDNN calls those spinning
+threads took the cores from MLAS, our kernels and onnxruntime: GPT-2 (4 layers, 2
+threads) ran 92 ms instead of 49 ms, a 64x768x3072 oneDNN GEMM 7.8 ms instead of 2.7 ms.
+So loading oneDNN sets OMP_WAIT_POLICY=PASSIVE when it is unset and libgomp is not loaded
+yet (libgomp reads it once, at load); when another library (torch) loaded libgomp first
+with the policy unset, oneDNN is refused with that reason. An explicit OMP_WAIT_POLICY is
+the user's choice and is kept.
 """
 
 from __future__ import annotations
@@ -40,9 +50,9 @@ QUERY_IMPL_INFO = 8
 QUERY_EXEC_ARG_MD = 255
 ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_SCRATCHPAD = 1, 2, 17, 33, 80
 RUNTIME_OMP, RUNTIME_OCL, RUNTIME_SYCL = 2, 256, 512
-ALG = {"relu": 0x20, "sigmoid": 0x29, "linear": 0x26, "gelu_tanh": 0x2B, "silu": 0x2C,
-       "gelu_erf": 0x31, "add": 0x1FFF0, "mul": 0x1FFF1}
-BINARY = ("add", "mul")
+ALG = {"relu": 0x20, "tanh": 0x21, "sigmoid": 0x29, "linear": 0x26, "gelu_tanh": 0x2B,
+       "silu": 0x2C, "gelu_erf": 0x31, "add": 0x1FFF0, "mul": 0x1FFF1, "sub": 0x1FFF5}
+BINARY = ("add", "mul", "sub")
 MAX_DIMS = 12
 Dims = ctypes.c_int64 * MAX_DIMS
 VP = ctypes.c_void_p
@@ -67,14 +77,47 @@ _LOCK = threading.Lock()
 
 
 def _candidates() -> list[str]:
-    paths = [os.environ.get("AUTOCLUST_DNNL", ""),
-             os.path.join(sys.prefix, "lib", "libdnnl.so.3"),
+    """Where libdnnl may be: $AUTOCLUST_DNNL, the environment's lib/, the loader's path."""
+    bundled = os.path.join(sys.prefix, "lib", "libdnnl.so.3")
+    paths = [os.environ.get("AUTOCLUST_DNNL", ""), bundled if os.path.exists(bundled) else "",
              ctypes.util.find_library("dnnl") or ""]
     return [p for p in paths if p]
 
 
+def _gomp_loaded() -> bool:
+    """Whether a libgomp is mapped into this process already (Linux; False elsewhere)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libgomp" in f.read()
+    except OSError:
+        return False
+
+
+def _wait_policy() -> str | None:
+    """Make libgomp's idle threads sleep (see the module docstring); the reason oneDNN is
+    refused when they cannot be made to."""
+    if os.environ.get("OMP_WAIT_POLICY"):
+        return None
+    if _gomp_loaded():
+        return ("libgomp was loaded (by torch?) with OMP_WAIT_POLICY unset: its threads "
+                "would spin between oneDNN calls and take the cores (GPT-2 ran 1.9x "
+                "slower); set OMP_WAIT_POLICY=PASSIVE before the first import")
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return None
+
+
 def _load() -> None:
     """Load libdnnl once: _STATE gets lib, engine, stream, version, or `why` not."""
+    if os.environ.get("AUTOCLUST_DNNL", "").lower() == "none":
+        _STATE["why"] = "oneDNN turned off (AUTOCLUST_DNNL=none)"
+        return
+    if not _candidates():
+        _STATE["why"] = "oneDNN not installed (pip install onednn-cpu-gomp)"
+        return
+    why = _wait_policy()
+    if why:
+        _STATE["why"] = why
+        return
     errors = []
     for path in _candidates():
         try:
@@ -180,11 +223,12 @@ class Matmul:
     """One matmul primitive: y = epilogue(alpha * a @ b) over fixed operand layouts.
 
     epilogue: (kind, shape) steps, shape the extra operand's (broadcast from the right) for
-    "add"/"mul", () for activations. Call with [a, b, y, *extra operands] arrays whose
-    first element sits where the layout says (strided NumPy views are fine)."""
+    "add"/"mul"/"sub", () for activations; ("linear", (), alpha, beta) is alpha * y + beta.
+    Call with [a, b, y, *extra operands] arrays whose first element sits where the layout
+    says (strided NumPy views are fine)."""
 
     def __init__(self, a: Operand, b: Operand, y: Operand, alpha: float = 1.0,
-                 epilogue: Sequence[tuple[str, tuple[int, ...]]] = (),
+                 epilogue: Sequence[tuple] = (),
                  weights: np.ndarray | None = None, threads: int = 0):
         lib = _lib()
         rank = max(len(a.shape), len(b.shape), len(y.shape), 2)
@@ -203,7 +247,7 @@ class Matmul:
         self._prim = VP()
         _check(lib.dnnl_primitive_create(ctypes.byref(self._prim), pd), "primitive")
         binaries = [(_post_arg(k + (alpha != 1.0)), _binary_md(shape, rank))
-                    for k, (kind, shape) in enumerate(epilogue) if kind in BINARY]
+                    for k, (kind, shape, *_) in enumerate(epilogue) if kind in BINARY]
         # argument slots fed per call, in call order: a, b (unless packed), y, extras
         fed = [(ARG_SRC, _md(a))] + ([] if weights is not None else [(ARG_WEIGHTS, _md(b))])
         fed += [(ARG_DST, _md(y))] + binaries
@@ -227,23 +271,23 @@ class Matmul:
         self._last: list = [None] * len(self._fed)
         self.skip_b = weights is not None  # b is packed inside: call without it
 
-    def _attr(self, alpha: float, epilogue: Sequence[tuple[str, tuple[int, ...]]],
-              rank: int) -> VP:
+    def _attr(self, alpha: float, epilogue: Sequence[tuple], rank: int) -> VP:
         lib = _lib()
         attr, post = VP(), VP()
         _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr")
         _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, SCRATCHPAD_USER), "scratch")
         _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post-ops")
-        steps = ([("linear", ())] if alpha != 1.0 else []) + list(epilogue)
-        for kind, shape in steps:
+        steps = ([("linear", (), alpha, 0.0)] if alpha != 1.0 else []) + list(epilogue)
+        for kind, shape, *params in steps:
             if kind in BINARY:
                 _check(lib.dnnl_post_ops_append_binary(post, ALG[kind],
                                                        _binary_md(shape, rank)), kind)
-            else:
-                # alpha: linear's scale, relu's negative slope, swish's sigmoid scale
-                a = ctypes.c_float({"linear": alpha, "silu": 1.0}.get(kind, 0.0))
-                _check(lib.dnnl_post_ops_append_eltwise(post, ALG[kind], a,
-                                                        ctypes.c_float(0.0)), kind)
+                continue
+            # alpha: linear's scale, relu's negative slope, swish's sigmoid scale; beta:
+            # linear's shift
+            a, b = params if params else ({"silu": 1.0}.get(kind, 0.0), 0.0)
+            _check(lib.dnnl_post_ops_append_eltwise(post, ALG[kind], ctypes.c_float(a),
+                                                    ctypes.c_float(b)), kind)
         _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set post-ops")
         lib.dnnl_post_ops_destroy(post)
         return attr

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import autoclust
 from autoclust.errors import UnsupportedOpError
+from autoclust.kernel import ir as kir
 
 RNG = np.random.default_rng(11)
 HAS_DNNL = onednn.unavailable() is None
@@ -29,7 +30,7 @@ def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
 
 def _kernels(sess: autoclust.InferenceSession) -> list:
     exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
-    return [t for t in exe.program.thunks if type(t).__name__ == "Kernel"]
+    return kir.kernels(exe.program.thunks)  # library calls' epilogues included
 
 
 def _calls(sess: autoclust.InferenceSession) -> list:
@@ -37,9 +38,11 @@ def _calls(sess: autoclust.InferenceSession) -> list:
     return [t for t in exe.program.thunks if type(t).__name__ == "LibraryCall"]
 
 
-def _attention(s: int = 16, heads: int = 4, d: int = 8, scale_q: bool = True) -> onnx.ModelProto:
+def _attention(s: int = 16, heads: int = 4, d: int = 8, scale: str = "after") -> onnx.ModelProto:
     """x -> Q/K/V projections, heads split by Reshape + Transpose (K^T by perm [0,2,3,1]),
-    softmax(Q K^T * c), merge heads by Transpose + Reshape, output projection."""
+    softmax(Q K^T * c), merge heads by Transpose + Reshape, output projection. Q and K are
+    scaled by c after their head transposes (`scale="after"`), before them ("before", as
+    torch's attention decomposition leaves a scale between layout ops) or not at all."""
     h = heads * d
     w = {n: numpy_helper.from_array(RNG.standard_normal((h, h)).astype(np.float32) * 0.2, n)
          for n in ("wq", "wk", "wv", "wo")}
@@ -51,14 +54,16 @@ def _attention(s: int = 16, heads: int = 4, d: int = 8, scale_q: bool = True) ->
     n = helper.make_node
     nodes = [n("MatMul", ["x", "wq"], ["q0"]), n("MatMul", ["x", "wk"], ["k0"]),
              n("Add", ["k0", "bk"], ["k1"]), n("MatMul", ["x", "wv"], ["v0"]),
-             n("Reshape", ["q0", "split"], ["q1"]), n("Transpose", ["q1"], ["q2"], perm=[0, 2, 1, 3]),
-             n("Reshape", ["k1", "split"], ["k2"]), n("Transpose", ["k2"], ["k3"], perm=[0, 2, 3, 1]),
+             n("Reshape", ["q0", "split"], ["q1"]), n("Reshape", ["k1", "split"], ["k2"]),
              n("Reshape", ["v0", "split"], ["v1"]), n("Transpose", ["v1"], ["v2"], perm=[0, 2, 1, 3])]
-    q = "q2"
-    if scale_q:
+    if scale == "before":
+        nodes += [n("Mul", ["q1", "c"], ["q1s"]), n("Mul", ["k2", "c"], ["k2s"])]
+    q1, k2 = ("q1s", "k2s") if scale == "before" else ("q1", "k2")
+    nodes += [n("Transpose", [q1], ["q2"], perm=[0, 2, 1, 3]),
+              n("Transpose", [k2], ["k3"], perm=[0, 2, 3, 1])]
+    if scale == "after":
         nodes += [n("Mul", ["q2", "c"], ["q3"]), n("Mul", ["k3", "c"], ["k4"])]
-        q = "q3"
-    nodes += [n("MatMul", [q, "k4" if scale_q else "k3"], ["sc"]),
+    nodes += [n("MatMul", ["q3", "k4"] if scale == "after" else ["q2", "k3"], ["sc"]),
               n("Softmax", ["sc"], ["p"], axis=-1), n("MatMul", ["p", "v2"], ["o0"]),
               n("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
               n("Reshape", ["o1", "merge"], ["o2"]), n("MatMul", ["o2", "wo"], ["y"])]
@@ -70,9 +75,9 @@ def _attention(s: int = 16, heads: int = 4, d: int = 8, scale_q: bool = True) ->
     return model
 
 
-@pytest.mark.parametrize("scale_q", [True, False])
-def test_attention_has_no_transpose_kernels(scale_q):
-    model = _attention(scale_q=scale_q)
+@pytest.mark.parametrize("scale", ["after", "before", "none"])
+def test_attention_has_no_transpose_kernels(scale):
+    model = _attention(scale=scale)
     x = RNG.standard_normal((1, 16, 32)).astype(np.float32)
     sess = autoclust.InferenceSession(model, must_compile=True)
     got = sess.run(None, {"x": x})[0]
@@ -80,12 +85,14 @@ def test_attention_has_no_transpose_kernels(scale_q):
     kernels = _kernels(sess)
     assert len(kernels) == 1 and "Softmax" in " ".join(kernels[0].nodes)  # the softmax only
     calls = _calls(sess)
-    assert [c.op for c in calls].count("Gemm") == 1  # K's bias Add rides its projection
+    # Q, K and V: one Gemm over concatenated weights (passes/siblings.py), K's bias with it
+    assert [c.op for c in calls].count("Gemm") == 1 and len(calls) == 4
     viewed = [c for c in calls if c.views]
     assert len(viewed) == 2  # Q K^T reads both in place; P V writes into the merged heads
     qk = viewed[0]
-    assert qk.views[1].strides[1:] == (8, 1, 32)  # K^T [1, 4, 8, 16] over k1 [1, 16, 32]
-    assert (qk.op == "FusedMatMul") == scale_q  # the two scale Muls became alpha
+    # K^T [1, 4, 8, 16] read in place from the fused QKV result [1, 16, 96]
+    assert qk.views[1].strides[1:] == (8, 1, 96)
+    assert (qk.op == "FusedMatMul") == (scale != "none")  # the two scale Muls became alpha
 
 
 def test_bert_encoder_kernels_and_output():

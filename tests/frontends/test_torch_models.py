@@ -33,10 +33,10 @@ def fresh_dynamo():
 
 # name -> (kernels of its one cluster, ATen nodes folded to constants, frozen tensors)
 MODELS = {
-    "bert": (34, 39, 39),
-    "gpt2": (29, 43, 28),
+    "bert": (30, 39, 39),
+    "gpt2": (25, 43, 28),
     "llama": (36, 68, 21),
-    "vit": (34, 13, 38),
+    "vit": (30, 13, 38),
     "resnet": (16, 0, 40),
     "t5": (28, 40, 19),
     "convnext": (17, 4, 28),
@@ -227,3 +227,19 @@ def test_bench_torch_times_each_side_and_writes_the_tables():
     assert "| *not tuned for:* |" in text and "| geomean of all 2 |" in text
     kept_at = next(i for i, x in enumerate(lines) if x.startswith("| *not tuned for:* |"))
     assert lines[kept_at + 1].startswith("| T5 |")
+
+
+def test_bench_torch_merges_processes_into_one_row_with_their_range():
+    from autoclust.tools.bench import torch as bench_torch
+
+    def run(eager_ms, ratio):
+        return {"model": "gpt2", "title": "GPT2Model", "tuned": True, "eager_ms": eager_ms,
+                "autoclust_ms": 10.0, "eager_ratio": ratio, "eager_p25": ratio - 0.1,
+                "eager_p75": ratio + 0.1, "autoclust_first_s": 1.0, "autoclust_err": 1e-6}
+
+    rows = bench_torch.merge([run(11.0, 1.1), run(14.0, 1.4), run(12.0, 1.2),
+                              {"model": "t5", "tuned": False, "error": "boom"}])
+    assert [r["model"] for r in rows] == ["gpt2", "t5"] and rows[1]["error"] == "boom"
+    assert rows[0]["processes"] == 3 and rows[0]["eager_ms"] == 12.0
+    assert (rows[0]["eager_ratio"], rows[0]["eager_lo"], rows[0]["eager_hi"]) == (1.2, 1.1, 1.4)
+    assert "**1.20x** (1.10-1.30) [1.10-1.40 over 3 processes]" in bench_torch.markdown(rows)

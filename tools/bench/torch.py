@@ -2,6 +2,7 @@
 
     autoclust bench --torch                        # every model, writes bench_out/torch.{json,md}
     autoclust bench --torch --models bert,gpt2 --rounds 9 --no-inductor
+    autoclust bench --torch --processes 3         # each model in 3 processes: range over them
     python -m autoclust.tools.bench.torch --list
 
 What users run: real transformers modules (tools/bench/torch_models.py: random weights, no
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,7 +106,35 @@ def _wait_for_prepacking() -> None:
 def _ratio(r: dict[str, Any], other: str) -> str:
     if f"{other}_ratio" not in r:
         return ""
-    return f"**{r[f'{other}_ratio']:.2f}x** ({r[f'{other}_p25']:.2f}-{r[f'{other}_p75']:.2f})"
+    text = f"**{r[f'{other}_ratio']:.2f}x** ({r[f'{other}_p25']:.2f}-{r[f'{other}_p75']:.2f})"
+    if r.get("processes", 1) > 1:
+        text += (f" [{r[f'{other}_lo']:.2f}-{r[f'{other}_hi']:.2f} over "
+                 f"{r['processes']} processes]")
+    return text
+
+
+def merge(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per model: a model measured in several processes (--processes, or several
+    --tables files) gets the median of each figure and its ratios' range over processes."""
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    merged = []
+    for runs in by_model.values():
+        ok = [r for r in runs if "error" not in r]
+        if len(ok) < 2:
+            merged.append(ok[0] if ok else runs[0])
+            continue
+        row = dict(ok[0], processes=len(ok))
+        for key, value in ok[0].items():
+            if isinstance(value, float) and all(isinstance(r.get(key), float) for r in ok):
+                row[key] = float(statistics.median(r[key] for r in ok))
+        for other in ("eager", "inductor"):
+            ratios = [r[f"{other}_ratio"] for r in ok if f"{other}_ratio" in r]
+            if len(ratios) == len(ok):
+                row[f"{other}_lo"], row[f"{other}_hi"] = min(ratios), max(ratios)
+        merged.append(row)
+    return merged
 
 
 def _cells(r: dict[str, Any]) -> list[str]:
@@ -184,6 +214,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="", help=f"comma-separated of {', '.join(models.MODELS)}")
     p.add_argument("--list", action="store_true", help="list the models and exit")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--processes", type=int, default=1, help="measure each model in this "
+                   "many processes; the table shows medians and the ratios' range over them")
     p.add_argument("--rounds", type=int, default=7, help="alternating rounds")
     p.add_argument("--block", type=int, default=3, help="timed calls per side per round")
     p.add_argument("--sides", default=",".join(SIDES), help="comma-separated of eager, "
@@ -210,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.tables:
             with open(path) as f:
                 rows += json.load(f)["rows"]
-        print(markdown(rows), end="")
+        print(markdown(merge(rows)), end="")
         return 0
     if args.list:
         for name, spec in models.MODELS.items():
@@ -232,14 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for name in names:
-        rows.append(_child(name, args))
-        print(" | ".join(_cells(rows[-1])), flush=True)
+        for _ in range(args.processes):
+            rows.append(_child(name, args))
+            print(" | ".join(_cells(rows[-1])), flush=True)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "torch.json"), "w") as f:
         json.dump({"threads": args.threads, "rounds": args.rounds, "block": args.block,
                    "flags": args.flags, "cold_inductor": args.cold_inductor, "rows": rows},
                   f, indent=2)
-    text = markdown(rows)
+    text = markdown(merge(rows))
     with open(os.path.join(args.out, "torch.md"), "w") as f:
         f.write(text)
     print(text + f"wrote {args.out}/torch.json, torch.md")
