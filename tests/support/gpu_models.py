@@ -13,7 +13,7 @@ import autoclust
 # zoo model -> kernels per cluster (the GPU policy: pooling stays in onnxruntime; Conv is one
 # call (im2col and cuBLAS, or onnxruntime, by timing); attention one FusedAttention call)
 KERNELS = {
-    "mlp_gelu": [[5]], "bert_encoder": [[24]], "llama_block": [[14]], "resnet_block": [[4]],
+    "mlp_gelu": [[5]], "bert_encoder": [[22]], "llama_block": [[12]], "resnet_block": [[4]],
     "diffusion_block": [[9]], "elementwise_chain": [[1]], "gelu": [[1]],
     "layernorm": [[1]], "softmax_mask": [[1]], "rmsnorm_gate": [[1]],
     "mixed_dynamic": [[1], [1], [1], [1]],
