@@ -37,6 +37,8 @@ from autoclust.kernel.epilogues import attach_epilogues
 from autoclust.kernel.fusion import fuse
 from autoclust.kernel.memplan import plan_memory
 from autoclust.kernel.passes import collapse_loops, share_code
+from autoclust.passes.attention import fuse_attention
+from autoclust.passes.edits import copy_graph
 from autoclust.passes.optimize import optimize
 from autoclust.passes.specialize import check_sizes, specialize
 from autoclust.registry import policy
@@ -68,9 +70,13 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
 
 
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
-    """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
+    """An optimized concrete-shape graph -> the kernel IR Program a backend compiles (for
+    a backend whose policy asks, with attention fused into FusedAttention calls first)."""
     COUNTS["lowered"] += 1
     pol = policy(backend)
+    if pol.fused_attention and "fuse_attention" not in flags.disable_passes \
+            and any(n.op == "Softmax" for n in graph.nodes):
+        graph = fuse_attention(copy_graph(graph), pol.fused_attention)
     program = attach_epilogues(fuse(graph, pol.fold_bias, pol.library_views),
                                pol.library_epilogues)
     program = collapse_loops(program)

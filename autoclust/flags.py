@@ -206,8 +206,8 @@ def _op_names(flag: str, names: tuple) -> None:
 
 def _pass_names(flag: str, names: tuple) -> None:
     """--disable_passes: names of the cluster optimizer's passes."""
-    from autoclust.passes.optimize import PASSES
-    known = [name for name, _ in PASSES]
+    from autoclust.passes.optimize import LOWERING_PASSES, PASSES
+    known = [name for name, _ in PASSES] + list(LOWERING_PASSES)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise FlagError(f"--{flag}: unknown pass {', '.join(map(repr, unknown))}"

@@ -74,6 +74,11 @@ class Policy:
     # onnxruntime segments and back, and the backend module offers to_device(x),
     # to_host(x), is_device(x) (and may offer capture(runtime), a whole-run replay).
     device_memory: bool = False
+    # Attention (softmax(Q K^T) V) as one FusedAttention library call (passes/attention.py)
+    # for head dims up to this; 0: never (the unfused ops lower as usual).
+    fused_attention: int = 0
+    # dtypes this backend's library calls take beyond the op table's (GPU: bfloat16 GEMMs)
+    library_dtypes: frozenset = frozenset()
 
 
 _loaded: dict[str, ModuleType] = {}

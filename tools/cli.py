@@ -1,5 +1,5 @@
 """The `autoclust` command: run, explain, replay, flags, exec, zoo, bench, fuzz, bisect, minify,
-compile, serve.
+compile, serve, doctor.
 
 User mistakes (missing or unreadable files, bad flags, bad inputs, bad options) print one
 line, `autoclust CMD: error: ...`, and exit 2; a replay mismatch exits 1. Output cut short
@@ -166,6 +166,8 @@ def _add_small(sub: argparse._SubParsersAction) -> None:
 
     from autoclust.tools import aot  # `autoclust compile`: ahead-of-time kernels
     aot.add_parser(sub)
+    from autoclust.tools.debug import doctor  # `autoclust doctor`: versions and devices
+    doctor.add_parser(sub)
     from autoclust.serve import command as serve  # `autoclust serve`: Ray Serve replicas
     serve.add_parser(sub)
 

@@ -65,8 +65,11 @@ def _matches(node: Node, opdef: ops.OpDef, names: Collection[str]) -> bool:
     return any(n == node.op or n.upper() in groups for n in names)
 
 
-def _dtype_reason(node: Node, opdef: ops.OpDef) -> str | None:
+def _dtype_reason(node: Node, opdef: ops.OpDef, library_dtypes: frozenset = frozenset()
+                  ) -> str | None:
     allowed = opdef.compiled_dtypes
+    if opdef.kind == ops.LIBRARY:
+        allowed = allowed | library_dtypes  # the backend's (Policy.library_dtypes)
     shape_allowed = allowed | ops.COMPILABLE_TYPES  # shape inputs are read at compile time
     for i, v in enumerate(node.inputs):
         if v is None:
@@ -96,7 +99,8 @@ def why_not_lowered(node: Node, graph: Graph, opdef: ops.OpDef) -> str | None:
 
 def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Collection[str],
                       backend_why_not: WhyNot | None = None,
-                      lowers: bool = True) -> str | None:
+                      lowers: bool = True, library_dtypes: frozenset = frozenset()
+                      ) -> str | None:
     """Why `node` may not be clustered (fuel aside), or None when it is a candidate."""
     if node.domain == LEGACY_DOMAIN:
         return "old opset form"
@@ -107,8 +111,8 @@ def why_not_candidate(node: Node, graph: Graph, flags: Flags, shape_static: Coll
         return f"unsupported op {node.qualified_op}"
     if opdef.data_dependent:
         return f"data-dependent output shape ({node.op})"
-    reason = _dtype_reason(node, opdef) or (opdef.refuses(node, graph) if opdef.refuses
-                                            else None)
+    reason = _dtype_reason(node, opdef, library_dtypes) or (
+        opdef.refuses(node, graph) if opdef.refuses else None)
     if reason:
         return reason
     for i in opdef.shape_inputs:

@@ -178,7 +178,8 @@ def _find_candidates(an: _Analysis, flags: Flags, why_not: WhyNot | None, policy
     candidate = []
     left: set[int] = set()
     for i, node in enumerate(an.nodes):
-        reason = why_not_candidate(node, an.graph, flags, an.static, why_not, policy.lowers)
+        reason = why_not_candidate(node, an.graph, flags, an.static, why_not, policy.lowers,
+                                   policy.library_dtypes)
         if reason is None:
             reason = _left_to_onnxruntime(an, i, flags, policy, left)
         elif node.op in policy.leave_to_onnxruntime:

@@ -38,6 +38,7 @@ None.
 # Imported for their registrations; order does not matter.
 from autoclust.ops import (  # noqa: F401
     activations,
+    attention,
     contrib,
     elementwise,
     layout,

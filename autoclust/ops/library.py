@@ -16,6 +16,7 @@ import numpy as np
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Shape
 from autoclust.ops.table import (
+    BFLOAT16,
     FLOAT_TYPES,
     INT64,
     LIBRARY,
@@ -28,7 +29,8 @@ from autoclust.ops.table import (
 )
 
 F32 = np.dtype("float32")
-MATMUL_TYPES = FLOAT_TYPES + tuple(np.dtype(t) for t in ("int32", "int64", "uint32", "uint64"))
+MATMUL_TYPES = FLOAT_TYPES + tuple(np.dtype(t) for t in ("int32", "int64", "uint32", "uint64")) \
+    + (BFLOAT16,)  # (compiled only where a backend's Policy.library_dtypes says so: GPU)
 # What compiled library calls take (float16 computes in float32); MaxPool's Indices are int64.
 GEMM_COMPILED = frozenset(FLOAT_TYPES + (np.dtype("int32"), np.dtype("int64")))
 WINDOW_COMPILED = frozenset(FLOAT_TYPES)
@@ -48,7 +50,7 @@ def _check_dtypes(ctx: InferContext, indices: Sequence[int], allowed: tuple) -> 
 
 
 def _work(x: np.ndarray) -> np.ndarray:
-    return x.astype(F32) if x.dtype == np.float16 else x
+    return x.astype(F32) if x.dtype in (np.float16, BFLOAT16) else x
 
 
 def _same_dim(a: Dim, b: Dim) -> bool:

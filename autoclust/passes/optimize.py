@@ -25,6 +25,8 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("siblings", fuse_siblings),  # after simplify: scale Muls are alphas by then
     ("dce", dce),
 ]
+# Graph passes lower_graph runs for some backends only (after the rounds, before fusion)
+LOWERING_PASSES = ("fuse_attention",)
 # Each round can expose work for the next (a fold makes x*1 visible, a simplification makes
 # two nodes identical); real clusters settle in two rounds.
 MAX_ROUNDS = 4
@@ -55,7 +57,7 @@ def _fingerprint(graph: Graph) -> tuple:
 
 def optimize(graph: Graph, flags: Flags) -> Graph:
     """Run PASSES in order to a fixed point (at most MAX_ROUNDS), on a copy of `graph`."""
-    names = [name for name, _ in PASSES]
+    names = [name for name, _ in PASSES] + list(LOWERING_PASSES)
     unknown = [p for p in flags.disable_passes if p not in names]
     if unknown:
         raise FlagError(f"--disable_passes names unknown passes {unknown}; passes: "

@@ -17,19 +17,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from autoclust.backends.gpu import device, library, source
+from autoclust.backends.gpu import attention, device, library, source
 from autoclust.backends.gpu.launch import choose
 
 from autoclust import ops
-from autoclust.errors import CompileError
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
 from autoclust.registry import Policy
 
 NAME = "gpu"
-# Conv and pooling: CuPy 14 has no cuDNN (library.py), so they stay in onnxruntime on the
-# host, and with them the epilogues onnxruntime fuses into a Conv (as on the CPU). Bias
+# ConvTranspose and pooling: CuPy 14 has no cuDNN (library.py), so they stay in onnxruntime
+# on the host, and with them the epilogues onnxruntime fuses into them. Conv runs here (as
+# im2col and cuBLAS) or in onnxruntime, decided by timing at each call site (conv.py). Bias
 # Adds fold into a Gemm call only when no loop kernel reads the sum: a fused epilogue
 # adds the bias for free, inside the Gemm it costs a pre-fill of the output.
 POLICY = Policy(
@@ -37,6 +37,8 @@ POLICY = Policy(
     onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),
     fold_bias="alone",
     device_memory=True,
+    fused_attention=attention.MAX_HEAD_DIM,
+    library_dtypes=frozenset({ops.BFLOAT16}),
 )
 
 to_device = device.to_device
@@ -52,10 +54,17 @@ def why_not(node: Node, graph: Graph) -> str | None:
     CuPy 14), so --must_compile names them at clustering; POLICY leaves them, and the
     epilogues onnxruntime fuses into them, to onnxruntime. bfloat16 and int8/uint8/int16/
     uint16 render as on the CPU (float32 / int32 math); which ops take them is the op
-    table's `compiled_dtypes` (no library call does)."""
+    table's `compiled_dtypes`, plus bfloat16 GEMMs (POLICY.library_dtypes: cuBLAS
+    CUDA_R_16BF with float32 accumulation)."""
     d = ops.get(node.op, node.domain)
     if d is None or d.kind != ops.LIBRARY:
         return None
+    if node.op == "Conv" and node.inputs[0].shape is not None \
+            and len(node.inputs[0].shape) not in (3, 4):
+        return f"{len(node.inputs[0].shape) - 2}-D Conv: only 1-D and 2-D Conv run on the GPU"
+    if node.op not in library.BF16_OPS and any(
+            v is not None and v.dtype == ops.BFLOAT16 for v in node.inputs + node.outputs):
+        return f"bfloat16 {node.op}: only cuBLAS GEMMs take bfloat16 (CuPy has no bfloat16)"
     return library.supported(node.op)
 
 
@@ -86,11 +95,11 @@ def compile_many(programs: list[kir.Program], flags: Flags,
     from autoclust.backends.gpu import nvrtc
     from autoclust.backends.gpu.executable import Executable
     device.cupy()
-    for p in programs:
-        _check_device_dtypes(p)
     rendered = [source.render_program(p, "cuda", choose_launch) for p in programs]
     text = source.module_source(rendered)
-    needs_code = any(r.kernels or r.checks for r in rendered)
+    # calls rendered as kernels (fused attention) live in the module too: a cluster of one
+    # attention call still needs it loaded
+    needs_code = any(r.kernels or r.checks or r.calls for r in rendered)
     module = nvrtc.load(text, flags.cache_dir) if needs_code else None
     ptx = ""
     if flags.dump_to and needs_code:
@@ -103,15 +112,6 @@ def compile_many(programs: list[kir.Program], flags: Flags,
             exe.dumps[".ptx"] = ptx
         out.append(exe)
     return out
-
-
-def _check_device_dtypes(program: kir.Program) -> None:
-    """CompileError for a buffer CuPy cannot hold: CuPy 14 has no bfloat16 arrays
-    (cupy/cupy#7527), so a bfloat16 cluster falls back (the renderings support it)."""
-    for b in program.buffers:
-        if b.dtype == "bfloat16":
-            raise CompileError(f"buffer {b.name} is bfloat16: CuPy has no bfloat16 arrays to "
-                               "hold it in device memory")
 
 
 def capture(runtime: Any) -> Any:

@@ -84,8 +84,8 @@ def plan_matmul(x_shape: tuple[int, ...], y_shape: tuple[int, ...], trans_x: boo
     lda = k if trans_y else n
     ldb = m if trans_x else k
     ta, tb = (OP_T if trans_y else OP_N), (OP_T if trans_x else OP_N)
-    if any(d == 0 for d in out) or m == 0 or n == 0:
-        return GemmPlan((), out, k)
+    if any(d == 0 for d in out) or m == 0 or n == 0 or k == 0:  # (k == 0: C = 0 or beta C;
+        return GemmPlan((), out, k)       # cuBLAS would refuse its leading dimension of 0)
     if not trans_x and all(d == 1 for d in yb):  # fold X's batch into M: one plain GEMM
         rows = math.prod(xb) * m
         call = GemmCall(ta, tb, n, rows, k, lda, k, n, 0, 0, 0, 1)

@@ -13,6 +13,12 @@ integer MatMul and custom calls are not. Per input signature (names, dtypes, sha
 At most MAX_GRAPHS signatures are captured; `--cuda_graphs=false` turns this off, and so
 does --check_numerics (it inspects every cluster's outputs). `GraphRunner.reason` says
 why a plan does not qualify.
+
+Streams: a capture runs on a stream of its own, whose scratch memory (each executable's
+temps, workspaces and check flags; cuBLAS's workspace) is made before the capture begins
+and is used by nothing but that graph. Every replay runs on that stream too -- after the
+caller's stream's earlier work, and before its later work (events) -- so two replays of
+one graph, from any threads and streams, never overlap.
 """
 
 from __future__ import annotations
@@ -27,14 +33,17 @@ MAX_GRAPHS = 8
 
 
 class _Captured:
-    """One signature's graph: its static inputs and the static arrays it writes."""
+    """One signature's graph: its static inputs and the static arrays it writes, the
+    stream it was captured on and replays on, and the memory it points at."""
 
     def __init__(self, graph: Any, inputs: dict[str, Any], outputs: dict[str, Any],
-                 exes: list[Any]):
+                 exes: list[Any], stream: Any, keep: list[Any]):
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
         self.exes = exes
+        self.stream = stream
+        self.keep = keep  # cuBLAS's workspace of that stream: alive as long as the graph
 
 
 class GraphRunner:
@@ -89,10 +98,9 @@ class GraphRunner:
             args = [env[n] for n in in_names]
             exe = runner.cache.get(runner.signature(args))
             if exe is None or not getattr(exe, "capturable", False):
-                if exe is not None:
-                    self.reason = (f"{runner.name} calls cuBLAS through CuPy's wrapper, "
-                                   "which refuses stream capture (no libcublas for blas.py)")
-                return None
+                if exe is not None and not getattr(exe, "pending", False):
+                    self.reason = _not_capturable(runner.name, exe)
+                return None  # (a step still timing its choice: try again next run)
             outs = exe.prepare() if prepared is None else prepared[i]
             if prepared is not None:
                 exe.launch(args, outs)
@@ -102,9 +110,8 @@ class GraphRunner:
         return exes, outs_all
 
     def _static_env(self, feeds: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        cp = device.cupy()
-        inputs = {n: cp.empty(x.shape, dtype=x.dtype) for n, x in feeds.items()}
-        env = {n: cp.asarray(v) for n, v in self.runtime.defaults.items()}
+        inputs = {n: device.empty(x.shape, x.dtype) for n, x in feeds.items()}
+        env = {n: device.to_device(v, count=False) for n, v in self.runtime.defaults.items()}
         env.update(inputs)
         return env, inputs
 
@@ -116,12 +123,15 @@ class GraphRunner:
             return None
         exes, prepared = walked
         stream = cp.cuda.Stream(non_blocking=True)
+        keep = []
         with contextlib.ExitStack() as locks:
             for exe in exes:
                 locks.enter_context(exe._lock)
             try:
                 with stream:
-                    _prepare_blas(stream)
+                    for exe in exes:  # allocations: none may happen under capture
+                        exe.scratch(stream.ptr)
+                    keep = _prepare_blas(stream)
                     stream.begin_capture()
                     try:
                         self._walk(env, prepared)
@@ -131,30 +141,49 @@ class GraphRunner:
                 self.reason = f"CUDA graph capture failed: {type(exc).__name__}: {exc}"
                 return None
         outputs = {n: env[n] for n in self.runtime.output_names}
-        return _Captured(graph, inputs, outputs, exes)
+        return _Captured(graph, inputs, outputs, exes, stream, keep)
 
     def _replay(self, g: _Captured, feeds: dict[str, Any]) -> dict[str, Any]:
-        cp = device.cupy()
-        for name, x in feeds.items():
-            cp.copyto(g.inputs[name], device.to_device(x))
+        caller = device.cupy().cuda.get_current_stream()
+        feeds = {name: device.to_device(x) for name, x in feeds.items()}  # on the caller's
+        g.stream.wait_event(caller.record())
         with contextlib.ExitStack() as locks:
             for exe in g.exes:
                 locks.enter_context(exe._lock)
-            g.graph.launch()
-            for exe in g.exes:
-                exe.finish()
-            # the graph rewrites its outputs next replay: the caller gets copies
-            env = {n: y.copy() for n, y in g.outputs.items()}
+            with g.stream:
+                for name, x in feeds.items():
+                    device.copyto(g.inputs[name], x)
+                g.graph.launch(stream=g.stream)
+                for exe in g.exes:
+                    exe.finish(g.stream.ptr)
+                # the graph rewrites its outputs next replay: the caller gets copies
+                env = {n: y.copy() for n, y in g.outputs.items()}
+            caller.wait_event(g.stream.record())
         for r in self.runtime.compiled_clusters():
             r.runs += 1
         self.replays += 1
         return env
 
 
-def _prepare_blas(stream: Any) -> None:
-    """Create this thread's cuBLAS handle and workspace before a capture: both allocate,
-    which a stream under capture cannot (a thread's first GEMM may be the captured one)."""
+def _prepare_blas(stream: Any) -> list[Any]:
+    """Create this thread's cuBLAS handle and the stream's workspace before a capture: both
+    allocate, which a stream under capture cannot (a thread's first GEMM may be the
+    captured one). Returns what the graph must keep alive."""
     from autoclust.backends.gpu import blas
     lib = blas.get()
-    if lib is not None:
-        lib.handle(stream.ptr)
+    if lib is None:
+        return []
+    lib.handle(stream.ptr)
+    return [lib.workspace(stream.ptr)]
+
+
+def _not_capturable(name: str, exe: Any) -> str:
+    """Why executable `exe` of cluster `name` cannot be captured."""
+    from autoclust.backends.gpu import blas
+    why = getattr(exe, "uncapturable", "")
+    if why and why != blas.WRAPPER:
+        return f"{name}: {why}"
+    hosted = [c.reason for c in getattr(exe, "choices", ()) if c.chosen != "gpu"]
+    if hosted:
+        return f"{name}: {hosted[0]}"
+    return f"{name} {blas.WRAPPER}: {blas.reason() or 'no libcublas for blas.py'}"

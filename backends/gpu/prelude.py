@@ -57,8 +57,12 @@ AC_FN unsigned short ac_d2h(double d) {
 AC_FN unsigned ac_f2u(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 AC_FN float ac_u2f(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 #define AC_TRAP() abort()
-#define AC_MUL_RNf(a, b) ((a) * (b))
-#define AC_MUL_RN(a, b) ((a) * (b))
+/* a product rounded on its own: the volatile store keeps gcc's -ffp-contract=fast (which
+   the host rendering uses, as NVRTC contracts) from fusing it into an FMA */
+AC_FN float ac_mul_rnf(float a, float b) { volatile float r = a * b; return r; }
+AC_FN double ac_mul_rn(double a, double b) { volatile double r = a * b; return r; }
+#define AC_MUL_RNf(a, b) ac_mul_rnf(a, b)
+#define AC_MUL_RN(a, b) ac_mul_rn(a, b)
 """
 
 # bfloat16 is the upper half of a float32: rounding adds 0x7fff plus the lowest kept bit

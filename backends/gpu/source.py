@@ -16,8 +16,8 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 
-from autoclust.backends.gpu import cstyle, kernels, prelude
-from autoclust.backends.gpu.launch import Launch, choose
+from autoclust.backends.gpu import attention, conv, cstyle, kernels, prelude
+from autoclust.backends.gpu.launch import BLOCKS_PER_SM, Launch, choose
 
 from autoclust.kernel import ir as kir
 from autoclust.kernel.passes import code_key, distinct_kernels
@@ -31,6 +31,20 @@ class KernelEntry:
     args: tuple[int, ...]     # buffer ids in parameter order (then n0)
 
 
+@dataclasses.dataclass(frozen=True)
+class CallEntry:
+    """A library call rendered as a kernel of the module (fused attention)."""
+
+    symbol: str
+    block: int                # threads per block
+    items: int                # work items (one block each per grid-stride step)
+    args: tuple[int, ...]     # buffer ids in parameter order
+
+    def grid(self, sm_count: int) -> int:
+        """Blocks to launch: one per work item, capped at BLOCKS_PER_SM per SM."""
+        return max(1, min(self.items, BLOCKS_PER_SM * max(sm_count, 1)))
+
+
 @dataclasses.dataclass
 class Rendered:
     target: str
@@ -39,6 +53,7 @@ class Rendered:
     bodies: dict[str, str]                     # symbol -> function text
     vector_types: set[tuple[str, int]]
     check_kinds: set[tuple[str, str]]
+    calls: dict[int, CallEntry] = dataclasses.field(default_factory=dict)  # thunk position
 
     @property
     def source(self) -> str:
@@ -85,13 +100,34 @@ def render_program(program: kir.Program, target: str,
             owner, ids = program.sharing[t.name]
             symbol, launch = symbols[owner]
             entries[t.name] = KernelEntry(t.name, symbol, launch, tuple(ids))
+    calls = _render_calls(program, target, bodies)
     checks, kinds = {}, set()
     dtypes = {b.id: b.dtype for b in program.buffers}
     for i, t in enumerate(program.thunks):
         if isinstance(t, kir.Check):
             kinds.add((t.kind, dtypes[t.buf]))
             checks[i] = kernels.check_name(t.kind, dtypes[t.buf])
-    return Rendered(target, entries, checks, bodies, vtypes, kinds)
+    return Rendered(target, entries, checks, bodies, vtypes, kinds, calls)
+
+
+def _render_calls(program: kir.Program, target: str, bodies: dict[str, str]
+                  ) -> dict[int, CallEntry]:
+    """The library calls this renderer turns into kernels of the module (FusedAttention;
+    Conv's im2col), their text added to `bodies`."""
+    buffers = {b.id: b for b in program.buffers}
+    calls = {}
+    for i, t in enumerate(program.thunks):
+        if not isinstance(t, kir.LibraryCall) or t.op not in (attention.attn.OP, "Conv"):
+            continue
+        kind = attention if t.op == attention.attn.OP else conv
+        s = kind.spec(t, buffers)
+        symbol = kind.symbol(s)
+        if symbol not in bodies:
+            bodies[symbol] = kind.render(s, target, symbol)
+        ids = tuple(b for b in t.inputs if b is not None) + tuple(t.outputs)
+        items = s.items if kind is attention else conv.items(s)
+        calls[i] = CallEntry(symbol, kind.BLOCK, items, ids)
+    return calls
 
 
 def module_source(parts: list[Rendered]) -> str:
@@ -118,4 +154,4 @@ def check_args(t: kir.Check, size: int) -> tuple[int, int, int]:
     return count, start, stride
 
 
-__all__ = ["KernelEntry", "Rendered", "check_args", "cstyle", "module_source", "render_program"]
+__all__ = ["CallEntry", "KernelEntry", "Rendered", "check_args", "cstyle", "module_source", "render_program"]

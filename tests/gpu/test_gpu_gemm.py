@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 from autoclust.backends.gpu import gemm, library
+from support import fake_cublas
 
 from autoclust.errors import CompileError
 from autoclust.kernel import ir as kir
@@ -76,12 +77,55 @@ def test_gemm_plan_refuses_transposed_batched_a():
 
 
 def test_library_support_and_compute_types():
-    assert library.supported("MatMul") is None
-    assert "cuDNN" in library.supported("Conv")
-    assert library.compute_type("float32", False) == library.COMPUTE_32F_PEDANTIC
+    assert library.supported("MatMul") is None and library.supported("Conv") is None
+    assert "cuDNN" in library.supported("MaxPool")
+    assert library.compute_type("float32", False) == library.COMPUTE_32F  # not _PEDANTIC
     assert library.compute_type("float32", True) == library.COMPUTE_32F_FAST_TF32
     assert library.compute_type("float16", False) == library.COMPUTE_32F  # fp32 accumulate
+    assert library.compute_type("bfloat16", False) == library.COMPUTE_32F
     with pytest.raises(CompileError, match="cuDNN"):
         buf = {0: kir.Buffer(0, "x", "float32", (1, 1, 4, 4), "input"),
-               1: kir.Buffer(1, "y", "float32", (1, 1, 4, 4), "output")}
-        library.make_step(kir.LibraryCall("Conv", (0,), (1,), (), ("conv",)), buf, False)
+               1: kir.Buffer(1, "y", "float32", (1, 1, 2, 2), "output")}
+        library.make_step(kir.LibraryCall("MaxPool", (0,), (1,), (), ("pool",)), buf, False)
+
+
+def _through_cublas(plan: gemm.GemmPlan, x: np.ndarray, y: np.ndarray, alpha: float
+                    ) -> np.ndarray:
+    """The planned calls run by the stand-in cuBLAS's reference (float64 data, pointers
+    into these arrays): cuBLAS's contract written out, not gemm.emulate."""
+    c = np.full(int(np.prod(plan.out_shape)), np.nan)
+    if plan.k == 0:
+        c[:] = 0
+    scalars = np.array([alpha, 0.0])
+    size = 8
+    for call in plan.calls:
+        status = fake_cublas.gemm(
+            call.transa, call.transb, call.m, call.n, call.k, scalars.ctypes.data,
+            y.ctypes.data + call.y_off * size, 1, call.lda, call.stride_a,
+            x.ctypes.data + call.x_off * size, 1, call.ldb, call.stride_b,
+            scalars.ctypes.data + size, c.ctypes.data + call.c_off * size, 1, call.ldc,
+            call.stride_c, call.batch, fake_cublas.COMPUTE_64F, -1)
+        assert status == fake_cublas.SUCCESS
+    return c.reshape(plan.out_shape)
+
+
+@pytest.mark.parametrize("x_shape,y_shape,trans_x,trans_y", MATMULS)
+def test_planned_calls_match_numpy_through_the_cublas_reference(x_shape, y_shape, trans_x,
+                                                                 trans_y):
+    xe, ye = RNG.standard_normal(x_shape), RNG.standard_normal(y_shape)
+    x = np.ascontiguousarray(np.swapaxes(xe, -1, -2) if trans_x else xe)
+    y = np.ascontiguousarray(np.swapaxes(ye, -1, -2) if trans_y else ye)
+    plan = gemm.plan_matmul(x.shape, y.shape, trans_x, trans_y)
+    got = _through_cublas(plan, x, y, 0.5)
+    np.testing.assert_allclose(got, 0.5 * np.matmul(xe, ye), atol=1e-12)
+
+
+def test_the_cublas_reference_refuses_what_cublas_refuses():
+    a = np.zeros(16)
+    one = np.array([1.0, 0.0])
+    args = (0, 0, 4, 4, 4, one.ctypes.data, a.ctypes.data, 1, 3, 0, a.ctypes.data, 1, 4, 0,
+            one.ctypes.data + 8, a.ctypes.data, 1, 4, 0, 1)
+    assert fake_cublas.gemm(*args, fake_cublas.COMPUTE_64F, -1) == fake_cublas.INVALID_VALUE
+    ok = args[:8] + (4,) + args[9:]
+    assert fake_cublas.gemm(*ok, fake_cublas.COMPUTE_64F, -1) == fake_cublas.SUCCESS
+    assert fake_cublas.gemm(*ok, fake_cublas.COMPUTE_32F, -1) == fake_cublas.NOT_SUPPORTED

@@ -19,7 +19,9 @@ from support import gpu_sim_backend
 from support.gpu_models import (
     HALF_MODELS,
     KERNELS,
+    assert_no_fallback,
     half_feeds,
+    strict_session,
     to_float16,
 )
 from support.gpu_render import needs_cc
@@ -50,12 +52,13 @@ def _ort(model, feeds):
 def test_zoo_model_on_the_simulated_device(name):
     model = zoo.build(name)
     feeds = zoo.feeds(model)
-    sess = autoclust.InferenceSession(model, device="gpu-sim")
+    sess = strict_session(name, model, "gpu-sim")
     got = sess.run(None, feeds)
     for g, w in zip(got, _ort(model, feeds)):
         assert type(g) is np.ndarray
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     assert [c["kernels"] for c in sess.stats()["clusters"]] == KERNELS[name]
+    assert_no_fallback(sess)
     if sess._runtime is not None:  # every predicted copy happened, once
         copied = sess._runtime.device.last_copies
         assert copied.copies == len(transfers.plan_copies(sess.plan))

@@ -31,6 +31,23 @@ from autoclust.kernel import ir as kir
 
 GRID = 3          # emulated blocks: small, so every thread strides over several items
 CC = os.environ.get("CC", "gcc")
+
+
+def _host_has_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " fma " in f" {line.split(':', 1)[-1]} "
+                       for line in f)
+    except OSError:
+        return False
+
+
+# NVRTC compiles with --fmad=true: a multiply feeding an add becomes one fused multiply-add
+# (one rounding). gcc does the same with FMA instructions and -ffp-contract=fast, so the
+# host rendering rounds as the GPU does; without FMA on this CPU it cannot (CONTRACTS False:
+# tests that need it skip).
+CONTRACTS = _host_has_fma()
+CONTRACT_FLAGS = ["-mfma", "-ffp-contract=fast", "-fexpensive-optimizations"] if CONTRACTS else ["-ffp-contract=off"]
 _LIBS: dict[str, ctypes.CDLL] = {}
 _LOCK = threading.Lock()
 _DIR = tempfile.mkdtemp(prefix="autoclust_hostsim_")
@@ -47,8 +64,9 @@ def build(src: str) -> ctypes.CDLL:
         so_path = os.path.join(_DIR, f"{key}.so")
         with open(c_path, "w") as f:
             f.write(src)
-        # no -ffast-math, no -march: IEEE float semantics, no FMA contraction
-        cmd = [CC, "-O1", "-std=gnu11", "-fPIC", "-shared", "-w", c_path, "-o", so_path, "-lm"]
+        # no -ffast-math: IEEE float semantics; FMA contraction as NVRTC's --fmad=true
+        cmd = [CC, "-O1", "-std=gnu11", "-fPIC", "-shared", "-w", *CONTRACT_FLAGS, c_path,
+               "-o", so_path, "-lm"]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise CompileError(f"gcc failed on the C rendering ({c_path}):\n"
@@ -111,6 +129,9 @@ class Executable:
                     self._kernel(t, arrays)
                 elif isinstance(t, kir.Check):
                     self._check(i, t, arrays)
+                elif i in self.rendered.calls and t.op != "Conv":  # (attention; Conv:
+                    # its im2col runs through the stand-in CuPy, the CPU library here)
+                    self._rendered_call(self.rendered.calls[i], arrays)
                 else:
                     self._call(t, arrays)
             seen: set[int] = set()
@@ -146,6 +167,11 @@ class Executable:
         getattr(self.lib, self.rendered.checks[i])(*args)
         if flags[0]:
             raise InvalidInputError(t.message)
+
+    def _rendered_call(self, e: source.CallEntry, arrays: dict[int, np.ndarray]) -> None:
+        args = [ctypes.c_void_p(arrays[b].ctypes.data) for b in e.args]
+        args += [ctypes.c_uint(min(e.grid(1), GRID)), ctypes.c_uint(e.block)]
+        getattr(self.lib, e.symbol)(*args)
 
     def _call(self, t: kir.LibraryCall, arrays: dict[int, np.ndarray]) -> None:
         from autoclust.backends.cpu import library

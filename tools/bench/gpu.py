@@ -45,6 +45,9 @@ KERNELS = {
 }
 TRANSFORMERS = ("bert", "gpt2", "llama")
 COPY_BYTES = 1 << 30
+# --small (a smoke run: the stand-in's tests, a first look): every feed dim capped so that
+# a case moves about a MiB; the fractions then measure launch overhead, not bandwidth
+SMALL_DIM, SMALL_COPY_BYTES = 1 << 12, 1 << 22
 
 
 def _cp() -> Any:
@@ -83,16 +86,17 @@ def wall_ms(fn: Any, sync: Any, repeat: int) -> float:
     return float(np.median(times)) * 1e3
 
 
-def copy_bandwidth() -> float:
+def copy_bandwidth(nbytes: int = COPY_BYTES) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read and written."""
     cp = _cp()
-    src = cp.ones(COPY_BYTES // 4, dtype=cp.float32)
+    src = cp.ones(nbytes // 4, dtype=cp.float32)
     dst = cp.empty_like(src)
     ms = event_ms(lambda: cp.copyto(dst, src), 10)
-    return 2 * COPY_BYTES / (ms * 1e-3) / 1e9
+    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
-def kernel_case(case: str, repeat: int, copy_gbps: float) -> dict[str, Any]:
+def kernel_case(case: str, repeat: int, copy_gbps: float, small: bool = False
+                ) -> dict[str, Any]:
     """One memory-bound case: kernel time, bandwidth and the fraction of the copy's."""
     import onnxruntime as ort
     from autoclust.models import zoo
@@ -100,6 +104,8 @@ def kernel_case(case: str, repeat: int, copy_gbps: float) -> dict[str, Any]:
     import autoclust
     cp = _cp()
     name, kwargs, dims, elementwise = KERNELS[case]
+    if small:
+        dims = {k: min(v, SMALL_DIM if k == "n" else 8) for k, v in dims.items()}
     model = zoo.build(name, **kwargs)
     feeds = zoo.feeds(model, dims=dims)
     dev = {k: cp.asarray(v) for k, v in feeds.items()}
@@ -293,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--out", default="bench_out")
+    p.add_argument("--small", action="store_true",
+                   help="kernel cases at smoke sizes (checks the path, not the bandwidth)")
     args = p.parse_args(argv)
     from autoclust.backends.gpu import device
     info = device.info()
@@ -307,10 +315,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {info}", flush=True)
     krows: list[dict] = []
     if kernel_cases:
-        bw = copy_bandwidth()
+        bw = copy_bandwidth(SMALL_COPY_BYTES if args.small else COPY_BYTES)
         print(f"copy bandwidth {bw:.0f} GB/s", flush=True)
         for c in kernel_cases:
-            krows.append(_guarded(lambda c=c: kernel_case(c, args.repeat, bw), {"case": c}))
+            krows.append(_guarded(lambda c=c: kernel_case(c, args.repeat, bw, args.small),
+                                 {"case": c}))
             print(json.dumps(krows[-1]), flush=True)
     mrows: list[dict] = []
     with tempfile.TemporaryDirectory() as workdir:

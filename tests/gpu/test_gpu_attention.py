@@ -1,0 +1,425 @@
+"""Fused attention (autoclust/passes/attention.py -> FusedAttention -> backends/gpu/attention.py)
+without a GPU: the patterns are recognised (hand-written ONNX in each exporter's shape, the
+zoo, real dynamo exports of tiny transformers configs, the torch front end's ATen graph), the
+kernel's C rendering runs on the simulated device against onnxruntime for every mask kind
+(additive, select, causal from a constant, none; rows fully masked, with and without the
+exporters' NaN guard), grouped-query heads, head dims 1..128, two key tiles and more, float32,
+float16 and bfloat16; against the unfused plan bit for bit where every operation is exact;
+and its CUDA compiles for sm_90 without spills. The CPU backend never sees it.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from autoclust.backends import cpu
+from autoclust.backends.gpu import attention, source
+from autoclust.importers.onnx import import_model
+from autoclust.models import zoo
+from onnx import TensorProto, helper
+from support.gpu_render import NVCC, needs_cc, needs_nvcc
+
+import autoclust
+from autoclust import flags as flags_mod
+from autoclust import registry
+from autoclust.compile import lower_graph, optimize, specialize
+from autoclust.ops import attention as attn
+
+pytestmark = needs_cc  # the stand-in runs the C rendering through the host C compiler
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+             "bfloat16": TensorProto.BFLOAT16}
+
+
+@pytest.fixture(autouse=True)
+def sim_device(monkeypatch):
+    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
+
+
+# ---- models in the shapes exporters write -----------------------------------------------
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    m = helper.make_model(helper.make_graph(nodes, "attention", inputs, outputs, list(inits)),
+                          opset_imports=[helper.make_opsetid("", opset),
+                                         helper.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 10
+    return m
+
+
+def _info(name, dtype, shape):
+    return helper.make_tensor_value_info(name, ONNX_TYPE.get(dtype, dtype), shape)
+
+
+def _const(name, value, dtype="float32"):
+    arr = np.asarray(value, dtype=BF16 if dtype == "bfloat16" else dtype)
+    return onnx.numpy_helper.from_array(arr, name)
+
+
+def bert_like(b, s, h, d, dtype="float32"):
+    """q, k, v [B, S, H, D] -> heads by Transpose, K by perm (0, 2, 3, 1), Div by sqrt(D),
+    an additive mask [B, 1, 1, S] -> Softmax -> MatMul -> merge heads."""
+    nodes = [helper.make_node("Transpose", ["q"], ["qh"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["v"], ["vh"], perm=[0, 2, 1, 3]),
+             helper.make_node("MatMul", ["qh", "kt"], ["s0"]),
+             helper.make_node("Div", ["s0", "c"], ["s1"]),
+             helper.make_node("Add", ["s1", "mask"], ["s2"]),
+             helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "vh"], ["o"]),
+             helper.make_node("Transpose", ["o"], ["y"], perm=[0, 2, 1, 3])]
+    ins = [_info(n, dtype, [b, s, h, d]) for n in "qkv"] + [_info("mask", dtype, [b, 1, 1, s])]
+    return _model(nodes, ins, [_info("y", dtype, [b, s, h, d])], [_const("c", d ** 0.5, dtype)])
+
+
+def dynamo_like(b, h, hkv, sq, sk, d, dv, dtype="float32", mask=True, guard=True):
+    """torch.onnx.export(dynamo=True)'s scaled_dot_product_attention: q and k scaled by
+    D^-1/4 each, K transposed as Reshape/Transpose/Reshape, GQA heads by Unsqueeze/Expand/
+    Reshape, an additive mask [B, 1, Sq, Sk], Softmax, the IsNaN guard, MatMul."""
+    rep = h // hkv
+    nodes, inits = [], [_const("c", d ** -0.25, dtype), _const("zero", 0.0, dtype)]
+    for name, width in (("k", d), ("v", dv)):
+        if rep > 1:
+            inits += [_const(f"{name}_ax", [2], "int64"),
+                      _const(f"{name}_rep", [b, hkv, rep, sk, width], "int64"),
+                      _const(f"{name}_flat", [b, h, sk, width], "int64")]
+            nodes += [helper.make_node("Unsqueeze", [name, f"{name}_ax"], [f"{name}_u"]),
+                      helper.make_node("Expand", [f"{name}_u", f"{name}_rep"], [f"{name}_e"]),
+                      helper.make_node("Reshape", [f"{name}_e", f"{name}_flat"],
+                                       [f"{name}_h"])]
+        else:
+            nodes.append(helper.make_node("Identity", [name], [f"{name}_h"]))
+    inits += [_const("s3", [b * h, sk, d], "int64"), _const("s4", [b, h, d, sk], "int64")]
+    nodes += [helper.make_node("Reshape", ["k_h", "s3"], ["k3"]),
+              helper.make_node("Transpose", ["k3"], ["k3t"], perm=[0, 2, 1]),
+              helper.make_node("Reshape", ["k3t", "s4"], ["kt"]),
+              helper.make_node("Mul", ["q", "c"], ["qs"]),
+              helper.make_node("Mul", ["kt", "c"], ["ks"]),
+              helper.make_node("MatMul", ["qs", "ks"], ["s0"])]
+    ins = [_info("q", dtype, [b, h, sq, d]), _info("k", dtype, [b, hkv, sk, d]),
+           _info("v", dtype, [b, hkv, sk, dv])]
+    last = "s0"
+    if mask:
+        nodes.append(helper.make_node("Add", ["s0", "mask"], ["s1"]))
+        ins.append(_info("mask", dtype, [b, 1, sq, sk]))
+        last = "s1"
+    nodes.append(helper.make_node("Softmax", [last], ["p"], axis=-1))
+    if guard:
+        nodes += [helper.make_node("IsNaN", ["p"], ["nan"]),
+                  helper.make_node("Where", ["nan", "zero", "p"], ["pg"])]
+    nodes.append(helper.make_node("MatMul", ["pg" if guard else "p", "v_h"], ["y"]))
+    return _model(nodes, ins, [_info("y", dtype, [b, h, sq, dv])], inits)
+
+
+def select_like(b, h, sq, sk, d, dtype="float32", fill=-np.inf, causal=None):
+    """LLaMA's eager form: MatMul(q, Transpose(k)) * scale, Where(mask, S, fill): the mask
+    a bool input [B, 1, Sq, Sk], or (causal = offset) a constant lower triangle."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+             helper.make_node("Mul", ["s0", "c"], ["s1"]),
+             helper.make_node("Where", ["mask", "s1", "fill"], ["s2"]),
+             helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    ins = [_info("q", dtype, [b, h, sq, d]), _info("k", dtype, [b, h, sk, d]),
+           _info("v", dtype, [b, h, sk, d])]
+    inits = [_const("c", d ** -0.5, dtype), _const("fill", fill, dtype)]
+    if causal is None:
+        ins.append(_info("mask", TensorProto.BOOL, [b, 1, sq, sk]))
+    else:
+        tri = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + causal
+        inits.append(onnx.numpy_helper.from_array(tri, "mask"))
+    return _model(nodes, ins, [_info("y", dtype, [b, h, sq, d])], inits)
+
+
+def _feeds(model, seed=0, masked_rows=(), bool_mask_p=0.7):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in model.graph.input:
+        t = i.type.tensor_type
+        shape = [dd.dim_value for dd in t.shape.dim]
+        if i.name == "mask" and t.elem_type == TensorProto.BOOL:
+            m = rng.random(shape) < bool_mask_p
+            m[..., :, 0] = True
+            for r in masked_rows:
+                m[..., r, :] = False
+            feeds[i.name] = m
+        elif i.name == "mask":
+            m = np.where(rng.random(shape) < 0.75, 0.0, -np.inf)
+            m[..., 0] = 0.0
+            for r in masked_rows:
+                m[..., r, :] = -np.inf
+            feeds[i.name] = m.astype(_np_dtype(t.elem_type))
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(_np_dtype(t.elem_type))
+    return feeds
+
+
+def _np_dtype(elem_type):
+    return BF16 if elem_type == TensorProto.BFLOAT16 else \
+        helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def _fused(sess) -> list:
+    return [t for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
+            for t in exe.program.thunks if getattr(t, "op", "") == attn.OP]
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _sim(model, feeds, **flags):
+    sess = autoclust.InferenceSession(model, device="gpu-sim", must_compile=True,
+                                      min_cluster_size=1, **flags)
+    return sess, sess.run(None, feeds)
+
+
+# ---- against onnxruntime -----------------------------------------------------------------
+
+CASES = [  # id, model builder, masked rows, tolerance, expected attributes
+    ("bert-d32", lambda: bert_like(2, 19, 3, 32), (), 1e-5, {"mask": "add"}),
+    ("bert-d128-f16", lambda: bert_like(1, 40, 2, 128, "float16"), (), 4e-3, {"mask": "add"}),
+    ("dynamo-guard-masked-rows", lambda: dynamo_like(2, 4, 4, 13, 45, 16, 16), (3, 12), 1e-5,
+     {"mask": "add", "nan_to_zero": 1}),
+    ("dynamo-no-guard-masked-rows", lambda: dynamo_like(1, 2, 2, 9, 33, 8, 8, guard=False),
+     (0, 5), 1e-5, {"mask": "add", "nan_to_zero": 0}),
+    ("dynamo-gqa-cross-dv", lambda: dynamo_like(1, 6, 2, 5, 70, 64, 40, mask=False), (),
+     1e-5, {"mask": ""}),
+    ("dynamo-d80-sq1", lambda: dynamo_like(2, 2, 1, 1, 37, 80, 80), (), 1e-5, {}),
+    ("dynamo-d1", lambda: dynamo_like(1, 1, 1, 4, 3, 1, 1), (), 1e-5, {}),
+    ("dynamo-f16", lambda: dynamo_like(1, 4, 2, 21, 50, 64, 64, "float16"), (7,), 4e-3, {}),
+    ("select-bool-masked-rows", lambda: select_like(2, 2, 11, 34, 16), (2,), 1e-5,
+     {"mask": "select"}),
+    ("select-finite-fill", lambda: select_like(1, 3, 8, 8, 32, fill=-3.4e38), (4,), 1e-5,
+     {"mask": "select"}),
+    ("causal-const", lambda: select_like(1, 2, 40, 40, 32, fill=-3.4e38, causal=0), (), 1e-5,
+     {"causal": 1, "causal_offset": 0, "mask": ""}),
+    ("causal-const-offset", lambda: select_like(1, 1, 6, 70, 16, fill=-np.inf, causal=64), (),
+     1e-5, {"causal": 1, "causal_offset": 64}),
+]
+
+
+@pytest.mark.parametrize("case_id,build,masked,tol,want", CASES, ids=[c[0] for c in CASES])
+def test_fused_attention_matches_onnxruntime(case_id, build, masked, tol, want):
+    model = build()
+    feeds = _feeds(model, masked_rows=masked)
+    sess, got = _sim(model, feeds)
+    (call,) = _fused(sess)
+    attrs = dict(call.attrs)
+    assert {k: attrs.get(k, "" if k == "mask" else 0) for k in want} == want
+    (expected,) = _ort(model, feeds)
+    np.testing.assert_allclose(got[0].astype(np.float64), expected.astype(np.float64),
+                               rtol=tol, atol=tol)  # NaN where onnxruntime has NaN
+    if masked and not attrs.get("nan_to_zero") and attrs.get("mask") != "select":
+        assert np.isnan(got[0][..., masked[0], :]).all()
+
+
+def test_bfloat16_storage():
+    """bfloat16 Q, K, V and output (no bfloat16 MatMul in onnxruntime's CPU provider: the
+    float32 model on the same values, rounded once, is the reference)."""
+    model = dynamo_like(1, 4, 2, 17, 40, 64, 64, "bfloat16")
+    feeds = _feeds(model, masked_rows=(3,))
+    sess, got = _sim(model, feeds)
+    assert len(_fused(sess)) == 1 and got[0].dtype == BF16
+    ref_model = dynamo_like(1, 4, 2, 17, 40, 64, 64, "float32")
+    (want,) = _ort(ref_model, {k: v.astype(np.float32) for k, v in feeds.items()})
+    np.testing.assert_allclose(got[0].astype(np.float32), want, rtol=2 ** -7, atol=1e-2)
+
+
+def test_the_reference_is_the_unfused_math():
+    """The op's NumPy reference (what the interpreter runs) against onnxruntime."""
+    model = dynamo_like(1, 4, 2, 9, 20, 16, 16)
+    feeds = _feeds(model, masked_rows=(2,))
+    graph = import_model(model)
+    flags = flags_mod.parse("")
+    spec = optimize(specialize(graph, [(f.dtype, f.shape) for f in feeds.values()], {}), flags)
+    from autoclust.passes.attention import fuse_attention
+    fused = fuse_attention(spec)
+    (node,) = [n for n in fused.nodes if n.op == attn.OP]
+    args = [feeds.get(v.name) if v.name in feeds else fused.initializers.get(v.name)
+            for v in node.inputs]
+    (got,) = attn._ref(args, node.attrs)
+    np.testing.assert_allclose(got, _ort(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+# ---- against the unfused plan, bit for bit -------------------------------------------------
+
+def test_bit_for_bit_with_the_unfused_plan_where_the_math_is_exact():
+    """Scores all 0 (q = 0) and integer values: every probability is 1/2^n, every product
+    and sum exact, so the fused kernel (online softmax) and the unfused kernels agree to the
+    bit; rows fully masked give the same 0 (guard) or NaN."""
+    model = dynamo_like(2, 4, 2, 12, 64, 16, 8, guard=True)
+    feeds = _feeds(model)
+    feeds["q"][:] = 0
+    rng = np.random.default_rng(5)
+    feeds["v"] = rng.integers(-8, 8, feeds["v"].shape).astype(np.float32)
+    mask = np.full(feeds["mask"].shape, -np.inf, np.float32)
+    for r in range(mask.shape[2]):
+        mask[..., r, : 1 << (r % 6)] = 0.0    # 1, 2, 4, ..., 32 visible keys
+    mask[..., 5, :] = -np.inf                  # and a row with none
+    feeds["mask"] = mask
+    sess, fused = _sim(model, feeds)
+    assert len(_fused(sess)) == 1
+    plain, unfused = _sim(model, feeds, disable_passes=["fuse_attention"])
+    assert _fused(plain) == []
+    np.testing.assert_array_equal(fused[0], unfused[0])
+    assert (fused[0][:, :, 5] == 0).all()
+
+
+def test_a_causal_first_row_is_its_value_row_exactly():
+    model = select_like(1, 2, 9, 9, 16, fill=-3.4e38, causal=0)
+    feeds = _feeds(model)
+    _, got = _sim(model, feeds)
+    np.testing.assert_array_equal(got[0][:, :, 0], feeds["v"][:, :, 0])
+
+
+# ---- recognition -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,calls,kernels", [("bert_encoder", 2, [[22]]),
+                                                 ("llama_block", 1, [[12]])])
+def test_zoo_attention_is_fused_on_the_gpu_only(name, calls, kernels):
+    model = zoo.build(name)
+    feeds = zoo.feeds(model)
+    sess, got = _sim(model, feeds)
+    assert len(_fused(sess)) == calls
+    assert [c["kernels"] for c in sess.stats()["clusters"]] == kernels
+    for g, w in zip(got, _ort(model, feeds)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
+    assert cpu.POLICY.fused_attention == 0  # the CPU backend: unchanged, unfused
+    cpu_sess = autoclust.InferenceSession(model, must_compile=True)
+    cpu_sess.run(None, feeds)
+    assert _fused(cpu_sess) == []
+
+
+def test_tiny_transformers_exports_are_fused(tmp_path):
+    """BERT (padding mask), GPT-2 (causal), LLaMA (grouped-query heads, causal) and ViT (no
+    mask) through torch.onnx.export(dynamo=True): one FusedAttention each, onnxruntime's
+    answer."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("onnxscript")
+    small = {"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 4,
+             "intermediate_size": 128}
+    tf = transformers
+    cases = {
+        "bert": (tf.BertModel(tf.BertConfig(vocab_size=100, **small),
+                              add_pooling_layer=False), "ids+mask", {"mask": "add"}),
+        "gpt2": (tf.GPT2Model(tf.GPT2Config(vocab_size=100, n_layer=1, n_embd=64, n_head=4)),
+                 "ids", {"causal": 1}),
+        "llama": (tf.LlamaModel(tf.LlamaConfig(vocab_size=100, num_key_value_heads=2,
+                                               **small)), "ids", {"causal": 1}),
+        "vit": (tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, **small),
+                            add_pooling_layer=False), "pixels", {"mask": ""}),
+    }
+    torch.manual_seed(0)
+    for name, (module, inputs, want) in cases.items():
+        if inputs == "pixels":
+            args, names = (torch.randn(1, 3, 32, 32),), ["pixel_values"]
+        else:
+            args = (torch.randint(0, 100, (1, 12)), torch.ones(1, 12, dtype=torch.long))
+            names = ["input_ids", "attention_mask"]
+            if inputs == "ids":
+                args, names = args[:1], names[:1]
+        extra = {"use_cache": False} if name in ("gpt2", "llama") else {}
+        path = tmp_path / f"{name}.onnx"
+        with torch.no_grad():
+            torch.onnx.export(_wrapped(torch, module.eval(), names, extra), args,
+                              dynamo=True, input_names=names, output_names=["y"]
+                              ).save(str(path))
+        model = onnx.load(str(path))
+        feeds = {n: a.numpy() for n, a in zip(names, args)}
+        if "attention_mask" in feeds:
+            feeds["attention_mask"][0, -4:] = 0  # padding
+        sess = autoclust.InferenceSession(model, device="gpu-sim", min_cluster_size=1)
+        got = sess.run(None, feeds)
+        (call,) = _fused(sess)
+        attrs = dict(call.attrs)
+        assert {k: attrs.get(k, "" if k == "mask" else 0) for k in want} == want, name
+        np.testing.assert_allclose(got[0], _ort(model, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
+def _wrapped(torch, model, names, extra):
+    """A module taking the inputs positionally, returning last_hidden_state."""
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args):
+            return self.model(**dict(zip(names, args)), **extra).last_hidden_state
+
+    return Wrapped().eval()
+
+
+def test_torch_front_end_aten_attention_is_fused():
+    """The torch front end's ATen graph of attention (bmm over [B * H, S, D] views, the
+    scale, an additive mask) is recognised through its cluster's Reshapes, and its kernel
+    gives torch's answer."""
+    torch = pytest.importorskip("torch")
+    from autoclust.importers.torch import fx
+    from support import gpu_sim_backend
+
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, m):
+            return torch.softmax(q @ k.transpose(-1, -2) / 4.0 + m, -1) @ v
+
+    args = [torch.randn(2, 3, 10, 16), torch.randn(2, 3, 12, 16), torch.randn(2, 3, 12, 8),
+            torch.zeros(2, 1, 10, 12)]
+    args[3][..., 9:] = float("-inf")
+    fx.reset()
+    compiled = torch.compile(Attn(), backend=fx.backend(min_cluster_size=1))
+    with torch.no_grad():
+        want = compiled(*args).numpy()
+    (report,) = fx.reports()
+    (cluster,) = report.clusters
+    graph = cluster.runner.graph
+    by_shape = {tuple(a.shape): a.numpy() for a in args}  # (Dynamo orders inputs its way)
+    feeds = {v.name: by_shape[tuple(v.shape)] for v in graph.inputs}
+    flags = flags_mod.parse("")
+    types = [(feeds[v.name].dtype, feeds[v.name].shape) for v in graph.inputs]
+    program = lower_graph(optimize(specialize(graph, types, {}), flags), flags,
+                          gpu_sim_backend)
+    assert [t.op for t in program.thunks if hasattr(t, "op")] == [attn.OP]
+    exe = gpu_sim_backend.compile(program, flags)
+    (got,) = exe.inner.run([feeds[v.name] for v in graph.inputs])
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-6)
+
+
+# ---- CUDA ------------------------------------------------------------------------------------
+
+def _spec(dtype, d, mask, causal=0, nb=8, sq=100, sk=300):
+    q = ((( nb, sq * d),), (sq, d), (d, 1))
+    k = (((nb, sk * d),), (sk, d), (d, 1))
+    v = (((nb, sk * d),), (sk, d), (d, 1))
+    views = (q, k, v) + ((((nb, 0),), (sq, sk), (sk, 1)),) if mask else (q, k, v)
+    return attention.Spec(nb, sq, sk, d, d, dtype, views, mask,
+                          {"add": dtype, "select": "bool", "": ""}[mask], d ** -0.5,
+                          -np.inf, causal, 0, 1)
+
+
+@needs_nvcc
+def test_cuda_of_the_attention_kernel_compiles_without_spills(tmp_path):
+    specs = [_spec(dt, d, mask, causal) for dt in ("float32", "float16", "bfloat16")
+             for d, mask, causal in ((128, "add", 0), (64, "select", 0), (80, "", 1))]
+    from autoclust.backends.gpu import prelude
+    text = prelude.prelude("cuda") + "".join(
+        attention.render(s, "cuda", attention.symbol(s)) for s in specs)
+    path = tmp_path / "attn.cu"
+    path.write_text(text)
+    from autoclust.tools.aot import NVCC_OPTIONS
+    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", *NVCC_OPTIONS, "-Xptxas", "-v",
+                           str(path), "-o", str(tmp_path / "attn.cubin")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    info = proc.stdout + proc.stderr
+    assert info.count("0 bytes spill stores, 0 bytes spill loads") == len(specs), info
+    smem = [int(x) for x in re.findall(r"(\d+) bytes smem", info)]
+    assert smem and max(smem) <= 48 * 1024  # static shared memory, no opt-in needed
+    assert source.module_source  # (the module path is exercised by the simulated runs)
