@@ -29,6 +29,7 @@ other reader, and the mask's trailing dims broadcast to the scores'.
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def _scalar(graph: Graph, v: Value | None) -> float | None:
     return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
 
 
-def _is(node: Node | None, op: str) -> bool:
+def _is(node: Node | None, op: str) -> TypeGuard[Node]:
     return node is not None and node.op == op and node.domain in ("", "ai.onnx")
 
 
