@@ -21,10 +21,12 @@ after every pass and names the pass that broke it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.flags import Flags
 from autoclust.ir import Graph
 from autoclust.kernel import inject
@@ -52,9 +54,13 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
             dumps = lazy_dumps(exe)
         else:
             program = program_cache.load(optimized, flags, backend)
+            if program is not None and not symbolic.hold_at_hints(program.guards,
+                                                                  input_types):
+                program = None  # lowered for a run its decisions do not fit
             if program is None:
                 program = lower_graph(optimized, flags, backend)
                 program_cache.store(program, optimized, flags, backend)
+            symbolic.assume(program.guards)
             exe = backend.compile(program, flags)
             dumps = lazy_dumps(exe)
             if ".kernels.txt" not in dumps:
@@ -65,8 +71,22 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
 
 
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
-    """An optimized concrete-shape graph -> the kernel IR Program a backend compiles."""
+    """An optimized graph (concrete or symbolic shapes) -> the kernel IR Program a backend
+    compiles; the Program carries the guards its lowering decided on symbolic dims."""
     COUNTS["lowered"] += 1
     pol = policy(backend)
-    program = fuse(graph, pol.fold_bias, pol.library_views)
-    return plan_memory(share_code(collapse_loops(program)))
+    with symbolic.recording() as rec:
+        program = fuse(graph, pol.fold_bias, pol.library_views)
+        program = plan_memory(share_code(collapse_loops(program)))
+    return dataclasses.replace(program, guards=tuple(rec.guards))
+
+
+def compile_class(graph: Graph, input_types: list[tuple[np.dtype, tuple]],
+                  shape_values: dict[str, np.ndarray], flags: Flags, backend: Any
+                  ) -> tuple[Any, list[symbolic.Guard]]:
+    """compile_cluster for input types with symbolic dims (symbolic.Sym): the backend's
+    parametric executable (bind(dims) -> Executable) and the guards every decision of the
+    compile recorded, which define the shape class it serves."""
+    with symbolic.recording() as rec:
+        exe = compile_cluster(graph, input_types, shape_values, flags, backend)
+    return exe, list(rec.guards)

@@ -66,6 +66,10 @@ class Policy:
     # onnxruntime segments and back, and the backend module offers to_device(x),
     # to_host(x), is_device(x) (and may offer capture(runtime), a whole-run replay).
     device_memory: bool = False
+    # compile() takes Programs whose dims may be symbolic (autoclust/symbolic.py) and
+    # returns an object whose bind(dims) gives the Executable for their values: one
+    # compile serves every sequence length of a shape class (runtime/shape_class.py).
+    symbolic_dims: bool = False
 
 
 _loaded: dict[str, ModuleType] = {}

@@ -49,6 +49,7 @@ from autoclust.kernel.indexing import (
     row_domain,
 )
 from autoclust.kernel.ir import Affine
+from autoclust.symbolic import same
 from autoclust.kernel.lowering import (
     NARROW_FLOATS,
     NARROW_INTS,
@@ -611,16 +612,18 @@ class Fusion:
     def _loop_shape_hint(self, v: Value, g: Group) -> tuple[int, ...] | None:
         # A root joins a kernel whose loop nest is its own shape (or, for a row kernel,
         # whose outer dims are its shape: a per-row store).
+        # Symbolic dims compare structurally (no guard): not joining is always correct.
         b = g.builder
-        if tuple(v.shape) == b.shape:
+        if same(tuple(v.shape), b.shape):
             return b.shape
-        if b.n_inner and tuple(v.shape) in (b.shape[:b.rank - b.n_inner],
-                                            b.shape[:b.rank - b.n_inner] + (1,) * b.n_inner):
+        outer = b.shape[:b.rank - b.n_inner]
+        if b.n_inner and (same(tuple(v.shape), outer) or
+                          same(tuple(v.shape), outer + (1,) * b.n_inner)):
             return b.shape
         return None
 
     def _root_index(self, v: Value, b: KernelBuilder) -> Idx:
-        if tuple(v.shape) == b.shape:
+        if same(tuple(v.shape), b.shape):
             return identity_index(b.shape)
         n_outer = b.rank - b.n_inner
         idx = [kir.unit(k, b.rank) for k in range(n_outer)]

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.ir import Node, Value
 from autoclust.kernel import ir as kir
 from autoclust.kernel.ir import Affine, Const, Expr, Op
@@ -106,7 +107,7 @@ class LowerCtx(abc.ABC):
         if not self.has(i):
             return None
         v = self.constant(i)
-        return None if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+        return None if v is None else symbolic.ints(v)  # symbolic dims stay Syms
 
     # ---- reading inputs -------------------------------------------------------------
     @abc.abstractmethod

@@ -17,6 +17,7 @@ import numpy as np
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Graph, Node, Shape
 from autoclust.kernel.lowering import LowerCtx, const
+from autoclust import symbolic
 from autoclust.ops.table import (
     BOOL,
     LAYOUT,
@@ -41,7 +42,7 @@ def _fail(op: str, message: str) -> ShapeInferenceError:
 
 
 def _ints(v: np.ndarray) -> list[int]:
-    return [int(x) for x in np.asarray(v).reshape(-1)]
+    return symbolic.ints(v)  # symbolic dims (Syms) stay symbolic
 
 
 def _dense(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -109,6 +110,9 @@ def _reshape_target(in_shape: tuple, spec: list[int], allowzero: bool, op: str =
 def _infer_minus_one(in_shape: tuple, out: list[Dim]) -> Dim:
     """The dim -1 stands for, when it follows from known ints and matching symbols."""
     known = [d for d in out if d != -1]
+    if all(symbolic.is_dim(d) for d in list(in_shape) + known):  # ints and Syms
+        total, rest = symbolic.product(in_shape), symbolic.product(known)
+        return None if rest == 0 or total % rest else total // rest
     in_syms = [d for d in in_shape if isinstance(d, str)]
     out_syms = [d for d in known if isinstance(d, str)]
     if None in in_shape or None in known:

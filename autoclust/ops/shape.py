@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
+from autoclust.symbolic import is_sym, sym_array
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops.table import (
     DATA_DEPENDENT,
@@ -60,11 +61,15 @@ def _shape_infer(ctx: InferContext) -> list[TypeShape]:
 
 def _shape_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x = inputs[0]
-    return [np.array([x.shape[i] for i in _shape_range(attrs, x.ndim)], dtype=np.int64)]
+    dims = [x.shape[i] for i in _shape_range(attrs, x.ndim)]
+    if any(is_sym(d) for d in dims):  # symbolic dims (a compile for a shape class)
+        return [sym_array(dims)]
+    return [np.array(dims, dtype=np.int64)]
 
 
 def _size_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    return [np.array(inputs[0].size, dtype=np.int64)]
+    size = inputs[0].size
+    return [sym_array([size], ()) if is_sym(size) else np.array(size, dtype=np.int64)]
 
 
 # ---- ConstantOfShape, Range, EyeLike -----------------------------------------------------

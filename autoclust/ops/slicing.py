@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, const, op, select
@@ -126,7 +127,7 @@ def _clamp_slice(dim: int, start: int, end: int, step: int) -> tuple[int, int, i
 
 
 def _slice_dim(dim: Dim, start: int, end: int, step: int) -> Dim:
-    if isinstance(dim, int):
+    if symbolic.is_dim(dim) and all(symbolic.is_dim(x) for x in (start, end)):
         return _clamp_slice(dim, start, end, step)[2]
     # Whole-axis slices (x[0:INT_MAX], x[::-1]) keep the symbol; anything else is unknown.
     if step == 1 and (start == 0 or start <= -_BIG - 1) and end >= _BIG:

@@ -261,6 +261,8 @@ def dim_product(dims: Sequence[Dim]) -> Dim:
 
 def dense(a: np.ndarray) -> np.ndarray:
     """`a` as a C-contiguous array (np.ascontiguousarray would turn 0-d into 1-d)."""
+    if not isinstance(a, np.ndarray):  # an element taken from an object array of Syms
+        return np.asarray(a)
     return a if a.flags.c_contiguous else a.copy(order="C")
 
 

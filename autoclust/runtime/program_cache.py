@@ -22,7 +22,7 @@ from autoclust.runtime import disk_cache
 from autoclust.version import __version__
 
 COUNTS = {"program_hits": 0}  # Programs read from --cache_dir
-PROGRAM_FORMAT = 2  # bump when kernel IR or this entry's layout changes
+PROGRAM_FORMAT = 3  # bump when kernel IR or this entry's layout changes
 # Constants whose values key a cached Program: every integer or bool constant (indices,
 # divisors and shapes whose values lowering reads: range checks, refusals) and every
 # constant up to this size (scalars inline into kernel code). Larger float constants are
@@ -64,7 +64,9 @@ def program_key(graph: Graph, flags: Flags, backend: Any) -> str:
         h.update(f"in {v.name} {v.type_str()}\n".encode())
     for name, arr in graph.initializers.items():
         h.update(f"const {name} {arr.dtype} {arr.shape}".encode())
-        if arr.dtype.kind not in "fc" or arr.nbytes <= KEY_VALUE_BYTES:
+        if arr.dtype == object:  # an int64 tensor of symbolic dims
+            h.update(f" = {arr.tolist()!r}".encode())
+        elif arr.dtype.kind not in "fc" or arr.nbytes <= KEY_VALUE_BYTES:
             h.update(b" = " + np.ascontiguousarray(arr).tobytes())
         h.update(b"\n")
     for n in graph.nodes:

@@ -10,6 +10,7 @@ stores outputs and drops values past their last use.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import sys
 import threading
@@ -23,10 +24,14 @@ from autoclust import registry
 from autoclust.errors import AutoclustError, InvalidInputError, NotCompilableError
 from autoclust.flags import Flags
 from autoclust.ir import Graph
+from autoclust.runtime.shape_class import ShapeClass, symbolic_types
 
 # A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
 # fewer than this many times per compile.
 RUNS_PER_COMPILE = 50
+# Signatures bound from shape classes kept per cluster (the oldest goes: binding again is
+# cheap, and each binding holds its outputs).
+MAX_BINDINGS = 64
 # --async_compile: one background compiler thread per process (LLVM serializes compiles
 # behind its lock anyway, and fusion holds the GIL).
 _COMPILER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
@@ -56,6 +61,12 @@ class ClusterRunner:
         self.fallback: Any = None  # an onnxruntime Segment once the cluster falls back
         self.fallback_reason = ""
         self.signatures: list[tuple] = []
+        # shape classes (runtime/shape_class.py): one compile serves many signatures
+        self.classes: list[ShapeClass] = []
+        self.symbolic = flags.symbolic_dims and registry.policy(backend).symbolic_dims
+        self.symbolic_note = ""  # why this cluster compiles concrete shapes only
+        self.bindings = 0
+        self._bound: collections.deque = collections.deque()  # signatures bound, oldest first
         self._lock = threading.Lock()
         self._dumped_inputs = False
         self.pending: dict[tuple, concurrent.futures.Future] = {}  # --async_compile
@@ -79,6 +90,8 @@ class ClusterRunner:
         if self.shape_value_index:
             key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
         exe = self.cache.get(key)
+        if exe is None and self.classes:
+            exe = self._bind(key, inputs)  # a compiled shape class serves it: no compile
         if exe is None:
             if self.flags.async_compile and not self.flags.must_compile:
                 return self._run_while_compiling(key, inputs)
@@ -92,6 +105,34 @@ class ClusterRunner:
         return outs
 
     # ---- compiling ------------------------------------------------------------------
+    def _bind(self, key: tuple, inputs: list[np.ndarray]) -> Any:
+        """The executable of the first shape class whose dims and guards accept these
+        inputs, bound to their dims (cached by signature); None when no class does."""
+        with self._lock:
+            exe = self.cache.get(key)
+            if exe is not None:
+                return exe
+            for cls in self.classes:
+                env = cls.match(inputs)
+                if isinstance(env, dict):
+                    t0 = time.perf_counter()
+                    exe = cls.exe.bind(env)
+                    self._keep_binding(key, exe)
+                    if self.flags.log:
+                        dims = ", ".join(f"{k} = {v}" for k, v in sorted(env.items()))
+                        print(f"autoclust: {self.name} runs the code compiled for "
+                              f"{cls.describe()} with {dims} (bound in "
+                              f"{(time.perf_counter() - t0) * 1e3:.1f} ms)", file=sys.stderr)
+                    return exe
+        return None
+
+    def _keep_binding(self, key: tuple, exe: Any) -> None:
+        self.bindings += 1
+        self.cache[key] = exe
+        self._bound.append(key)
+        if len(self._bound) > MAX_BINDINGS:
+            self.cache.pop(self._bound.popleft(), None)
+
     def _compile(self, key: tuple, inputs: list[np.ndarray]) -> Any:
         with self._lock:  # several threads meeting a new signature compile it once
             exe = self.cache.get(key)
@@ -117,7 +158,10 @@ class ClusterRunner:
                 self._fall_back(f"compile failed: {type(exc).__name__}: {exc}")
                 return None
             self.compiles += 1
-            self.cache[key] = exe
+            if getattr(exe, "shape_class", None) is not None:
+                self._keep_binding(key, exe)
+            else:
+                self.cache[key] = exe
             return exe
 
     def _host(self, inputs: list[Any]) -> list[Any]:
@@ -154,7 +198,9 @@ class ClusterRunner:
         if bar is not None:
             bar.start(self.name)
         t0 = time.perf_counter()
-        exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
+        exe = self._compile_class(inputs, shape_values) if self.symbolic else None
+        if exe is None:
+            exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
         if self.flags.log:
             message = compile_message(self.name, self.backend, exe, inputs,
                                       time.perf_counter() - t0)
@@ -167,6 +213,41 @@ class ClusterRunner:
         if self.dumper is not None:
             self.dumper.write_compile(self.name, getattr(exe, "dumps", {}))
         return exe
+
+    def _compile_class(self, inputs: list[np.ndarray], shape_values: dict[str, np.ndarray]
+                       ) -> Any:
+        """Compile the shape class of these inputs (their open dims symbolic) and return its
+        executable bound to them; None when there is no open dim or the symbolic compile
+        fails (the cluster then compiles concrete shapes from now on, see symbolic_note)."""
+        from autoclust.compile import compile_class
+        found = symbolic_types(self.graph, inputs, self.shape_value_index)
+        if found is None:
+            return None
+        types, pattern = found
+        try:
+            exe, guards = compile_class(self.graph, types, shape_values, self.flags,
+                                        self.backend)
+            if not hasattr(exe, "bind"):  # every symbolic dim was pinned: one shape
+                exe = _Fixed(exe)
+            cls = ShapeClass(tuple(x.dtype for x in inputs), pattern,
+                             tuple((i, inputs[i].tobytes()) for i in self.shape_value_index),
+                             tuple(guards), exe)
+            env = cls.match(inputs)
+            if isinstance(env, dict):
+                self.classes.append(cls)
+                bound = exe.bind(env)
+                bound.shape_class = cls
+                return bound
+            reason = f"the compiled class does not serve the inputs it was compiled for: {env}"
+        except (InvalidInputError, NotCompilableError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the concrete compile comes next
+            reason = f"{type(exc).__name__}: {exc}"
+        self.symbolic = False
+        self.symbolic_note = f"symbolic dims failed, compiling concrete shapes: {reason}"
+        if self.flags.log:
+            print(f"autoclust: {self.name}: {self.symbolic_note}", file=sys.stderr)
+        return None
 
     def _is_megamorphic(self) -> bool:
         limit = self.flags.megamorphic_compiles
@@ -215,6 +296,18 @@ class ClusterRunner:
                           f"{first_nonfinite(self.graph, inputs)}; inputs: "
                           f"{value_ranges(self.input_names, inputs)}", RuntimeWarning,
                           stacklevel=4)
+
+
+class _Fixed:
+    """A shape class's executable whose every symbolic dim was pinned: it serves one shape."""
+
+    def __init__(self, exe: Any):
+        self.exe = exe
+        self.num_kernels = getattr(exe, "num_kernels", 0)
+        self.dumps = getattr(exe, "dumps", {})
+
+    def bind(self, env: dict[str, int]) -> Any:
+        return self.exe
 
 
 def _nonfinite(x: np.ndarray) -> bool:

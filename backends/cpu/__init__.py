@@ -17,10 +17,10 @@ import dataclasses
 import os
 
 from autoclust.backends.cpu import choice, codegen, gemm, jit, library
-from autoclust.backends.cpu.executable import Executable
+from autoclust.backends.cpu.executable import Arena, Executable
 from llvmlite import ir
 
-from autoclust import ops
+from autoclust import ops, symbolic
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
@@ -41,6 +41,7 @@ POLICY = Policy(
     onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
     library_views=frozenset({"MatMul", "FusedMatMul"}),
+    symbolic_dims=True,
 )
 # Kernels with at least this many loop iterations are split over `--threads` threads
 # (executable.Splitter: chunks of the outer loop claimed by the caller and helper threads),
@@ -50,7 +51,7 @@ PARALLEL_MIN_WORK = 1 << 18
 MIN_CHUNK_WORK = 1 << 16
 COMPILE_COUNT = 0  # LLVM compiles in this process (a warm --cache_dir keeps it 0)
 
-__all__ = ["COMPILE_COUNT", "NAME", "POLICY", "Executable", "compile", "why_not"]
+__all__ = ["COMPILE_COUNT", "NAME", "POLICY", "Executable", "Parametric", "compile", "why_not"]
 
 
 def why_not(node: Node, graph: Graph) -> str | None:
@@ -66,21 +67,23 @@ def _threads(flags: Flags) -> int:
     return flags.threads if flags.threads > 0 else (os.cpu_count() or 1)
 
 
-def compile(program: kir.Program, flags: Flags) -> Executable:
-    """Render and compile a kernel IR Program into an Executable."""
+def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
+    """Render and compile a kernel IR Program into an Executable; a Program with symbolic
+    dims into a Parametric, whose bind(dims) gives an Executable for their values."""
     global COMPILE_COUNT
     threads = _threads(flags)
     choice.use_cache_dir(flags.cache_dir or None)  # measured GEMM choices live there too
     live = [t for t in program.thunks if isinstance(t, kir.Kernel) and not t.empty]
-    split = set()
-    if threads > 1:
-        split = {k.name for k in live if k.work >= PARALLEL_MIN_WORK and k.shape[0] > 1}
     used = {program.sharing[k.name][0] for k in live}
-    units = [_kernel_unit(k, flags) for k in distinct_kernels(program) if k.name in used]
+    kernels = [k for k in distinct_kernels(program) if k.name in used]
+    units = [_kernel_unit(k, flags) for k in kernels]
     buffers = {b.id: b for b in program.buffers}
     gemms = {}  # LibraryCall -> (function name, GemmSpec): small GEMMs run generated code
     for t in program.thunks:
-        spec = gemm.spec_for(t, buffers) if isinstance(t, kir.LibraryCall) else None
+        if not isinstance(t, kir.LibraryCall) or symbolic.has_syms(
+                (t.views, [buffers[b].shape for b in t.inputs + t.outputs if b is not None])):
+            continue  # a symbolic GEMM's size is only known per run: a library call
+        spec = gemm.spec_for(t, buffers)
         if spec is not None:
             unit = _gemm_unit(spec)
             gemms[t] = (unit[0], spec)
@@ -94,8 +97,69 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
     if gemms:
         dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
             "".join(f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
-    return Executable(program, addrs, split, threads, engine, dumps, library,
-                      MIN_CHUNK_WORK, gemms)
+    code = Code(addrs, engine, dumps, gemms, threads)
+    if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
+        dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
+        return Parametric(program, code, dims)
+    return code.executable(program)
+
+
+@dataclasses.dataclass
+class Code:
+    """What a compile made: kernel and GEMM function addresses (kept alive by `engine`)."""
+
+    addrs: dict[str, int]
+    engine: object
+    dumps: LazyDumps
+    gemms: dict
+    threads: int
+
+    def executable(self, program: kir.Program, dims: dict[str, tuple[int, ...]] | None = None,
+                   arena: Arena | None = None, impls: dict[int, str] | None = None
+                   ) -> Executable:
+        """An Executable of `program` (concrete) running this code; `dims`: per kernel,
+        the symbolic dims' values its code reads."""
+        live = [t for t in program.thunks if isinstance(t, kir.Kernel) and not t.empty]
+        split = set()
+        if self.threads > 1:
+            split = {k.name for k in live if k.work >= PARALLEL_MIN_WORK and k.shape[0] > 1}
+        return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
+                          library, MIN_CHUNK_WORK, self.gemms, dims, arena, impls)
+
+
+class Parametric:
+    """A compiled Program with symbolic dims: one code for every value of the dims.
+
+    bind(dims) is the Executable for concrete values: the program's sizes, checks and
+    library calls instantiated (no lowering, no LLVM). Executables bound from one
+    Parametric share its temps' memory (grown to the largest binding) and run one at a
+    time. A library call keeps the implementation chosen at the first binding (the GEMM
+    choice is measured once per cluster, not per sequence length).
+    """
+
+    def __init__(self, program: kir.Program, code: Code, dims: dict[str, tuple[str, ...]]):
+        self.program = program
+        self.code = code
+        self.dumps = code.dumps
+        self.num_kernels = sum(1 for t in program.thunks if not isinstance(t, kir.Check))
+        self.symbols = sorted(symbolic.symbols_of(program.buffers) |
+                              {n for names in dims.values() for n in names})
+        self._dims = dims  # kernel code name -> the dims it reads, in order
+        self._arena = Arena()
+        self._impls: dict[int, str] = {}  # library thunk index -> implementation
+
+    def bind(self, env: dict[str, int]) -> Executable:
+        """The Executable for these values of the symbolic dims."""
+        missing = [n for n in self.symbols if n not in env]
+        if missing:
+            raise ValueError(f"no value for symbolic dims {missing}")
+        program = kir.instantiate(self.program, env)
+        dims = {name: tuple(env[n] for n in self._dims[owner])
+                for name, (owner, _) in program.sharing.items() if owner in self._dims}
+        exe = self.code.executable(program, dims, self._arena, self._impls)
+        if not self._impls:
+            self._impls.update(exe.library_impls)
+        return exe
 
 
 Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol)

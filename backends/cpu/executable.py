@@ -184,19 +184,51 @@ def chunk_bounds(n0: int, work: int, threads: int, min_chunk_work: int) -> list[
     return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
 
+class Arena:
+    """Memory-plan slots shared by the Executables bound from one compiled program with
+    symbolic dims (backends/cpu Parametric): each slot is grown to the largest binding's
+    need, and `generation` counts the growths (a binding re-points its temps after one).
+    Bindings sharing an arena run one at a time (`lock`)."""
+
+    def __init__(self):
+        self.slots: dict[int, np.ndarray] = {}
+        self.generation = 0
+        self.lock = threading.Lock()
+
+    def reserve(self, nbytes: dict[int, int]) -> None:
+        """Make every slot s hold at least nbytes[s] bytes."""
+        for s, n in nbytes.items():
+            have = self.slots.get(s)
+            if have is None or have.nbytes < n:
+                self.slots[s] = np.empty(max(n, 1), np.uint8)
+                self.generation += 1
+
+
 class Executable:
-    """run(inputs in graph.inputs order) -> outputs in graph.outputs order."""
+    """run(inputs in graph.inputs order) -> outputs in graph.outputs order.
+
+    A program with symbolic dims is bound to their values first (Parametric.bind): `dims`
+    gives, per kernel, the values its code reads after its buffer pointers; `arena` holds
+    the temps shared with the other bindings; `impls` the library implementation to
+    use per library thunk (by position), chosen by an earlier binding.
+    """
 
     def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: set[str],
                  threads: int, engine: object, dumps: dict[str, str], library: object = None,
-                 min_chunk_work: int = 1 << 16, gemms: dict | None = None):
+                 min_chunk_work: int = 1 << 16, gemms: dict | None = None,
+                 dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
+                 impls: dict[int, str] | None = None):
         self.program = program
         constants = program.constants
         self.engine = engine  # keeps the code alive
         self.dumps = dumps
         self.num_kernels = sum(1 for t in program.thunks if not isinstance(t, kir.Check))
         self.buffers = {b.id: b for b in program.buffers}
-        self._lock = threading.Lock()
+        self._arena = arena if arena is not None else Arena()
+        self._lock = self._arena.lock
+        self._dims = dims or {}
+        self._impls = impls or {}
+        self.library_impls: dict[int, str] = {}  # library thunk index -> implementation
         self._ptrs = (ctypes.c_void_p * max(1, len(program.buffers)))()
         self._ptrs_addr = ctypes.addressof(self._ptrs)
         self._arrays: list[np.ndarray | None] = [None] * len(program.buffers)
@@ -211,7 +243,8 @@ class Executable:
         self._min_chunk_work = min_chunk_work
         self.split: set[str] = set()  # kernels split over threads (names)
         self._gemms = {id(t): g for t, g in (gemms or {}).items()}
-        steps = [self._step(t, addrs, parallel, threads) for t in program.thunks]
+        steps = [self._step(i, t, addrs, parallel, threads)
+                 for i, t in enumerate(program.thunks)]
         # (thunk, step) for `profile`: the same steps one by one, without the driver
         self._ungrouped = [(t, s) for t, s in zip(program.thunks, steps) if s is not None]
         self._steps = group_native([s for s in steps if s is not None], self._sites)
@@ -233,14 +266,21 @@ class Executable:
             if b.role == "temp":
                 nbytes = b.size * np.dtype(b.dtype).itemsize
                 slot_bytes[b.slot] = max(slot_bytes.get(b.slot, 0), nbytes)
-        self._slots = {s: np.empty(max(n, 1), np.uint8) for s, n in slot_bytes.items()}
+        self._slot_bytes = slot_bytes
+        self._arena.reserve(slot_bytes)
+        self._bind_temps()
+        for b in self.program.buffers:
+            if b.role == "const":
+                self._set(b.id, np.ascontiguousarray(constants[b.id]).reshape(b.shape))
+
+    def _bind_temps(self) -> None:
+        """Point the temps at their arena slots (again after the arena grew)."""
+        slots = self._arena.slots
         for b in self.program.buffers:
             if b.role == "temp":
                 nbytes = b.size * np.dtype(b.dtype).itemsize
-                arr = self._slots[b.slot][:nbytes].view(b.dtype).reshape(b.shape)
-                self._set(b.id, arr)
-            elif b.role == "const":
-                self._set(b.id, np.ascontiguousarray(constants[b.id]).reshape(b.shape))
+                self._set(b.id, slots[b.slot][:nbytes].view(b.dtype).reshape(b.shape))
+        self._generation = self._arena.generation
 
     def _set(self, bid: int, arr: np.ndarray) -> None:
         self._arrays[bid] = arr
@@ -259,13 +299,24 @@ class Executable:
         return ctypes.addressof(site)
 
     def _entry(self, name: str) -> tuple[str, int]:
-        """(function name, address of its pointer array) for kernel `name`."""
+        """(function name, address of its pointer array) for kernel `name`; a kernel
+        reading symbolic dims finds their values after its buffer pointers."""
         if name not in self._bindings:
             return name, self._ptrs_addr
         fn_name, ids = self._bindings[name]
-        return fn_name, self._site(ids)
+        dims = self._dims.get(name, ())
+        if not dims:
+            return fn_name, self._site(ids)
+        site = (ctypes.c_void_p * (len(ids) + len(dims)))()
+        for j, bid in enumerate(ids):
+            site[j] = self._ptrs[bid]
+            self._site_slots.setdefault(bid, []).append((site, j))
+        for j, value in enumerate(dims):
+            site[len(ids) + j] = value
+        self._sites.append(site)
+        return fn_name, ctypes.addressof(site)
 
-    def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
+    def _step(self, i: int, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
               threads: int) -> Native | Callable[[], None] | None:
         if isinstance(t, kir.Kernel):
             if t.empty:
@@ -282,7 +333,7 @@ class Executable:
             big = threads > 1 and spec.flops >= 4 * PARALLEL_FLOPS and spec.rows > 1
             return self._native(name, addrs[name], self._site(ids), spec.rows,
                                 int(spec.flops // 2), big, threads)
-        return self._library_step(t, threads, self._constants)
+        return self._library_step(i, t, threads, self._constants)
 
     def _native(self, name: str, addr: int, bufs: int, n0: int, work: int, split: bool,
                 threads: int) -> Native | Callable[[], None]:
@@ -313,9 +364,11 @@ class Executable:
 
         return check
 
-    def _library_step(self, t: kir.LibraryCall, threads: int,
+    def _library_step(self, i: int, t: kir.LibraryCall, threads: int,
                       constants: dict[int, np.ndarray]) -> Callable[[], None]:
-        fn = self._library.make_call_for(t, self.program.buffers, threads, constants)
+        fn = self._library.make_call_for(t, self.program.buffers, threads, constants,
+                                         impl=self._impls.get(i))
+        self.library_impls[i] = getattr(fn, "impl", "")
         arrays = self._arrays
         ins, outs = t.inputs, t.outputs
         return lambda: fn([None if b is None else arrays[b] for b in ins],
@@ -356,6 +409,8 @@ class Executable:
         --profile` prints this beside onnxruntime's own profile."""
         times: list[list[float]] = [[] for _ in self._ungrouped]
         with self._lock:
+            if self._generation != self._arena.generation:
+                self._bind_temps()
             for bid, x in zip(self.program.inputs, inputs):
                 self._bind_input(bid, x)
             self._bind_outputs()
@@ -379,6 +434,8 @@ class Executable:
         same checks), no per-run allocation beyond the returned list and new outputs.
         """
         with self._lock:
+            if self._generation != self._arena.generation:
+                self._bind_temps()  # another binding grew the shared temps
             arrays, last = self._arrays, self._last_inputs
             for bid, x in zip(self._input_ids, inputs):
                 ref = last.get(bid)

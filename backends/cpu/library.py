@@ -126,10 +126,13 @@ def supported(op: str, attrs: dict[str, Any]) -> str | None:
 def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | None],
               out_types: Sequence[TypeShape], threads: int = 0,
               constants: dict[int, np.ndarray] | None = None,
-              impl: str | None = None, layouts: tuple = ()) -> LibraryFn:
+              impl: str | None = None, layouts: tuple = (),
+              prefer: str | None = None) -> LibraryFn:
     """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy" or
     "onednn". layouts: element strides per operand (inputs, then outputs; None or absent:
-    C-contiguous) of the strided arrays the call will be given."""
+    C-contiguous) of the strided arrays the call will be given. `prefer`: the large-GEMM
+    implementation measured for another shape of the same call (a new sequence length of
+    a cluster with symbolic dims), taken instead of measuring again."""
     why = supported(op, attrs)
     if why is not None:
         raise UnsupportedOpError(why)
@@ -137,7 +140,7 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     out_types = [(np.dtype(t[0]), tuple(t[1])) for t in out_types]
     constants = dict(constants or {})
     if op == "Gemm" and len(in_types[0][1]) > 2:
-        return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl)
+        return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl, prefer)
     builders = _candidates(op, attrs, in_types, out_types, threads, constants)
     dnnl = gemm_choice.onednn_builder(op, attrs, in_types, out_types, threads, constants, layouts)
     if dnnl is not None:
@@ -155,23 +158,27 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
         if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
             mlas = builders.get("mlas")
-            if mlas is not None and 1 in constants:  # MLAS timed with prepacked weights
-                mlas = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
-            _DECISIONS[key] = gemm_choice.decide(key, builders, mlas, in_types, out_types,
-                                                 layouts, constants)
+            if prefer in ("mlas", "onednn") and prefer in builders:
+                _DECISIONS[key] = (prefer, "large, as measured for another shape")
+            else:
+                if mlas is not None and 1 in constants:  # MLAS timed with prepacked weights
+                    mlas = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
+                _DECISIONS[key] = gemm_choice.decide(key, builders, mlas, in_types,
+                                                     out_types, layouts, constants)
     choice, note = _DECISIONS[key]
     return _build(op, choice, builders, note)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
-                    constants: dict[int, np.ndarray], impl: str | None) -> LibraryFn:
+                    constants: dict[int, np.ndarray], impl: str | None,
+                    prefer: str | None = None) -> LibraryFn:
     """Gemm whose A is [..., K] (a MatMul with its bias Add folded in): batch dims join M."""
     if attrs.get("transA", 0):
         raise UnsupportedOpError(f"Gemm with transA on a {len(in_types[0][1])}-D A")
     (da, sa), (dy, sy) = in_types[0], out_types[0]
     flat_in = [(da, (math.prod(sa[:-1]), sa[-1]))] + list(in_types[1:])
     fn = make_call("Gemm", attrs, flat_in, [(dy, (math.prod(sy[:-1]), sy[-1]))], threads,
-                   constants, impl)
+                   constants, impl, prefer=prefer)
     views = _ViewCache()
 
     def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
@@ -197,8 +204,11 @@ class _ViewCache:
 
 
 def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads: int = 0,
-                  constants: dict[int, np.ndarray] | None = None) -> LibraryFn:
-    """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value."""
+                  constants: dict[int, np.ndarray] | None = None,
+                  impl: str | None = None) -> LibraryFn:
+    """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value. `impl`
+    (optional): the implementation an earlier binding of the same call chose (see
+    make_call's `prefer`)."""
     by_id = {b.id: b for b in buffers}
     n_in = len(thunk.inputs)
 
@@ -215,7 +225,7 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
               if b is not None and constants and b in constants}
     layouts = tuple(None if v is None else v.strides for v in thunk.views)
     fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
-                   layouts=layouts)
+                   layouts=layouts, prefer=impl)
     return gemm_choice.in_place(fn, thunk.views, n_in) if thunk.views else fn
 
 
