@@ -196,3 +196,12 @@ def test_tqdm_is_a_dependency():
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
     assert any(d.startswith("tqdm") for d in deps)
+
+
+def test_readme_test_command_is_what_ci_runs():
+    with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as f:
+        ci = f.read().strip().splitlines()[-1]
+    setup = read(README)[read(README).index("## Set-up"):read(README).index("## A short tour")]
+    commands = re.findall(r"```sh\n(.*?)\n```", setup, re.DOTALL)
+    assert len(commands) == 2, "the README has exactly two set-up commands"
+    assert commands[1] == ci

@@ -198,7 +198,9 @@ def test_measured_choice_is_cached_on_disk(tmp_path):
         library._DECISIONS.clear()
         fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
                                [(a.dtype, (128, 512))], 2, {1: b})
-        assert fn.impl in ("mlas", "onednn") and fn.note.startswith("measured")
+        assert fn.impl == "mlas"  # until the background measurement says otherwise
+        assert library.wait_background(30)
+        assert fn.impl in ("mlas", "onednn") and fn.note.startswith("measured"), fn.note
         entries = json.loads((tmp_path / "gemm_choices.json").read_text())
         assert [v[0] for v in entries.values()] == [fn.impl]
         library._DECISIONS.clear()
@@ -209,3 +211,27 @@ def test_measured_choice_is_cached_on_disk(tmp_path):
     finally:
         choice.use_cache_dir(None)
         library._DECISIONS.clear()
+
+
+def test_operand_view_of_a_graph_input_reads_that_input():
+    """(Q c) @ (K^T c) with K a graph input: the probe that finds K's view names K's
+    buffer before any other, and gives the id back; the call must still read K (it once
+    read its own output buffer: the ONNX node suite's expanded Attention cases)."""
+    n = helper.make_node
+    nodes = [n("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), n("Mul", ["q", "c"], ["qc"]),
+             n("Mul", ["kt", "c"], ["ktc"]), n("MatMul", ["qc", "ktc"], ["s"]),
+             n("Softmax", ["s"], ["p"], axis=-1), n("MatMul", ["p", "v"], ["y"])]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3, t, 8])
+              for name, t in (("q", 4), ("k", 6), ("v", 6))]
+    graph = helper.make_graph(nodes, "qk", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [2, 3, 4, 8])], [numpy_helper.from_array(
+            np.array(8 ** -0.25, np.float32), "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    feeds = {"q": RNG.standard_normal((2, 3, 4, 8)).astype(np.float32),
+             "k": RNG.standard_normal((2, 3, 6, 8)).astype(np.float32),
+             "v": RNG.standard_normal((2, 3, 6, 8)).astype(np.float32)}
+    sess = autoclust.InferenceSession(model, must_compile=True, min_cluster_size=1)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0], rtol=2e-5,
+                               atol=2e-5)
+    assert [k for k in _kernels(sess) if "Transpose" in str(k)] == []

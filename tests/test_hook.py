@@ -144,7 +144,7 @@ def run_hooked(tmp_path, code, env_flags, expect_rc=0):
     ("--auto_jit=2 --bogus", "unknown flag --bogus"),
     ("--bogus", "unknown flag --bogus"),
     ("--auto_jit=2 --ops_to_cluster=ELEMENTWISE,Gelluu", "unknown op or group 'Gelluu'"),
-    ("--cluster_exclude_ops=NOT_A_GROUP", "groups: DATA_DEPENDENT, ELEMENTWISE"),
+    ("--cluster_exclude_ops=NOT_A_GROUP", "groups: CONV_EPILOGUE, DATA_DEPENDENT, ELEMENTWISE"),
     ("--disable_passes=cse,folding", "passes: fold_constants, simplify, cse, dce"),
 ])
 def test_bad_flags_raise_flag_error_at_session_creation(tmp_path, env_flags, fragment):

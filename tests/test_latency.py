@@ -222,7 +222,9 @@ def recording_sessions(monkeypatch, gate=None, fail_prepacked=False):
     import threading
 
     from autoclust.backends.cpu import library
+    library.wait_background(30)  # an earlier test's background work must not land here
     monkeypatch.setattr(library, "_SESSIONS", collections.OrderedDict())
+    monkeypatch.setattr(library, "_DECISIONS", {})
     made = []
     real = library._new_session
 

@@ -217,3 +217,25 @@ def test_the_checker_catches_a_cycle_and_an_upward_import():
     assert layer("autoclust.c") == "core"
     assert layer("autoclust.importers.onnx.load") == "importers"
     assert "importers" not in ALLOWED["core"]
+
+
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 60
+
+
+def test_modules_and_functions_stay_small():
+    """No module over ~800 lines, no function over ~60 (as tinygrad's line-count check):
+    past that, split by concern."""
+    too_long = []
+    for mod, path in module_files().items():
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        lines = text.count("\n") + 1
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{mod}: {lines} lines")
+        for node in ast.walk(ast.parse(text, path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    too_long.append(f"{mod}.{node.name}: {size} lines")
+    assert too_long == []

@@ -393,6 +393,7 @@ class Fusion:
         self.folds = folds  # MatMul name -> the bias Add folded into its Gemm call
         self.folded = {a.name for a in folds.values()}
         self.buffers: dict[str, int] = {}
+        self.probe_names: dict[int, str] = {}  # buffer ids the last _probe named
         self.groups: list[Group] = []
         self.group_of: dict[str, int] = {}  # materialized value -> group index
         self.aliases: dict[str, str] = {}  # reshaped value -> the value whose buffer it shares
@@ -494,6 +495,8 @@ class Fusion:
             if v is not None and (node.name, v.name) in self.deferred and \
                     v.name not in self.materialized:
                 hit = views.input_view(v, self._probe)
+                if hit is not None:  # the probe's buffer id, given back: name it for real
+                    hit = (self.buffer_of(self.graph.values[self.probe_names[hit[0]]]), hit[1])
                 if hit is None:
                     self.materialized.add(v.name)
                     self.notes.append(f"{v.name} materialized: feeds {node.op} "
@@ -536,6 +539,7 @@ class Fusion:
         except (NeedRowDomain, Refuse, CompileError, Materialize):
             return None
         finally:  # ids the probe named are given back: executables index buffers densely
+            self.probe_names = {i: name for name, i in self.buffers.items()}
             self.materialized.clear()
             self.materialized.update(saved)
             self.buffers = saved_buffers

@@ -146,7 +146,7 @@ class Parametric:
                               {n for names in dims.values() for n in names})
         self._dims = dims  # kernel code name -> the dims it reads, in order
         self._arena = Arena()
-        self._impls: dict[int, str] = {}  # library thunk index -> implementation
+        self._first: Executable | None = None  # whose library choices later bindings take
 
     def bind(self, env: dict[str, int]) -> Executable:
         """The Executable for these values of the symbolic dims."""
@@ -156,9 +156,11 @@ class Parametric:
         program = kir.instantiate(self.program, env)
         dims = {name: tuple(env[n] for n in self._dims[owner])
                 for name, (owner, _) in program.sharing.items() if owner in self._dims}
-        exe = self.code.executable(program, dims, self._arena, self._impls)
-        if not self._impls:
-            self._impls.update(exe.library_impls)
+        impls = {} if self._first is None else \
+            {i: library.current_impl(fn) for i, fn in self._first.library_fns.items()}
+        exe = self.code.executable(program, dims, self._arena, impls)
+        if self._first is None:
+            self._first = exe
         return exe
 
 

@@ -86,19 +86,20 @@ def onednn_builder(op: str, attrs: dict[str, Any], in_types: list, out_types: li
     return build
 
 
-def decide(key: tuple, builders: dict[str, Callable], mlas: Callable | None,
-           in_types: list, out_types: list, layouts: Layouts,
-           constants: dict[int, np.ndarray]) -> tuple[str, str]:
-    """The implementation of a large GEMM: measured between MLAS (`mlas`: its builder with
-    the weights prepacked) and oneDNN; NumPy is left out (OpenBLAS's busy-waiting threads
-    collapse under load, and it copies strided stacks)."""
+def known(key: tuple, builders: dict[str, Callable]) -> tuple[str, str] | None:
+    """The implementation of a large GEMM when it needs no measurement: the one
+    --cache_dir recorded, oneDNN alone, or MLAS when oneDNN does not apply (None: measure
+    MLAS against oneDNN, which library.py does in the background). NumPy is left out
+    (OpenBLAS's busy-waiting threads collapse under load, and it copies strided stacks)."""
     if "onednn" not in builders:
         why = onednn.unavailable() or "does not apply to these types"
-        return ("mlas" if mlas is not None else "numpy"), f"large, onednn: {why}"
-    if mlas is None:
+        return ("mlas" if "mlas" in builders else "numpy"), f"large, onednn: {why}"
+    if "mlas" not in builders:
         return "onednn", "large, only oneDNN among the large-GEMM libraries"
-    return measure(key, {"mlas": mlas, "onednn": builders["onednn"]}, in_types, out_types,
-                   layouts, constants)
+    hit = _disk_get(_disk_key(key))
+    if hit is not None and hit[0] in builders:
+        return hit[0], hit[1] + " (--cache_dir)"
+    return None
 
 
 def measure(key: tuple, builders: dict[str, Callable], in_types: list, out_types: list,
@@ -232,5 +233,6 @@ def in_place(fn: Callable, views: Sequence, n_in: int) -> Callable:
            [view_of(n_in + j, y) for j, y in enumerate(outputs)])
 
     run.impl = getattr(fn, "impl", "")  # type: ignore[attr-defined]
+    run.inner = fn  # type: ignore[attr-defined]  # its impl may switch (current_impl)
     run.note = getattr(fn, "note", "")  # type: ignore[attr-defined]
     return run

@@ -228,7 +228,7 @@ class Executable:
         self._lock = self._arena.lock
         self._dims = dims or {}
         self._impls = impls or {}
-        self.library_impls: dict[int, str] = {}  # library thunk index -> implementation
+        self.library_fns: dict[int, Callable] = {}  # library thunk index -> its call
         self._ptrs = (ctypes.c_void_p * max(1, len(program.buffers)))()
         self._ptrs_addr = ctypes.addressof(self._ptrs)
         self._arrays: list[np.ndarray | None] = [None] * len(program.buffers)
@@ -368,7 +368,7 @@ class Executable:
                       constants: dict[int, np.ndarray]) -> Callable[[], None]:
         fn = self._library.make_call_for(t, self.program.buffers, threads, constants,
                                          impl=self._impls.get(i))
-        self.library_impls[i] = getattr(fn, "impl", "")
+        self.library_fns[i] = fn
         arrays = self._arrays
         ins, outs = t.inputs, t.outputs
         return lambda: fn([None if b is None else arrays[b] for b in ins],

@@ -7,11 +7,8 @@ writes an op's results into preallocated output arrays. Two implementations:
   constants as initializers so MLAS prepacks weights), run through an io_binding whose
   outputs are OrtValues over our arrays. The binding is rebuilt only when a caller passes
   different array objects than last time (binding memory is shared, not copied).
-- "numpy": OpenBLAS matmul with out= (batched MatMul as one 2-D call or a loop of 2-D calls:
-  NumPy 2.4's stacked matmul does not use BLAS), im2col + matmul Conv, pooling as a loop
-  over kernel offsets on a preallocated padded buffer, einsum with a precomputed path.
-  float16 computes in float32 and rounds once, as the op references do.
-  ("ref": the op's NumPy reference plus a copy, for ConvTranspose and MaxPool Indices.)
+- "numpy": OpenBLAS, im2col Conv, pooling over kernel offsets, einsum (numpy_library.py);
+  "ref": the op's NumPy reference plus a copy, for ConvTranspose and MaxPool Indices.
 
 When both apply, the choice is a size rule, decided once per (op, attrs, types, threads)
 per process: below the op's small-work threshold numpy wins on call overhead; above it mlas
@@ -53,20 +50,22 @@ import onnx
 import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
 from autoclust.backends.cpu import choice as gemm_choice
+from autoclust.backends.cpu.numpy_library import (
+    NUMPY_BUILDERS,
+    Arrays,
+    RunFn,
+    TypeShape,
+    ref_run,
+    staged,
+)
 from onnx import helper
 
 from autoclust import ops
 from autoclust.errors import UnsupportedOpError
 from autoclust.kernel import ir as kir
 from autoclust.ops import custom
-from autoclust.ops.library import window_pads  # the semantics' own geometry
-
-TypeShape = tuple[np.dtype, tuple[int, ...]]
-Arrays = Sequence[np.ndarray | None]
-RunFn = Callable[[Arrays, Sequence[np.ndarray]], None]
 
 F16, F32, F64 = np.dtype("float16"), np.dtype("float32"), np.dtype("float64")
-INTS = tuple(np.dtype(t) for t in ("int32", "int64"))
 OPS = frozenset(d.op for d in ops.all_ops() if d.kind == ops.LIBRARY)
 # dtypes onnxruntime's CPU kernels take (float16 excluded: we compute it in float32).
 MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
@@ -86,19 +85,24 @@ class LibraryFn:
 
     def __init__(self, op: str, impl: str, run: RunFn, note: str = ""):
         self.op = op
-        self.impl = impl
         self.note = note
-        self._run = run
-        self.strided = impl == "onednn"  # writes strided outputs in place
+        self.switch(impl, run, note)
+
+    def switch(self, impl: str, run: RunFn, note: str) -> None:
+        """Run `impl` from now on (a background measurement found it faster)."""
+        self.impl, self.note = impl, note
+        # one attribute, swapped at once: a call on another thread sees both or neither
+        self._current = (run, impl == "onednn")  # oneDNN writes strided outputs in place
 
     def __call__(self, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        if self.strided or all(y.flags.c_contiguous for y in outputs):
-            self._run(inputs, outputs)
+        run, strided = self._current
+        if strided or all(y.flags.c_contiguous for y in outputs):
+            run(inputs, outputs)
             return
         # The implementations write C-order memory (onnxruntime binds raw buffers, the NumPy
         # ones reshape): strided outputs get a contiguous stand-in, copied back once.
         dense = [y if y.flags.c_contiguous else np.empty(y.shape, y.dtype) for y in outputs]
-        self._run(inputs, dense)
+        run(inputs, dense)
         for y, d in zip(outputs, dense):
             if d is not y:
                 np.copyto(y, d)
@@ -157,16 +161,40 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
         if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
-            mlas = builders.get("mlas")
             if prefer in ("mlas", "onednn") and prefer in builders:
-                _DECISIONS[key] = (prefer, "large, as measured for another shape")
+                _DECISIONS[key] = (prefer, "measured for another shape of this call")
             else:
-                if mlas is not None and 1 in constants:  # MLAS timed with prepacked weights
-                    mlas = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
-                _DECISIONS[key] = gemm_choice.decide(key, builders, mlas, in_types,
-                                                     out_types, layouts, constants)
+                _DECISIONS[key] = gemm_choice.known(key, builders) or _DECISIONS[key]
     choice, note = _DECISIONS[key]
-    return _build(op, choice, builders, note)
+    fn = _build(op, choice, builders, note)
+    if fn.impl == "mlas" and "onednn" in builders and not note.startswith("measured"):
+        _measure_later(fn, key, builders, (op, attrs, in_types, out_types, threads,
+                                           constants), layouts)
+    return fn
+
+
+def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], call: tuple,
+                   layouts: tuple) -> None:
+    """Time MLAS (prepacked) against oneDNN on this call in the background thread, after
+    the prepacking queued before it, and switch `fn` to oneDNN if it wins: a first run
+    never waits for a measurement (nor for prepacking: see _mlas_runner)."""
+    in_types, out_types, constants = call[2], call[3], call[5]
+
+    def measure() -> None:
+        try:
+            mlas = _forced_mlas(*call)
+            choice, note = gemm_choice.measure(key, {"mlas": mlas, "onednn": builders["onednn"]},
+                                               in_types, out_types, layouts, constants)
+        except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
+            fn.note += f"; not measured: {str(exc)[:80]}"
+            return
+        _DECISIONS[key] = (choice, note)
+        if choice == "onednn":
+            fn.switch("onednn", builders["onednn"](), note)
+        else:
+            fn.note = note
+
+    _in_background(measure)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
@@ -184,7 +212,9 @@ def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, thre
     def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
         fn([views.flat(inputs[0], 0), *inputs[1:]], [views.flat(outputs[0], 1)])
 
-    return LibraryFn("Gemm", fn.impl, run, f"{fn.note}, A flattened to {flat_in[0][1]}")
+    flat = LibraryFn("Gemm", fn.impl, run, f"{fn.note}, A flattened to {flat_in[0][1]}")
+    flat.inner = fn  # type: ignore[attr-defined]  # its impl may switch (current_impl)
+    return flat
 
 
 class _ViewCache:
@@ -244,6 +274,14 @@ def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:
     return LibraryFn(thunk.op, "custom-numpy", run, op.name)
 
 
+def current_impl(fn: Callable) -> str:
+    """The implementation a call built by make_call_for runs now (a background measurement
+    may have switched it since)."""
+    while getattr(fn, "inner", None) is not None:
+        fn = fn.inner  # type: ignore[attr-defined]
+    return getattr(fn, "impl", "")
+
+
 def decisions() -> dict[tuple, tuple[str, str]]:
     """The cached (impl, note) choices of this process, keyed by call signature."""
     return dict(_DECISIONS)
@@ -260,10 +298,10 @@ def _candidates(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
     if op == "MaxPool" and len(out_types) > 1:
         numpy_builder = None  # Indices: only the reference computes them
     if numpy_builder is not None:
-        found["numpy"] = lambda: _staged(numpy_builder(attrs, in_types, out_types),
+        found["numpy"] = lambda: staged(numpy_builder(attrs, in_types, out_types),
                                          in_types, out_types)
     else:
-        found["ref"] = lambda: _ref_run(op, attrs)
+        found["ref"] = lambda: ref_run(op, attrs)
     if dtype in MLAS_TYPES.get(op, ()):  # built only when chosen (see _build)
         found["mlas"] = lambda: _mlas_runner(op, attrs, in_types, out_types, threads,
                                              constants)
@@ -303,6 +341,7 @@ MAX_SESSIONS = 256
 # turn it off to check the synchronous path.
 BACKGROUND_PREPACK = True
 _BACKGROUND: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+_PENDING: list[concurrent.futures.Future] = []
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
@@ -343,11 +382,7 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
             return hit[0]
     args = (op, attrs, in_types, out_types, threads, constants)
     if background:
-        with _SESSIONS_LOCK:
-            if _BACKGROUND.get("pool") is None:
-                _BACKGROUND["pool"] = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="autoclust-prepack")
-            future = _BACKGROUND["pool"].submit(_new_session, *args)
+        future = _in_background(_new_session, *args)
     else:
         future = concurrent.futures.Future()
         future.set_result(_new_session(*args))  # a refusal raises here, caching nothing
@@ -358,11 +393,23 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
     return future
 
 
-def wait_background(timeout: float | None = None) -> bool:
-    """Wait for the prepacked sessions being built in the background; True when none is
-    left (benchmarks call it before timing the steady state)."""
+def _in_background(fn: Callable, *args: Any) -> concurrent.futures.Future:
+    """fn(*args) in the one background thread (prepacking, GEMM measurements), in order."""
     with _SESSIONS_LOCK:
-        pending = [f for f, _ in _SESSIONS.values() if not f.done()]
+        if _BACKGROUND.get("pool") is None:
+            _BACKGROUND["pool"] = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="autoclust-prepack")
+        future = _BACKGROUND["pool"].submit(fn, *args)
+        _PENDING[:] = [f for f in _PENDING if not f.done()] + [future]
+    return future
+
+
+def wait_background(timeout: float | None = None) -> bool:
+    """Wait for the prepacked sessions being built and the GEMM measurements being made in
+    the background; True when none is left (benchmarks call it before timing the steady
+    state)."""
+    with _SESSIONS_LOCK:
+        pending = [f for f in _PENDING if not f.done()]
     not_done = concurrent.futures.wait(pending, timeout=timeout).not_done
     return not not_done
 
@@ -492,300 +539,6 @@ def _bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
         sess.run_with_iobinding(binding)
 
     return run
-
-
-# ---- NumPy ------------------------------------------------------------------------------------
-
-def _staged(run: RunFn, in_types: list, out_types: list) -> RunFn:
-    """float16: compute in float32 into staging buffers, round once into the outputs."""
-    if not any(t is not None and t[0] == F16 for t in in_types):
-        return run
-    stage = [np.empty(s, F32) for _, s in out_types]
-
-    def staged(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        wide = [None if x is None else x.astype(F32) for x in inputs]
-        run(wide, stage)
-        for y, s in zip(outputs, stage):
-            np.copyto(y, s, casting="unsafe")
-
-    return staged
-
-
-def _work_type(t: TypeShape) -> np.dtype:
-    return F32 if t[0] == F16 else t[0]
-
-
-def _numpy_matmul(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
-    sa, sb = in_types[0][1], in_types[1][1]
-    a2 = (1,) + sa if len(sa) == 1 else sa
-    b2 = sb + (1,) if len(sb) == 1 else sb
-    m, k, n = a2[-2], a2[-1], b2[-1]
-    out_batch = np.broadcast_shapes(a2[:-2], b2[:-2])
-    nb = math.prod(out_batch)
-    if nb * m * n * k == 0:  # K = 0 sums nothing: zeros (an empty output needs nothing)
-        return lambda ins, outs: outs[0].fill(0)
-    if in_types[0][0] in INTS or (nb > 1 and m * n * k < 4096):
-        # Integers never reach BLAS; tiny stacked problems are cheaper in one ufunc call.
-        return lambda ins, outs: np.matmul(ins[0], ins[1], out=outs[0])
-    if len(b2) == 2:  # one B for every row of A: a single [batch*M, K] @ [K, N]
-        def run2(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-            np.matmul(ins[0].reshape(-1, k), ins[1].reshape(k, n), out=outs[0].reshape(-1, n))
-        return run2
-    # Broadcast batches: pair each output matrix with its A and B matrices once, here.
-    ia = np.broadcast_to(np.arange(math.prod(a2[:-2])).reshape(a2[:-2]), out_batch).ravel()
-    ib = np.broadcast_to(np.arange(math.prod(b2[:-2])).reshape(b2[:-2]), out_batch).ravel()
-    pairs = list(zip(range(nb), ia.tolist(), ib.tolist()))
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        a3, b3 = ins[0].reshape(-1, m, k), ins[1].reshape(-1, k, n)
-        o3 = outs[0].reshape(nb, m, n)
-        for o, i, j in pairs:
-            np.matmul(a3[i], b3[j], out=o3[o])
-
-    return run
-
-
-def _numpy_gemm(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
-    dtype = _work_type(in_types[0])
-    trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
-    alpha = np.asarray(attrs.get("alpha", 1.0), dtype)
-    beta = np.asarray(attrs.get("beta", 1.0), dtype)
-    has_c = len(in_types) > 2 and in_types[2] is not None
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        a = ins[0].T if trans_a else ins[0]
-        b = ins[1].T if trans_b else ins[1]
-        y = outs[0]
-        np.matmul(a, b, out=y)  # BLAS takes the transposed views without a copy
-        if alpha != 1:
-            np.multiply(y, alpha, out=y)
-        if has_c:
-            np.add(y, ins[2] if beta == 1 else ins[2] * beta, out=y)
-
-    return run
-
-
-def _padded(x_shape: tuple, begins: Sequence[int], sizes: Sequence[int], dtype: np.dtype,
-            fill: Any) -> tuple[np.ndarray, tuple]:
-    """A buffer (N, C, *sizes) filled with `fill` and the slice where x goes."""
-    buf = np.full(tuple(x_shape[:2]) + tuple(sizes), fill, dtype)
-    inner = (slice(None), slice(None)) + tuple(slice(b, b + d) for b, d in
-                                               zip(begins, x_shape[2:]))
-    return buf, inner
-
-
-def _window_geometry(x_shape: tuple, kernel: Sequence[int], attrs: dict[str, Any],
-                     pool: bool) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
-    """(out dims, pads begin, padded sizes, strides, dilations) of a sliding window."""
-    ns = len(kernel)
-    strides = list(attrs.get("strides") or [1] * ns)
-    dil = list(attrs.get("dilations") or [1] * ns)
-    out, pb, pe = window_pads(x_shape[2:], kernel, attrs, pool)
-    # ceil_mode windows may run past the end pad: the buffer covers them too.
-    sizes = [max(d + b + e, (o - 1) * s + (k - 1) * dd + 1)
-             for d, b, e, o, s, k, dd in zip(x_shape[2:], pb, pe, out, strides, kernel, dil)]
-    return out, pb, sizes, strides, dil
-
-
-def _offset_views(xp: np.ndarray, out: Sequence[int], kernel: Sequence[int],
-                  strides: Sequence[int], dil: Sequence[int]) -> list[np.ndarray]:
-    """For each kernel offset, the strided view of xp (N, C, *out) it reads."""
-    views = []
-    for off in np.ndindex(*kernel):
-        idx = tuple(slice(o * d, o * d + s * (n - 1) + 1, s)
-                    for o, d, s, n in zip(off, dil, strides, out))
-        views.append(xp[(slice(None), slice(None)) + idx])
-    return views
-
-
-def _numpy_conv(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
-    x_shape, w_shape = in_types[0][1], in_types[1][1]
-    dtype, kernel = _work_type(in_types[0]), list(w_shape[2:])
-    group, has_bias = int(attrs.get("group", 1)), len(in_types) > 2 and in_types[2] is not None
-    out, pb, sizes, strides, dil = _window_geometry(x_shape, kernel, attrs, pool=False)
-    n, m, cg = x_shape[0], w_shape[0], w_shape[1]
-    mg, p, ksize = m // group, math.prod(out), math.prod(kernel)
-    needs_pad = list(sizes) != list(x_shape[2:])
-    xp, inner = _padded(x_shape, pb, sizes, dtype, 0)
-    bias_shape = (1, m) + (1,) * len(out)
-
-    def load(x: np.ndarray) -> np.ndarray:
-        if not needs_pad:
-            return x
-        xp[inner] = x  # the pad border stays zero from allocation
-        return xp
-
-    if cg == 1 and group > 1:
-        return _depthwise(load, dtype, out, strides, dil, kernel, (n, group, mg), has_bias)
-    pointwise = ksize == 1 and not needs_pad and all(s == 1 for s in strides)
-    cols = np.empty((cg * ksize, p), dtype)
-    # cols (cg, *kernel, *out) <- window view (cg, *out, *kernel): offsets move in front.
-    ns = len(out)
-    order = (0,) + tuple(range(1 + ns, 1 + 2 * ns)) + tuple(range(1, 1 + ns))
-    cols_view = cols.reshape((cg, *kernel, *out))
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        w = ins[1].reshape(group, mg, cg * ksize)
-        y = outs[0].reshape(n, group, mg, p)
-        src = load(ins[0])
-        win = None if pointwise else _window_view(src, out, kernel, strides, dil)
-        for b in range(n):
-            for g in range(group):
-                if pointwise:
-                    c = src[b, g * cg:(g + 1) * cg].reshape(cg, p)
-                else:
-                    np.copyto(cols_view, win[b, g * cg:(g + 1) * cg].transpose(order))
-                    c = cols
-                np.matmul(w[g], c, out=y[b, g])
-        if has_bias:
-            np.add(outs[0], ins[2].reshape(bias_shape), out=outs[0])
-
-    return run
-
-
-def _window_view(xp: np.ndarray, out: Sequence[int], kernel: Sequence[int],
-                 strides: Sequence[int], dil: Sequence[int]) -> np.ndarray:
-    """Read-only view (N, C, *out, *kernel) of the padded input."""
-    ns = len(kernel)
-    st = xp.strides[2:]
-    shape = xp.shape[:2] + tuple(out) + tuple(kernel)
-    view_strides = (xp.strides[:2] + tuple(st[i] * strides[i] for i in range(ns))
-                    + tuple(st[i] * dil[i] for i in range(ns)))
-    return np.lib.stride_tricks.as_strided(xp, shape, view_strides, writeable=False)
-
-
-def _depthwise(load: Callable, dtype: np.dtype, out: list[int], strides: list[int],
-               dil: list[int], kernel: list[int], ngm: tuple[int, int, int],
-               has_bias: bool) -> RunFn:
-    """Conv with one input channel per group: a multiply-add per kernel offset, no matmul."""
-    n, group, mg = ngm
-    ns = len(out)
-    tmp = np.empty((n, group, mg, *out), dtype)
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        src = load(ins[0])
-        views = _offset_views(src, out, kernel, strides, dil)
-        w = ins[1].reshape(group, mg, -1)
-        y = outs[0].reshape(n, group, mg, *out)
-        for k, v in enumerate(views):
-            xk = v.reshape(n, group, 1, *out)
-            wk = w[:, :, k].reshape((1, group, mg) + (1,) * ns)
-            if k == 0:
-                np.multiply(xk, wk, out=y)
-            else:
-                np.multiply(xk, wk, out=tmp)
-                np.add(y, tmp, out=y)
-        if has_bias:
-            y += ins[2].reshape((1, group, mg) + (1,) * ns)
-
-    return run
-
-
-def _numpy_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
-    x_shape, dtype = in_types[0][1], _work_type(in_types[0])
-    kernel = list(attrs["kernel_shape"])
-    is_max = attrs.get("_op") == "MaxPool"
-    out, pb, sizes, strides, dil = _window_geometry(x_shape, kernel, attrs, pool=True)
-    if is_max:
-        fill = -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
-    else:
-        fill = 0
-    xp, inner = _padded(x_shape, pb, sizes, dtype, fill)
-    views = _offset_views(xp, out, kernel, strides, dil)
-    count = None if is_max else _pool_count(x_shape, attrs, pb, sizes, out, strides, dil,
-                                            dtype)
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        xp[inner] = ins[0]
-        y = outs[0]
-        np.copyto(y, views[0])
-        combine = np.maximum if is_max else np.add
-        for v in views[1:]:
-            combine(y, v, out=y)
-        if count is not None:
-            np.divide(y, count, out=y)
-
-    return run
-
-
-def _pool_count(x_shape: tuple, attrs: dict[str, Any], pb: list[int], sizes: list[int],
-                out: list[int], strides: list[int], dil: list[int], dtype: np.dtype
-                ) -> np.ndarray:
-    """AveragePool divisor per output position: real elements (plus explicit pads)."""
-    kernel = list(attrs["kernel_shape"])
-    mask = np.zeros((1, 1, *sizes), dtype)
-    if attrs.get("count_include_pad", 0):
-        _, _, pe = window_pads(x_shape[2:], kernel, attrs, True)
-        region = tuple(slice(0, d + b + e) for d, b, e in zip(x_shape[2:], pb, pe))
-    else:
-        region = tuple(slice(b, b + d) for b, d in zip(pb, x_shape[2:]))
-    mask[(slice(None), slice(None)) + region] = 1
-    views = _offset_views(mask, out, kernel, strides, dil)
-    total = np.zeros((1, 1, *out), dtype)
-    for v in views:
-        total += v
-    return total
-
-
-def _numpy_global_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
-    n, c = in_types[0][1][:2]
-    reduce = np.max if attrs.get("_op") == "GlobalMaxPool" else np.mean
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        reduce(ins[0].reshape(n, c, -1), axis=2, out=outs[0].reshape(n, c))
-
-    return run
-
-
-def _numpy_einsum(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
-    eq = attrs["equation"]
-    probes = [np.empty(t[1], _work_type(t)) for t in in_types if t is not None]
-    path, _ = np.einsum_path(eq, *probes, optimize="greedy")
-    if len(path) <= 2:  # one contraction: the default path keeps out= zero-copy
-        path = False
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        np.einsum(eq, *[x for x in ins if x is not None], out=outs[0], optimize=path)
-
-    return run
-
-
-def _ref_run(op: str, attrs: dict[str, Any]) -> RunFn:
-    """The op's NumPy reference, copied into the outputs (ConvTranspose, MaxPool Indices)."""
-    ref = ops.get(op).ref
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        for y, r in zip(outs, ref(list(ins), attrs)):
-            np.copyto(y, r, casting="unsafe")
-
-    return run
-
-
-def _numpy_fused_matmul(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
-    alpha = attrs.get("alpha", 1.0)
-    trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
-
-    def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        a = np.swapaxes(ins[0], -1, -2) if trans_a else ins[0]
-        b = np.swapaxes(ins[1], -1, -2) if trans_b else ins[1]
-        np.matmul(a, b, out=outs[0])
-        if alpha != 1.0:
-            np.multiply(outs[0], np.asarray(alpha, outs[0].dtype), out=outs[0])
-
-    return run
-
-
-NUMPY_BUILDERS: dict[str, Callable[[dict, list, list], RunFn]] = {
-    "FusedMatMul": _numpy_fused_matmul,
-    "MatMul": _numpy_matmul,
-    "Gemm": _numpy_gemm,
-    "Conv": _numpy_conv,
-    "MaxPool": lambda a, i, o: _numpy_pool({**a, "_op": "MaxPool"}, i, o),
-    "AveragePool": _numpy_pool,
-    "GlobalAveragePool": _numpy_global_pool,
-    "GlobalMaxPool": lambda a, i, o: _numpy_global_pool({**a, "_op": "GlobalMaxPool"}, i, o),
-    "Einsum": _numpy_einsum,
-}
 
 
 # ---- helpers -----------------------------------------------------------------------------------
