@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -207,25 +208,32 @@ class Sym:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 
+    # An integer against a float bound compares against the nearest integer that keeps
+    # the answer (x < 4.5 is x < 5, x <= 4.5 is x <= 4); against inf or NaN the answer does
+    # not depend on x at all.
     def __lt__(self, other: Any) -> bool:
-        if not (isinstance(other, Sym) or _is_int(other)):
-            return NotImplemented
-        return not _decide_ge(self - other)
+        b = _bound(other, math.ceil)
+        if b is None:
+            return NotImplemented if not _is_float(other) else self.hint < other
+        return not _decide_ge(self - b)
 
     def __le__(self, other: Any) -> bool:
-        if not (isinstance(other, Sym) or _is_int(other)):
-            return NotImplemented
-        return _decide_ge(other - self)
+        b = _bound(other, math.floor)
+        if b is None:
+            return NotImplemented if not _is_float(other) else self.hint <= other
+        return _decide_ge(b - self)
 
     def __gt__(self, other: Any) -> bool:
-        if not (isinstance(other, Sym) or _is_int(other)):
-            return NotImplemented
-        return not _decide_ge(other - self)
+        b = _bound(other, math.floor)
+        if b is None:
+            return NotImplemented if not _is_float(other) else self.hint > other
+        return not _decide_ge(b - self)
 
     def __ge__(self, other: Any) -> bool:
-        if not (isinstance(other, Sym) or _is_int(other)):
-            return NotImplemented
-        return _decide_ge(self - other)
+        b = _bound(other, math.ceil)
+        if b is None:
+            return NotImplemented if not _is_float(other) else self.hint >= other
+        return _decide_ge(self - b)
 
     def __bool__(self) -> bool:
         return not _decide_eq(self)
@@ -249,6 +257,20 @@ class Sym:
         return format_terms(self.terms)
 
     __str__ = __repr__
+
+
+def _is_float(x: Any) -> bool:
+    return isinstance(x, (float, np.floating))
+
+
+def _bound(other: Any, to_int: Any) -> Any:
+    """A comparison's other side as an int or Sym (a finite float rounded by `to_int`, see
+    Sym.__lt__), or None for anything else (inf, NaN, other types)."""
+    if isinstance(other, Sym) or _is_int(other):
+        return other
+    if _is_float(other) and math.isfinite(other):
+        return int(to_int(other))
+    return None
 
 
 def format_terms(terms: Terms) -> str:

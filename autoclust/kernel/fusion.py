@@ -303,6 +303,13 @@ class NodeLowering(LowerCtx):
             if np.any(bad):
                 self.refuse(f"constant input {x.name!r} fails its check: {message}")
             return
+        source = None if b.is_buffer(x) or column is not None else \
+            _elements_of_constant(b.graph, x)
+        if source is not None:
+            values = source.reshape(-1)
+            bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
+            if not np.any(bad):  # every element x can take passes: nothing to check
+                return
         if not b.is_buffer(x):
             raise Refuse(x, f"{self.node.op} checks it before the kernel runs")
         check = kir.Check(b.fusion.buffer_of(x), kind, lo, hi, message, (self.node.name,),
@@ -634,6 +641,24 @@ class Fusion:
         if len(v.shape) == b.rank:
             idx += [kir.constant(0, b.rank)] * b.n_inner
         return tuple(idx)
+
+
+# Ops whose every output element is an element of input 0 (index chains of shape ops).
+ELEMENT_OF_INPUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                              "Identity", "Expand", "Slice", "Gather", "GatherElements",
+                              "Tile"})
+
+
+def _elements_of_constant(graph: Graph, v: Value) -> np.ndarray | None:
+    """The constant every element of v is taken from, when v is a chain of ELEMENT_OF_INPUT
+    ops over one: position ids sliced to a symbolic sequence length are checked once,
+    at compile time, instead of every run."""
+    while graph.constant_value(v) is None:
+        node = v.producer
+        if node is None or node.op not in ELEMENT_OF_INPUT or node.domain not in ("", "ai.onnx"):
+            return None
+        v = node.inputs[0]
+    return graph.constant_value(v)
 
 
 # ---- what is materialized up front ---------------------------------------------------------

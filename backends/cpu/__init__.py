@@ -80,11 +80,9 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
     buffers = {b.id: b for b in program.buffers}
     gemms = {}  # LibraryCall -> (function name, GemmSpec): small GEMMs run generated code
     for t in program.thunks:
-        if not isinstance(t, kir.LibraryCall) or symbolic.has_syms(
-                (t.views, [buffers[b].shape for b in t.inputs + t.outputs if b is not None])):
-            continue  # a symbolic GEMM's size is only known per run: a library call
-        spec = gemm.spec_for(t, buffers)
-        if spec is not None:
+        spec = gemm.spec_for(t, buffers) if isinstance(t, kir.LibraryCall) else None
+        # symbolic rows are a run-time range; other symbolic sizes need a library call
+        if spec is not None and not symbolic.has_syms(gemm.code_key(spec)):
             unit = _gemm_unit(spec)
             gemms[t] = (unit[0], spec)
             units.append(unit)
@@ -101,7 +99,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
     if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
         dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
         return Parametric(program, code, dims)
-    return code.executable(program)
+    return code.executable(program, {})
 
 
 @dataclasses.dataclass
@@ -114,17 +112,19 @@ class Code:
     gemms: dict
     threads: int
 
-    def executable(self, program: kir.Program, dims: dict[str, tuple[int, ...]] | None = None,
-                   arena: Arena | None = None, impls: dict[int, str] | None = None
-                   ) -> Executable:
-        """An Executable of `program` (concrete) running this code; `dims`: per kernel,
-        the symbolic dims' values its code reads."""
+    def executable(self, program: kir.Program, env: dict[str, int],
+                   dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
+                   impls: dict[int, str] | None = None) -> Executable:
+        """An Executable of `program` (concrete: instantiated at `env`, the values of the
+        symbolic dims) running this code; `dims`: per kernel, the values its code reads."""
         live = [t for t in program.thunks if isinstance(t, kir.Kernel) and not t.empty]
         split = set()
         if self.threads > 1:
             split = {k.name for k in live if k.work >= PARALLEL_MIN_WORK and k.shape[0] > 1}
+        gemms = {t: (name, symbolic.substitute(spec, env))
+                 for t, (name, spec) in self.gemms.items()} if env else self.gemms
         return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
-                          library, MIN_CHUNK_WORK, self.gemms, dims, arena, impls)
+                          library, MIN_CHUNK_WORK, gemms, dims, arena, impls)
 
 
 class Parametric:
@@ -158,7 +158,7 @@ class Parametric:
                 for name, (owner, _) in program.sharing.items() if owner in self._dims}
         impls = {} if self._first is None else \
             {i: library.current_impl(fn) for i, fn in self._first.library_fns.items()}
-        exe = self.code.executable(program, dims, self._arena, impls)
+        exe = self.code.executable(program, env, dims, self._arena, impls)
         if self._first is None:
             self._first = exe
         return exe
