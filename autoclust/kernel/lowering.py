@@ -226,8 +226,8 @@ def const(value: Any, dtype: str) -> Const:
     """A scalar constant of `dtype` (Python bool, int or float)."""
     if dtype == "bool":
         return Const(bool(value), dtype)
-    if np.dtype(dtype).kind in "iu":
-        return Const(int(value), dtype)
+    if np.dtype(dtype).kind in "iu":  # a symbolic dim stays one (its value is read per run)
+        return Const(value if symbolic.is_sym(value) else int(value), dtype)
     return Const(float(value), dtype)
 
 
@@ -235,6 +235,8 @@ def cast(e: Expr, dtype: str) -> Expr:
     """e converted to dtype (ONNX Cast semantics); constants fold."""
     if e.dtype == dtype:
         return e
+    if isinstance(e, Const) and symbolic.is_sym(e.value):  # an integer from symbolic dims
+        return Const(e.value, dtype) if np.dtype(dtype).kind in "iu" else Op("cast", (e,), dtype)
     if isinstance(e, Const) and not (np.dtype(dtype).kind in "iu" and isinstance(e.value, float)):
         return const(np.array(e.value).astype(dtype).item(), dtype)
     return Op("cast", (e,), dtype)

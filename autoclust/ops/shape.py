@@ -106,6 +106,12 @@ def _constant_of_shape_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 def _range_count(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> int:
     if delta == 0:
         raise ShapeInferenceError("(Range): delta is 0")
+    if any(is_sym(np.asarray(v).item()) for v in (start, limit, delta)):
+        # integer bounds from symbolic dims: ceil((limit - start) / delta) stays symbolic
+        start, limit, delta = (np.asarray(v).item() for v in (start, limit, delta))
+        if delta > 0:
+            return max((limit - start + delta - 1) // delta, 0)
+        return max((start - limit - delta - 1) // -delta, 0)
     # onnxruntime: ceil((limit - start) / delta) in double, the difference in the input type.
     return max(int(np.ceil(np.float64(limit - start) / np.float64(delta))), 0)
 
