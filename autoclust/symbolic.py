@@ -195,7 +195,7 @@ class Sym:
         return self if self >= 0 else -self
 
     # ---- decisions (answered from hints, recorded as guards) ------------------------------
-    def __eq__(self, other: Any) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, (float, np.floating)):
             return specialize(self) == other
         if not (isinstance(other, Sym) or _is_int(other)):
@@ -204,7 +204,7 @@ class Sym:
             return True
         return _decide_eq(self - other)
 
-    def __ne__(self, other: Any) -> bool:
+    def __ne__(self, other: object) -> bool:
         eq = self.__eq__(other)
         return eq if eq is NotImplemented else not eq
 

@@ -49,7 +49,6 @@ from autoclust.kernel.indexing import (
     row_domain,
 )
 from autoclust.kernel.ir import Affine
-from autoclust.symbolic import same
 from autoclust.kernel.lowering import (
     NARROW_FLOATS,
     NARROW_INTS,
@@ -60,8 +59,10 @@ from autoclust.kernel.lowering import (
     Refuse,
     cast,
     const,
+    elements_of_constant,
     op,
 )
+from autoclust.symbolic import same
 
 RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
 LOAD_COST = 4              # cost units of reading one more tensor while recomputing
@@ -295,20 +296,18 @@ class NodeLowering(LowerCtx):
               column: tuple[int, int] | None = None) -> None:
         x, b = self.node.inputs[i], self.b
         const = b.graph.constant_value(x)
-        if const is not None:
-            values = const.reshape(-1)
+        # index ops over a constant (position ids sliced to a symbolic length) take their
+        # values from it: checked here, once, instead of every run
+        source = const if const is not None or b.is_buffer(x) or column is not None \
+            else elements_of_constant(b.graph, x)
+        if source is not None:
+            values = source.reshape(-1)
             if column is not None:
                 values = values[column[0]::column[1]]
             bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
-            if np.any(bad):
+            if np.any(bad) and const is not None:
                 self.refuse(f"constant input {x.name!r} fails its check: {message}")
-            return
-        source = None if b.is_buffer(x) or column is not None else \
-            _elements_of_constant(b.graph, x)
-        if source is not None:
-            values = source.reshape(-1)
-            bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
-            if not np.any(bad):  # every element x can take passes: nothing to check
+            if not np.any(bad):
                 return
         if not b.is_buffer(x):
             raise Refuse(x, f"{self.node.op} checks it before the kernel runs")
@@ -624,12 +623,10 @@ class Fusion:
         # A root joins a kernel whose loop nest is its own shape (or, for a row kernel,
         # whose outer dims are its shape: a per-row store).
         # Symbolic dims compare structurally (no guard): not joining is always correct.
-        b = g.builder
-        if same(tuple(v.shape), b.shape):
-            return b.shape
+        b, shape = g.builder, tuple(v.shape)
         outer = b.shape[:b.rank - b.n_inner]
-        if b.n_inner and (same(tuple(v.shape), outer) or
-                          same(tuple(v.shape), outer + (1,) * b.n_inner)):
+        if same(shape, b.shape) or b.n_inner and (
+                same(shape, outer) or same(shape, outer + (1,) * b.n_inner)):
             return b.shape
         return None
 
@@ -641,24 +638,6 @@ class Fusion:
         if len(v.shape) == b.rank:
             idx += [kir.constant(0, b.rank)] * b.n_inner
         return tuple(idx)
-
-
-# Ops whose every output element is an element of input 0 (index chains of shape ops).
-ELEMENT_OF_INPUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
-                              "Identity", "Expand", "Slice", "Gather", "GatherElements",
-                              "Tile"})
-
-
-def _elements_of_constant(graph: Graph, v: Value) -> np.ndarray | None:
-    """The constant every element of v is taken from, when v is a chain of ELEMENT_OF_INPUT
-    ops over one: position ids sliced to a symbolic sequence length are checked once,
-    at compile time, instead of every run."""
-    while graph.constant_value(v) is None:
-        node = v.producer
-        if node is None or node.op not in ELEMENT_OF_INPUT or node.domain not in ("", "ai.onnx"):
-            return None
-        v = node.inputs[0]
-    return graph.constant_value(v)
 
 
 # ---- what is materialized up front ---------------------------------------------------------

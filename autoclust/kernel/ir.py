@@ -96,7 +96,7 @@ def structural(cls: type) -> type:
     structural too)."""
     names = [f.name for f in dataclasses.fields(cls)]
 
-    def __eq__(self, other: Any) -> bool:  # noqa: N807
+    def __eq__(self, other: Any) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return all(_same_field(getattr(self, n), getattr(other, n)) for n in names)

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from autoclust import symbolic
-from autoclust.ir import Node, Value
+from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import ir as kir
 from autoclust.kernel.ir import Affine, Const, Expr, Op
 
@@ -204,6 +204,24 @@ class NeedRowDomain(Exception):
                  scan: bool = False):
         super().__init__(f"{value.producer.op} needs a row kernel")
         self.value, self.shape, self.axes, self.scan = value, tuple(shape), sorted(axes), scan
+
+
+# Ops whose every output element is an element of input 0 (index chains of shape ops).
+ELEMENT_OF_INPUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                              "Identity", "Expand", "Slice", "Gather", "GatherElements",
+                              "Tile"})
+
+
+def elements_of_constant(graph: Graph, v: Value) -> np.ndarray | None:
+    """The constant every element of v is taken from, when v is a chain of ELEMENT_OF_INPUT
+    ops over one: position ids sliced to a symbolic sequence length are checked once,
+    at compile time, instead of every run."""
+    while graph.constant_value(v) is None:
+        node = v.producer
+        if node is None or node.op not in ELEMENT_OF_INPUT or node.domain not in ("", "ai.onnx"):
+            return None
+        v = node.inputs[0]
+    return graph.constant_value(v)
 
 
 # ---- expression helpers -------------------------------------------------------------------

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Graph, Node, Shape
 from autoclust.kernel.lowering import LowerCtx, const
-from autoclust import symbolic
 from autoclust.ops.table import (
     BOOL,
     LAYOUT,

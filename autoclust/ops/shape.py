@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
-from autoclust.symbolic import is_sym, sym_array
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops.table import (
     DATA_DEPENDENT,
@@ -30,6 +29,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
+from autoclust.symbolic import is_sym, sym_array
 
 
 def _tensor_attr(value: Any) -> np.ndarray:
