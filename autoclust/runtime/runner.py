@@ -198,9 +198,14 @@ class ClusterRunner:
         if bar is not None:
             bar.start(self.name)
         t0 = time.perf_counter()
-        exe = self._compile_class(inputs, shape_values) if self.symbolic else None
+        exe, failed = self._compile_class(inputs, shape_values) if self.symbolic else (None, "")
         if exe is None:
             exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
+            if failed:  # concrete shapes compile where symbolic ones failed: stay concrete
+                self.symbolic = False
+                self.symbolic_note = f"symbolic dims failed, compiling concrete shapes: {failed}"
+                if self.flags.log:
+                    print(f"autoclust: {self.name}: {self.symbolic_note}", file=sys.stderr)
         if self.flags.log:
             message = compile_message(self.name, self.backend, exe, inputs,
                                       time.perf_counter() - t0)
@@ -215,14 +220,17 @@ class ClusterRunner:
         return exe
 
     def _compile_class(self, inputs: list[np.ndarray], shape_values: dict[str, np.ndarray]
-                       ) -> Any:
-        """Compile the shape class of these inputs (their open dims symbolic) and return its
-        executable bound to them; None when there is no open dim or the symbolic compile
-        fails (the cluster then compiles concrete shapes from now on, see symbolic_note)."""
+                       ) -> tuple[Any, str]:
+        """(the executable of these inputs' shape class, their open dims symbolic, bound
+        to them; None when there is no open dim or the compile fails, and why it failed)."""
         from autoclust.compile import compile_class
         found = symbolic_types(self.graph, inputs, self.shape_value_index)
         if found is None:
-            return None
+            return None, ""
+        if self.flags.log and self.classes:
+            why = "; ".join(str(c.match(inputs)) for c in self.classes)
+            print(f"autoclust: {self.name}: no compiled shape class serves "
+                  f"{_signature_text(inputs)}: {why}", file=sys.stderr)
         types, pattern = found
         try:
             exe, guards = compile_class(self.graph, types, shape_values, self.flags,
@@ -233,21 +241,16 @@ class ClusterRunner:
                              tuple((i, inputs[i].tobytes()) for i in self.shape_value_index),
                              tuple(guards), exe)
             env = cls.match(inputs)
-            if isinstance(env, dict):
-                self.classes.append(cls)
-                bound = exe.bind(env)
-                bound.shape_class = cls
-                return bound
-            reason = f"the compiled class does not serve the inputs it was compiled for: {env}"
+            if not isinstance(env, dict):
+                return None, f"the class does not serve the inputs it was compiled for: {env}"
+            self.classes.append(cls)
+            bound = exe.bind(env)
+            bound.shape_class = cls
+            return bound, ""
         except (InvalidInputError, NotCompilableError):
             raise
         except Exception as exc:  # noqa: BLE001 - the concrete compile comes next
-            reason = f"{type(exc).__name__}: {exc}"
-        self.symbolic = False
-        self.symbolic_note = f"symbolic dims failed, compiling concrete shapes: {reason}"
-        if self.flags.log:
-            print(f"autoclust: {self.name}: {self.symbolic_note}", file=sys.stderr)
-        return None
+            return None, f"{type(exc).__name__}: {exc}"
 
     def _is_megamorphic(self) -> bool:
         limit = self.flags.megamorphic_compiles
@@ -349,12 +352,19 @@ def value_ranges(names: list[str], arrays: list[np.ndarray]) -> str:
     return ", ".join(parts)
 
 
+def _signature_text(inputs: list[np.ndarray]) -> str:
+    return ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
+
+
 def compile_message(name: str, backend: Any, exe: Any, inputs: list[np.ndarray],
                     seconds: float) -> str:
     """The --log line of one compile (the interpreter interprets nodes, it has no kernels)."""
     from autoclust.text import plural
-    sig = ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
+    sig = _signature_text(inputs)
     count = getattr(exe, "num_kernels", 0)
+    cls = getattr(exe, "shape_class", None)
+    if cls is not None:
+        sig += f"; {cls.describe()}"
     if getattr(backend, "NAME", "") == "interpreter":
         return (f"autoclust: {name} ({sig}) will be interpreted: {plural(count, 'node')}, "
                 f"optimized in {seconds * 1e3:.0f} ms")
