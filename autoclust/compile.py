@@ -6,6 +6,8 @@
       fuse                                    kernel IR: Kernels, LibraryCalls, Checks, each
                                               op lowered by its own `lower` in the op table
       collapse_loops                          merge contiguous loop dims
+      prove_in_bounds                         every load and store inside its buffer, or a
+                                              CompileError (kernel/bounds.py)
       share_code                              one code per distinct kernel (repeated layers)
       plan_memory                             temps share slots
       backend.compile                         an Executable: the ONLY backend-specific step
@@ -31,11 +33,12 @@ from autoclust.flags import Flags
 from autoclust.ir import Graph
 from autoclust.kernel import inject
 from autoclust.kernel import ir as kir
+from autoclust.kernel.bounds import check_program as prove_in_bounds
 from autoclust.kernel.fusion import fuse
 from autoclust.kernel.memplan import plan_memory
 from autoclust.kernel.passes import collapse_loops, share_code
 from autoclust.passes.optimize import optimize
-from autoclust.passes.specialize import specialize
+from autoclust.passes.specialize import check_sizes, specialize
 from autoclust.registry import policy
 from autoclust.report.lazy_dumps import lazy_dumps
 from autoclust.runtime import program_cache
@@ -48,18 +51,15 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
     """specialize -> optimize -> fuse -> collapse -> share -> plan memory -> backend."""
     with inject.active(flags):  # --inject_bug reaches the lowerings (testing only)
         specialized = specialize(graph, input_types, shape_values)
+        check_sizes(specialized, flags.max_buffer_bytes)  # before anything allocates
         optimized = optimize(specialized, flags)
         if not policy(backend).lowers:  # the interpreter runs the optimized graph
             exe = backend.compile(optimized, flags)
             dumps = lazy_dumps(exe)
         else:
-            program = program_cache.load(optimized, flags, backend)
-            if program is not None and not symbolic.hold_at_hints(program.guards,
-                                                                  input_types):
-                program = None  # lowered for a run its decisions do not fit
-            if program is None:
-                program = lower_graph(optimized, flags, backend)
-                program_cache.store(program, optimized, flags, backend)
+            program = program_cache.load_or_lower(optimized, flags, backend, lower_graph)
+            if not symbolic.hold_at_hints(program.guards, input_types):
+                program = lower_graph(optimized, flags, backend)  # cached for another run
             symbolic.assume(program.guards)
             exe = backend.compile(program, flags)
             dumps = lazy_dumps(exe)
@@ -76,8 +76,9 @@ def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     COUNTS["lowered"] += 1
     pol = policy(backend)
     with symbolic.recording() as rec:
-        program = fuse(graph, pol.fold_bias, pol.library_views)
-        program = plan_memory(share_code(collapse_loops(program)))
+        program = collapse_loops(fuse(graph, pol.fold_bias, pol.library_views))
+        prove_in_bounds(program)  # CompileError where an access may leave its buffer
+        program = plan_memory(share_code(program))
     return dataclasses.replace(program, guards=tuple(rec.guards))
 
 

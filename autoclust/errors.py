@@ -26,6 +26,19 @@ class InvalidInputError(AutoclustError, ValueError):
     """A feed passed to run() has a wrong name, dtype, rank or dimension."""
 
 
+class InvalidShapeError(InvalidInputError):
+    """At run time a value's shape is impossible: a negative dim, a size past int64, a
+    buffer over --max_buffer_bytes, or a shape its op rejects mid-run (Pad cropping more
+    than the tensor holds). Names the node, the value and the shape. onnxruntime raises
+    its Fail for these (not InvalidArgument), and so does a session."""
+
+
+class OutOfBoundsError(AutoclustError, RuntimeError):
+    """Under --check_bounds a compiled kernel tried to read or write outside a buffer (an
+    autoclust bug: a shape check is missing); names the kernel, its nodes, the buffer and
+    the element."""
+
+
 class ShapeInferenceError(AutoclustError):
     """An op's shape or dtype rule rejected its inputs."""
 

@@ -53,11 +53,19 @@ SPECS: tuple[FlagSpec, ...] = (
              "inputs as cluster_NNNN.inputs.npz"),
     FlagSpec("dump_llvm", bool, True, "with --dump_to, write .ll and .s for CPU clusters"),
     FlagSpec("cache_dir", str, "", "persistent cache of compiled code"),
+    FlagSpec("cache_trusted", bool, False, "use a --cache_dir that other users can write "
+             "(refused otherwise: its entries are code that every process using it runs)"),
     FlagSpec("threads", int, 0, "threads for compiled kernels and onnxruntime; 0 means "
              "onnxruntime's default (all cores)", changes_code=True),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),
+    FlagSpec("max_buffer_bytes", int, 0, "largest value a cluster may compute, in bytes: "
+             "a bigger one (or a negative dim) raises InvalidShapeError naming the node "
+             "before anything is allocated; 0 means this machine's physical memory"),
+    FlagSpec("check_bounds", bool, False, "compiled CPU kernels check every load and store "
+             "against its buffer and raise OutOfBoundsError naming the kernel and buffer "
+             "(slower; the fuzzer runs with it)", changes_code=True),
     FlagSpec("check_numerics", bool, False, "check cluster outputs for NaN/inf and warn "
              "naming the cluster"),
     FlagSpec("verify_passes", bool, False, "run Graph.verify() after every pass (debug)"),
@@ -78,6 +86,15 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
              "background and run it with onnxruntime meanwhile, so run() never waits for a "
              "compile (as TF's tf_xla_async_compilation)"),
+    FlagSpec("freeze_params", bool, True, "torch.compile: parameters and buffers of an "
+             "inference graph are constants of its clusters (weight transposes fold, GEMMs "
+             "prepack), guarded by identity, version and data pointer; a changed one "
+             "rebuilds the graph"),
+    FlagSpec("autotune", bool, True, "measured placement: at the first runs of a new "
+             "signature time each compiled cluster against onnxruntime on the same subgraph "
+             "and inputs, and keep the faster (decisions in explain and --cache_dir)"),
+    FlagSpec("autotune_budget_ms", int, 3000, "the most time a session spends measuring "
+             "placement (onnxruntime's sessions and runs beside the compiled ones)"),
     FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
              "makes the compiled code of the first OP node of each cluster wrong, fail to "
              "compile, or abort (autoclust/kernel/inject.py); for testing bisect and minify",

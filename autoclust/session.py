@@ -341,10 +341,12 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                 return self._runtime.run_outputs(input_feed, output_names)
             return self._run(output_names, input_feed, run_options, output_device)
         except InvalidInputError as exc:  # from compiled checks too (an index out of range,
-            # an integer division by zero): also onnxruntime's InvalidArgument, as everywhere
-            if isinstance(exc, ort_backend.InvalidArgument):
+            # an integer division by zero): also onnxruntime's InvalidArgument (its Fail for
+            # an InvalidShapeError), as everywhere
+            mapped = ort_backend.as_onnxruntime_error(exc)
+            if mapped is exc:
                 raise
-            raise ort_backend.input_error(str(exc)) from exc
+            raise mapped from exc
 
     def _run(self, output_names: list[str] | None, input_feed: dict[str, Any],
              run_options: Any, output_device: str) -> list[Any]:

@@ -80,35 +80,39 @@ def _with_tracers(x: Any, tracers: Any) -> Any:
     return x
 
 
+# Module-level recursion, no nested recursive closures: a closure that calls itself sits
+# in a reference cycle (function -> cell -> function) with everything it captured, here
+# every output of every call; only the cycle collector freed them (issue 24 item 13).
+
 def flatten_result(x: Any) -> tuple[list[Any], Any]:
     """(leaves, tree) of a function's result: tuples, lists and dicts are structure."""
     leaves: list[Any] = []
+    return leaves, _walk(x, leaves)
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, list | tuple):
-            kids = [walk(c) for c in v]
-            return (type(v), kids)
-        if isinstance(v, dict):
-            return (dict, {k: walk(c) for k, c in v.items()})
-        leaves.append(v)
-        return None
-    return leaves, walk(x)
+
+def _walk(v: Any, leaves: list[Any]) -> Any:
+    if isinstance(v, list | tuple):
+        return (type(v), [_walk(c, leaves) for c in v])
+    if isinstance(v, dict):
+        return (dict, {k: _walk(c, leaves) for k, c in v.items()})
+    leaves.append(v)
+    return None
 
 
 def unflatten_result(tree: Any, leaves: Sequence[Any]) -> Any:
     """Rebuild flatten_result's structure from `leaves`."""
-    it = iter(leaves)
+    return _build(tree, iter(leaves))
 
-    def build(t: Any) -> Any:
-        if t is None:
-            return next(it)
-        kind, kids = t
-        if kind is dict:
-            return {k: build(c) for k, c in kids.items()}
-        items = [build(c) for c in kids]
-        return kind(*items) if issubclass(kind, tuple) and hasattr(kind, "_fields") \
-            else kind(items)
-    return build(tree)
+
+def _build(t: Any, it: Any) -> Any:
+    if t is None:
+        return next(it)
+    kind, kids = t
+    if kind is dict:
+        return {k: _build(c, it) for k, c in kids.items()}
+    items = [_build(c, it) for c in kids]
+    return kind(*items) if issubclass(kind, tuple) and hasattr(kind, "_fields") \
+        else kind(items)
 
 
 class Traced:

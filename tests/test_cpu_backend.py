@@ -216,10 +216,10 @@ def test_reduce(op, shape, axes, keepdims):
 
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum"])
 def test_reduce_nan(op):
-    # A NaN first in its row propagates (onnxruntime folds from the first element). Where a
-    # NaN sits later in the row, onnxruntime's vectorized min/max also drops some other
-    # elements of the row ([2, nan, 8, 3, 4, 5, 6, 1] -> 2): we skip just the NaN (the
-    # reference's rule), so those rows are not compared here.
+    # A NaN first in its row propagates in onnxruntime too. Where a NaN sits later in the
+    # row, onnxruntime's vectorized min/max skips it and drops some other elements of the
+    # row ([2, nan, 8, 3, 4, 5, 6, 1] -> 2); we give NaN (NumPy, the reference), so those
+    # rows are checked in test_row_kernels.py against the reference instead.
     x = with_specials(rand((3, 8)))
     x[1, 0] = np.nan
     g = one_node_graph(op, [x, np.array([1], np.int64)], const_inputs=(1,))
@@ -354,7 +354,7 @@ def test_max_min_reductions_every_trip_count(op):
         for trial in range(6):
             x = rng.standard_normal((3, n)).astype(np.float32)
             if trial == 5 and n > 2:
-                x[1, n // 2] = np.nan  # skipped unless it is the first element
+                x[1, n // 2] = np.nan  # the row's result is NaN (the reference)
             want = ops.get(op).ref([np.exp(x).astype(np.float32), None], {"keepdims": 0})[0]
             got = sess.run(None, {"x": x})[0]
             np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True,

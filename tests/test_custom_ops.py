@@ -183,6 +183,54 @@ def test_explain_and_dumps_show_the_custom_call(swish_lib, tmp_path):
     assert f"{DOMAIN}::Swish" in (tmp_path / "cluster_0000.after_optimizations.txt").read_text()
 
 
+def random_neighbours(rng: np.random.Generator) -> bytes:
+    """2-6 nodes over x [3, 5]: Add/Mul/Relu/Exp and custom ops (registered with a kernel,
+    a ref only, an int64 or unknown-shape result, float16 only; or not registered)."""
+    nodes, values = [], ["x"]
+    for k in range(int(rng.integers(2, 7))):
+        op = str(rng.choice(["Add", "Mul", "Relu", "Exp", "K", "R", "I", "N", "H", "Unknown"]))
+        args = [str(rng.choice(values)) for _ in range(2 if op in ("Add", "Mul") else 1)]
+        domain = {} if op in ("Add", "Mul", "Relu", "Exp") else {"domain": DOMAIN}
+        nodes.append(helper.make_node(op, args, [f"v{k}"], **domain))
+        values.append(f"v{k}")
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [3, 5])],
+                          [helper.make_tensor_value_info(values[-1], 1, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18),
+                                            helper.make_opsetid(DOMAIN, 1)])
+    m.ir_version = 10
+    return m.SerializeToString()
+
+
+def test_every_node_beside_a_custom_op_is_explained():
+    # Issue 24: explain once printed `Add_2 (Add): ` for a node next to a custom op.
+    from autoclust.importers.onnx import import_model
+
+    from autoclust import flags as flags_mod
+    from autoclust import registry
+    from autoclust.clustering.partition import cluster
+
+    def ints(dtypes, shapes, attrs):
+        return [(np.int64, shapes[0])]
+
+    def unknown(dtypes, shapes, attrs):
+        return [(dtypes[0], None)]
+
+    for op, infer, extra in [("K", same_shape, {}), ("I", ints, {}), ("N", unknown, {}),
+                             ("H", same_shape, {"dtypes": [np.float16]})]:
+        autoclust.register_op(DOMAIN, op, infer=infer, kernel=lambda xs, a: [xs[0]], **extra)
+    autoclust.register_op(DOMAIN, "R", infer=same_shape, ref=lambda xs, a: [xs[0]])
+    rng = np.random.default_rng(24)
+    for flags in [{}, {"min_cluster_size": 1}, {"auto_jit": 1}, {"max_cluster_size": 2},
+                  {"cluster_exclude_ops": "Add"}, {"device": "gpu"}] * 25:
+        model = import_model(random_neighbours(rng))
+        f = flags_mod.parse(**flags)
+        plan = cluster(model, f, registry.get_backend(f.device).why_not)
+        empty = {n: r for n, r in plan.reasons.items() if not r.strip()}
+        assert not empty, (flags, [(n.op, n.name) for n in model.nodes], empty)
+    plan.reasons[plan.graph.nodes[0].name] = ""  # whoever records one: explain says so
+    assert "no reason recorded (a clustering bug" in explain.explain_text(plan)
+
+
 # ---- outside clusters: our runtime, never onnxruntime --------------------------------------
 
 @pytest.mark.parametrize("flags", [{"auto_jit": 0}, {"min_cluster_size": 100},

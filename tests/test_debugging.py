@@ -285,15 +285,16 @@ def bisect_cli(capsys, *args):
     return code, out
 
 
-def check_prefix(result, flags):
-    """The dumped prefix: a standalone model with its inputs by name, failing on replay."""
-    prefix = result["prefix"]
-    model = onnx.load(prefix + ".onnx")
-    feeds = repro.load_arrays(prefix + ".inputs.npz")
+def check_repro(result, flags):
+    """The dumped repro: a standalone model with its inputs by name, ending at the named
+    node, failing on replay with the flags and passing without them."""
+    path = result["repro"]
+    model = onnx.load(path + ".onnx")
+    feeds = repro.load_arrays(path + ".inputs.npz")
     assert set(feeds) == {v.name for v in model.graph.input}
-    assert len(model.graph.node) == result["prefix_nodes"]
+    assert len(model.graph.node) == result["repro_nodes"]
     assert result["node"] == model.graph.node[-1].name
-    args = {"cluster": prefix, "device": None, "rtol": 1e-4, "atol": 1e-5, "repeat": 1}
+    args = {"cluster": path, "device": None, "rtol": 1e-4, "atol": 1e-5, "repeat": 1}
     assert replay_tool.main(replay_ns(flags=flags, **args)) == 1
     assert replay_tool.main(replay_ns(flags=None, **args)) == 0
 
@@ -326,7 +327,7 @@ def bert_to_repro(tmp_path, capsys):
                            f"--flags={flags}", "--out", str(tmp_path / "b"))
     with open(tmp_path / "b" / "bisect.json") as f:
         result = json.load(f)
-    assert minify.main([result["prefix"], f"--flags={flags}", "--out",
+    assert minify.main([result["repro"], f"--flags={flags}", "--out",
                         str(tmp_path / "m")]) == 1
     return code, out, result, time.perf_counter() - start
 
@@ -336,8 +337,9 @@ def test_bisect_and_minify_find_the_injected_accuracy_bug_in_bert(tmp_path, caps
     assert code == 1, out
     # the first Add that compiles: embeddings (word + position) before their LayerNorm
     assert (result["node"], result["op"]) == ("/bert/embeddings/Add", "Add"), out
-    assert "autoclust replay " in out and "cluster_0001.bad_prefix --flags=" in out
-    check_prefix(result, "--inject_bug=accuracy:Add")
+    assert "autoclust replay " in out and "bad_nodes --flags=" in out
+    assert result["repro_nodes"] == 1 and not result["needs_flags"]  # the Add alone fails
+    check_repro(result, "--inject_bug=accuracy:Add")
     model, _, meta = check_bundle(str(tmp_path / "m"), "Add", "--inject_bug=accuracy:Add")
     assert meta["kind"] == "mismatch" and [n.name for n in model.graph.node] == [
         "/bert/embeddings/Add"]
@@ -388,3 +390,55 @@ def test_bisect_and_minify_say_when_nothing_fails(tmp_path, capsys):
     assert code == 0 and "no failure: autoclust matches onnxruntime" in out
     assert minify.main([model, "--out", str(tmp_path / "m")]) == 0
     assert "no failure" in capsys.readouterr().out and not os.path.exists(tmp_path / "m")
+
+
+@pytest.mark.parametrize("given, source", [
+    (("input_ids", "attention_mask"), "inputs from --input"),
+    (("input_ids",), "generated inputs (attention_mask; input_ids from --input)"),
+])
+def test_bisect_says_where_its_inputs_came_from(tmp_path, capsys, given, source):
+    path = os.path.join(MODELS, "bert_encoder.onnx")
+    feeds = {"input_ids": np.arange(8).reshape(1, 8) % 100, "attention_mask": np.ones((1, 8))}
+    args = []
+    for name in given:
+        np.save(tmp_path / f"{name}.npy", feeds[name].astype(np.int64))
+        args += ["--input", f"{name}={tmp_path / name}.npy"]
+    code, out = bisect_cli(capsys, path, *args, "--out", str(tmp_path / "b"))
+    assert code == 0 and f"{path}: {source}; flags (none)" in out, out
+    _, loaded, _ = repro.load_target(path, {n: f"{tmp_path / n}.npy" for n in given})
+    assert {k: v.shape for k, v in loaded.items()} == {"input_ids": (1, 8),
+                                                        "attention_mask": (1, 8)}
+
+
+def test_worker_writes_a_model_once_and_checks_against_given_outputs():
+    from autoclust.tools.fuzz import command as fuzz
+    model, x = two_adds(), np.ones((2, 3), np.float32)
+    feeds = {"x": x}
+    want = fuzz_check.run_ort(model, feeds)[0]
+    worker = fuzz.Worker(timeout=120)
+    try:
+        bad = worker(model, feeds, [{"min_cluster_size": 1, "inject_bug": "accuracy:Add"}])
+        good = worker(model, feeds, [{"min_cluster_size": 1}], interpreter=False)
+        assert (bad.kind, good.kind, worker.written) == ("mismatch", "ok", 1)
+        # outputs the caller computed are what the worker compares with: here the wrong ones
+        wrong = {"min_cluster_size": 1, "inject_bug": "accuracy:Add"}
+        (got,), _ = run_quiet(autoclust.InferenceSession(model, **wrong), feeds)
+        assert np.abs(got - want).max() > 1
+        assert worker(model, feeds, [wrong], {"y": (got, None)}).kind == "ok"
+        assert worker(model, feeds, [wrong], {"y": (want, np.zeros_like(want))}).kind \
+            == "mismatch"
+        feeds["x"][0, 0] = 5  # changed in place: sent again
+        assert worker(model, feeds, [{}]).kind == "ok" and worker.written == 4
+    finally:
+        worker.close()
+
+
+def test_a_trial_verdict_is_one_short_line():
+    diff = fuzz_check.compare([np.full(4, 2.5, np.float32)], [np.ones(4, np.float32)], None,
+                              ["Softmax '/model/layers.0/self_attn/Softmax_output_0'"])
+    line = bisect.verdict(Outcome("mismatch", "autoclust", diff))
+    assert line == ("mismatch: 4 of 4 elements of '....0/self_attn/Softmax_output_0' (Softmax) "
+                    "differ, first got 2.5 for 1.0"), line
+    assert bisect.verdict(Outcome("ok")) == "ok"
+    crash = Outcome("crash", "process", "worker killed by signal 4")
+    assert bisect.verdict(crash) == "crash: worker killed by signal 4"

@@ -44,7 +44,7 @@ def _node_facts(n: onnx.NodeProto, shape: dict, value: dict, b: fuzz_build.Build
     ins = [shape.get(i, ()) for i in n.input]
     out = shape.get(n.output[0], ())
     facts = {n.op_type}
-    for rule in (_shape_facts, _index_facts, _numeric_facts):
+    for rule in (_shape_facts, _index_facts, _numeric_facts, _optional_facts):
         facts |= rule(n, attrs, ins, out, value, b)
     return facts
 
@@ -92,6 +92,35 @@ def _index_facts(n, attrs, ins, out, value, b) -> set:
     return facts
 
 
+def _optional_facts(n, attrs, ins, out, value, b) -> set:
+    """The classes issue 24 found (tools/fuzz/gen_optional.py)."""
+    facts = set()
+    given = [i for i in n.input[1:3]] + [""] * (2 - len(n.input[1:3]))
+    if n.op_type == "Clip":
+        facts.add("Clip " + {(True, True): "both bounds", (True, False): "min only",
+                             (False, True): "max only", (False, False): "no bounds"}[
+            (bool(given[0]), bool(given[1]))])
+    if n.op_type == "Gemm":
+        facts |= {f"Gemm {k} 0" for k in ("alpha", "beta") if attrs.get(k, 1.0) == 0}
+        c = value.get(n.input[2]) if len(n.input) > 2 else None
+        if attrs.get("beta", 1.0) == 0 and c is not None and not np.isfinite(c).all():
+            facts.add("Gemm beta 0 with C holding inf/NaN")
+    x = value.get(n.input[0]) if n.input else None
+    if n.op_type == "CumSum" and x is not None and np.signbit(x[x == 0]).any():
+        facts.add("CumSum of -0.0")
+    if n.op_type == "GatherElements":
+        axis = attrs.get("axis", 0) % len(ins[0])
+        if any(i != axis and ins[1][i] > ins[0][i] for i in range(len(ins[0]))):
+            facts.add("GatherElements indices longer than data")
+    if n.op_type == "Expand" and n.input[1] in value and (
+            (value[n.input[1]] < 0).any() or np.prod(value[n.input[1]], dtype=float) > 2 ** 40):
+        facts.add("Expand to an absurd shape")
+    if n.op_type.startswith("Reduce") and any(m.op_type == "CumSum" and m.output[0] ==
+                                              n.input[0] for m in b.nodes):
+        facts.add("CumSum into a reduction")
+    return facts
+
+
 ROUNDING = ("Floor", "Ceil", "Round", "Greater", "Less", "Equal", "ArgMax")
 TO_INT = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
 
@@ -127,6 +156,9 @@ COVERAGE = [
     "int Div", "int Mod", "int Div by zero", "int Mod by zero",
     "embedding lookup", "Split", "Tile", "Range", "Trilu", "GroupNormalization", "Where",
     "LayerNormalization", "Softmax over a Where mask", "Flatten", "TopK", "NonZero",
+    "Clip min only", "Clip max only", "Clip no bounds", "Gemm alpha 0", "Gemm beta 0",
+    "Gemm beta 0 with C holding inf/NaN", "CumSum of -0.0", "CumSum into a reduction",
+    "GatherElements indices longer than data", "Expand to an absurd shape",
 ]
 
 

@@ -66,15 +66,43 @@ def test_compare_names_the_producing_op():
 
 # ---- jitter and spread --------------------------------------------------------------------
 
-def test_jitter_moves_finite_nonzero_floats_by_one_ulp():
-    x = np.array([1.0, -2.5, 0.0, np.inf, np.nan, 1e-45, -1e-45, 3e38], F32)
-    y = fuzz_values.jitter(np.random.default_rng(0), x)
-    for a, b in zip(x[:2], y[:2]):
-        assert b in (np.nextafter(a, F32(np.inf)), np.nextafter(a, F32(-np.inf)))
-    assert y[2] == 0 and np.isinf(y[3]) and np.isnan(y[4])
-    assert y[5] > 0 and y[6] < 0  # a denormal never jitters onto 0 or across it
+@pytest.mark.parametrize("dtype", [F16, F32, np.float64])
+def test_jitter_moves_finite_nonzero_floats_by_one_ulp(dtype):
+    info = np.finfo(dtype)
+    tiny = np.array([1, 3], {2: np.uint16, 4: np.uint32, 8: np.uint64}[info.bits // 8]).view(
+        dtype)  # the smallest denormal, and three times it
+    x = np.array([1.0, -2.5, 3e3, 0.0, -0.0, np.inf, -np.inf, np.nan, tiny[0], -tiny[0],
+                  tiny[1], info.max, -info.max], dtype)
+    ys = np.stack([fuzz_values.jitter(np.random.default_rng(seed), x) for seed in range(40)])
+    for a, moved in zip(x[:3].tolist() + [x[10]], ys[:, [0, 1, 2, 10]].T):
+        one_ulp = {np.nextafter(dtype(a), dtype(np.inf)), np.nextafter(dtype(a), dtype(-np.inf))}
+        assert set(moved.tolist()) == one_ulp  # either way, never farther
+    assert (ys[:, 3:5] == 0).all() and (np.signbit(ys[:, 4])).all()  # zeros keep their sign
+    assert (ys[:, 5] == np.inf).all() and (ys[:, 6] == -np.inf).all()
+    assert np.isnan(ys[:, 7]).all()
+    # the smallest denormal never jitters onto 0; the largest value never onto inf
+    assert (ys[:, 8:10] == x[8:10]).all() and (ys[:, 11:] == x[11:]).all()
+    scalar = fuzz_values.jitter(np.random.default_rng(0), np.array(2.0, dtype))
+    assert scalar.shape == () and scalar != 2
     ints = np.array([1, 2], np.int64)
     assert fuzz_values.jitter(np.random.default_rng(0), ints) is ints
+
+
+def test_spread_leaves_integer_pow_exponents_alone():
+    # RMSNorm as the dynamo exporter writes it: Pow(x, 2.0) with the 2.0 an initializer.
+    # Jittered to 2.0000002, Pow of a negative x is NaN: the spread was inf everywhere
+    # downstream and any answer passed (bisect: "no failure" on a LLaMA export).
+    model = _model("g (float[8] x) => (float[8] y) <float two = {2.0}, float half = {0.5}> "
+                   "{ p = Pow (x, two) y = Add (p, half) }")
+    x = np.linspace(-2, 2, 8).astype(F32)
+    sess = fuzz_check.ort_session(model)
+    want = sess.run(None, {"x": x})
+    spread = fuzz_check.spread_of(model, sess, {"x": x}, want)
+    assert np.isfinite(spread[0]).all() and spread[0].max() < 1e-5
+    assert "8 of 8 elements differ" in fuzz_check.compare([want[0] + 1], want, spread)
+    outs, same = fuzz_check.outputs_and_spread(model, {"x": x})
+    np.testing.assert_array_equal(outs[0], want[0])
+    assert np.isfinite(same[0]).all() and same[0].max() < 1e-5
 
 
 def test_spread_allows_fma_contraction_but_not_more():

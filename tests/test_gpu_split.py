@@ -146,7 +146,11 @@ def _built(table: str) -> tuple[list[Case], list]:
     if table not in _BUILT:
         for c in cases:
             c.program = lower_graph(c.graph, FLAGS, cpu)
-            c.expected = [np.asarray(e) for e in run_onnxruntime(c.graph, c.feeds)]
+            c.expected = [np.array(e) for e in run_onnxruntime(c.graph, c.feeds)]
+            if c.graph.nodes[0].op in ("ReduceMax", "ReduceMin") and \
+                    np.isnan(c.feeds[0]).any():
+                # a NaN anywhere in a row propagates (onnxruntime skips one that is not first)
+                c.expected[0][np.isnan(c.feeds[0]).any(axis=-1)] = np.nan
         _BUILT[table] = hostsim.compile_many([c.program for c in cases], pick)
     return cases, _BUILT[table]
 

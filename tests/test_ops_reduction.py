@@ -71,8 +71,26 @@ def test_reduce_int_mean_truncates_toward_zero():
 def test_reduce_nan_inf(op):
     x = np.array([[1.0, np.nan, 2.0], [np.inf, 1.0, 2.0], [-np.inf, 3.0, 0.5],
                   [np.nan, 1.0, 0.0], [np.inf, -np.inf, 1.0]], np.float32)
+    if op in ("ReduceMax", "ReduceMin"):
+        # a NaN after the first element: onnxruntime skips it, the spec's NumPy semantics
+        # (and the ONNX reference) give NaN, and so do we (test_reduce_max_min_nan_anywhere)
+        x = x[1:]
     check_op(op, [x, axes(1)], rtol=1e-5)
     check_op(op, [x.T.copy(), axes(0)], {"keepdims": 0}, rtol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_reduce_max_min_nan_anywhere(op, dtype):
+    # issue 24 item 5: a NaN in the middle of a float64 row gave a number
+    from onnx.reference import ReferenceEvaluator
+    x = np.array([[1, 2, np.nan, 3, 0], [np.nan, 1, 2, 3, 4], [1, 2, 3, 4, np.nan],
+                  [1, 2, 3, 4, 5]], dtype)
+    model = one_node_model(op, [x, axes(1)], {"keepdims": 0}, 1, 18, (1,))
+    want = ReferenceEvaluator(model).run(None, {"in0": x})[0]
+    got = ops.get(op).ref([x, axes(1)], {"keepdims": 0})[0]
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[:3]).all() and not np.isnan(got[3])
 
 
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])

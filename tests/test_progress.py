@@ -185,7 +185,7 @@ def test_bisect_trials_show_a_bar_and_their_lines_above_it(monkeypatch, capsys):
     from autoclust.tools.debug import bisect
     terminal = on_terminal(monkeypatch)
     monkeypatch.setattr(progress, "DELAY_S", 0.0)
-    trials = bisect.Trials({}, lambda model, feeds, flags: None, desc="autoclust bisect")
+    trials = bisect.Trials({}, lambda model, feeds, flags, expected, interpreter: None, desc="autoclust bisect")
     for k in range(3):
         assert trials.run(None, {}) is None
         trials.log(f"  trial {k}: ok")
@@ -193,7 +193,7 @@ def test_bisect_trials_show_a_bar_and_their_lines_above_it(monkeypatch, capsys):
     assert "autoclust bisect" in terminal.getvalue() and "3 trials" in terminal.getvalue()
     assert capsys.readouterr().out == "  trial 0: ok\n  trial 1: ok\n  trial 2: ok\n"
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # off a terminal: only the lines
-    trials = bisect.Trials({}, lambda model, feeds, flags: None)
+    trials = bisect.Trials({}, lambda model, feeds, flags, expected, interpreter: None)
     trials.run(None, {})
     trials.close()
     assert sys.stderr.getvalue() == ""

@@ -1,4 +1,5 @@
-"""The `autoclust` command: run, explain, replay, flags, exec, zoo, bench, fuzz, bisect, minify.
+"""The `autoclust` command: run, explain, replay, flags, exec, zoo, bench, fuzz, bisect, minify,
+compile, serve.
 
 User mistakes (missing or unreadable files, bad flags, bad inputs, bad options) print one
 line, `autoclust CMD: error: ...`, and exit 2; a replay mismatch exits 1. Output cut short
@@ -165,6 +166,8 @@ def _add_small(sub: argparse._SubParsersAction) -> None:
 
     from autoclust.tools import aot  # `autoclust compile`: ahead-of-time kernels
     aot.add_parser(sub)
+    from autoclust.serve import command as serve  # `autoclust serve`: Ray Serve replicas
+    serve.add_parser(sub)
 
     for name, fn, help_ in (("bench", _cmd_bench, "benchmark against onnxruntime"),
                             ("fuzz", _cmd_fuzz, "differential graph fuzzer"),

@@ -125,6 +125,8 @@ class Plan:
     flags: Flags
     control_flow: list[ControlFlow] = dataclasses.field(default_factory=list)
     unrolled: dict[str, str] = dataclasses.field(default_factory=dict)  # Loop name -> note
+    # measured placement decisions of the runs so far (autoclust/runtime/autotune.py)
+    placement: list = dataclasses.field(default_factory=list)
     _by_node: dict[str, Cluster] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False)
 

@@ -179,6 +179,8 @@ class KernelBuilder:
         it = iter(red_idx)
         idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
         red = kir.Reduction(kind, element(idx_x), dtype)
+        if self.is_scan:  # the element itself made this a scan kernel (CumSum -> ReduceMax)
+            raise self.scan_conflict(out, "a reduction cannot share a scan kernel")
         if not self.reductions:
             self.first_row_value = out
         if red not in self.reductions:
@@ -614,7 +616,10 @@ class Fusion:
             try:
                 trial.add_root(v, idx)
             except (NeedRowDomain, Refuse) as exc:
-                raise Materialize(exc.value, str(exc)) from None
+                # v itself does not fit the row nest its reduction needs (a Concat of a
+                # ReduceMean along a kept axis): the reduction gets a kernel of its own
+                blocked = need.value if exc.value is v and need.value is not v else exc.value
+                raise Materialize(blocked, str(exc)) from None
             return trial
         except Refuse as exc:
             raise Materialize(exc.value, str(exc)) from None

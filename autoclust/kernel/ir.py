@@ -79,6 +79,15 @@ def reduce_identity(kind: str, dtype: str, bits: int | None = None) -> int | flo
     return -(1 << (bits - 1)) if high else (1 << (bits - 1)) - 1
 
 
+def sum_start(red: Reduction) -> float:
+    """Where a float sum phase starts: an inclusive scan at -0.0, the exact additive
+    identity (-0.0 + x == x for every x), so CumSum([-0., -0.]) stays -0.0 and 1/it is
+    -inf, as onnxruntime and NumPy's cumsum give; any other sum at +0.0, as NumPy's sum
+    (onnxruntime's sign of a zero ReduceSum depends on its loop order) and onnxruntime's
+    exclusive scan (its first output is +0.0)."""
+    return -0.0 if red.scan == "inclusive" else 0.0
+
+
 def _same_field(a: Any, b: Any) -> bool:
     if a is b:
         return True

@@ -28,7 +28,7 @@ from autoclust.errors import UnsupportedOpError
 from autoclust.kernel.lowering import LowerCtx, cast, const, op
 from autoclust.ops.activations import gelu
 from autoclust.ops.elementwise import FLOAT, check_dtype, compilable, upcast
-from autoclust.ops.normalization import moments
+from autoclust.ops.normalization import check_params, scaled_moments
 from autoclust.ops.table import (
     ELEMENTWISE,
     NORMALIZATION,
@@ -165,11 +165,12 @@ def _skip_norm_ref(simplified: bool) -> Callable[[Arrays, dict], list[np.ndarray
                 mean = np.zeros(t.shape[:-1] + (1,), F32)
                 inv = 1 / np.sqrt(np.mean(t_out * t_out, axis=-1, keepdims=True) + eps)
                 y = t_out * inv * inputs[2].astype(F32)
-            else:
-                mean = np.mean(t_out, axis=-1, keepdims=True)
-                var = np.mean(np.square(t_out - mean), axis=-1, keepdims=True)
-                inv = 1 / np.sqrt(var + eps)
-                y = (t_out - mean) * inv * inputs[2].astype(F32)
+            else:  # statistics in float64, as LayerNormalization's
+                wide = t_out.astype(np.float64)
+                mean = np.mean(wide, axis=-1, keepdims=True)
+                var = np.mean(np.square(wide - mean), axis=-1, keepdims=True)
+                inv = 1 / np.sqrt(var + float(eps))
+                y = ((wide - mean) * inv).astype(F32) * inputs[2].astype(F32)
                 if len(inputs) > 3 and inputs[3] is not None:
                     y = y + inputs[3].astype(F32)
         return [y.astype(x.dtype), mean.astype(F32), inv.astype(F32), t.astype(x.dtype)]
@@ -213,15 +214,17 @@ def _lower_skip_norm(simplified: bool) -> Callable[[LowerCtx], Any]:
             mean = const(0, ct)
             inv = op("div", const(1, ct),
                      op("sqrt", op("add", op("div", sq, const(n, ct)), const(eps, ct))))
-            centered = stored(ctx.idx)
-        else:
-            mean, inv = moments(ctx, shape, [rank - 1], kept, stored, ct, eps)
-            centered = op("sub", stored(ctx.idx), mean)
+
+            def normalized(ix: tuple):
+                return op("mul", stored(ix), inv)
+        else:  # LayerNormalization's float32 statistics: no overflow, exact mean
+            mean, inv, normalized = scaled_moments(ctx, shape, [rank - 1], kept, stored, ct,
+                                                   eps)
         if ctx.out == 1:
             return cast(mean, ctx.dtype)
         if ctx.out == 2:
             return cast(inv, ctx.dtype)
-        y = op("mul", op("mul", centered, inv), _at(ctx, 2, ctx.idx, ct))
+        y = op("mul", normalized(ctx.idx), _at(ctx, 2, ctx.idx, ct))
         if not simplified and ctx.has(3):
             y = op("add", y, _at(ctx, 3, ctx.idx, ct))
         return y
@@ -244,6 +247,7 @@ register("SkipSimplifiedLayerNormalization", NORMALIZATION, _infer_skip_norm,
 
 def _infer_simplified(ctx: InferContext) -> list[TypeShape]:
     check_dtype(ctx, 0, FLOAT)
+    check_params(ctx, (1,))
     x = ctx.shapes[0]
     stat = None
     if x is not None:

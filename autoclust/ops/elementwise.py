@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from onnx import helper
 
@@ -331,9 +332,23 @@ def _infer_clip(ctx: InferContext) -> list[TypeShape]:
     return [(ctx.dtypes[0], ctx.shapes[0])]
 
 
+def clip_limits(dtype: Any) -> tuple[float, float] | None:
+    """A float dtype's (lowest, max): Clip's missing bounds (the spec's numeric_limits), so
+    +inf clips to FLT_MAX (65504 in float16) as in onnxruntime; None for integers."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iub":
+        return None
+    info = ml_dtypes.finfo(dt)
+    return float(-info.max), float(info.max)
+
+
 def _ref_clip(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
     x = inputs[0]
     lo, hi = (inputs[i] if len(inputs) > i else None for i in (1, 2))
+    limits = clip_limits(x.dtype)
+    if limits is not None:  # a missing bound is the dtype's lowest / max, never +-inf
+        lo = np.asarray(limits[0], x.dtype) if lo is None else lo
+        hi = np.asarray(limits[1], x.dtype) if hi is None else hi
     y = x
     # min(max(x, lo), hi): NaN stays NaN, and hi wins when lo > hi (as onnxruntime)
     if lo is not None:
@@ -410,6 +425,10 @@ def _lower_isinf(ctx: LowerCtx):
 
 def _lower_clip(ctx: LowerCtx):
     x, lo, hi = (ctx.operands() + [None, None])[:3]
+    limits = clip_limits(ctx.dtype)
+    if limits is not None:  # missing bounds clip inf to the dtype's finite range (_ref_clip)
+        lo = const(limits[0], x.dtype) if lo is None else lo
+        hi = const(limits[1], x.dtype) if hi is None else hi
     if lo is not None:
         x = op("max", x, lo)
     if hi is not None:

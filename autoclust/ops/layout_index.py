@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from autoclust.errors import InvalidInputError, ShapeInferenceError
+from autoclust.errors import InvalidInputError, InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, cast, const, op, select
 from autoclust.ops.table import (
@@ -74,19 +74,40 @@ def _gather_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return [dense(np.take(x, idx, axis=axis))]
 
 
-def _gather_elements_infer(ctx: InferContext) -> list[TypeShape]:
+def _elements_shapes(op: str, x: tuple, idx: tuple, axis: int) -> str:
+    """Why indices of shape idx cannot index data of shape x off the axis ('' if they can):
+    GatherElements/ScatterElements read x at the index's own position on every other dim,
+    so a longer dim there reads outside x (onnxruntime rejects it)."""
+    for d, (n, m) in enumerate(zip(x, idx)):
+        if d != axis and isinstance(n, int) and isinstance(m, int) and m > n:
+            return (f"indices of shape {list(idx)} exceed data of shape {list(x)} on dim {d} "
+                    f"({m} > {n}); only the axis ({axis}) may be longer")
+    return ""
+
+
+def _elements_infer(ctx: InferContext) -> None:
     _check_index_dtype(ctx, 1)
     x, idx = ctx.shapes[0], ctx.shapes[1]
     if x is not None and idx is not None:
         if len(x) != len(idx):
             raise ctx.fail(f"data {x} and indices {idx} differ in rank")
-        normalize_axis(int(ctx.attr("axis", 0)), len(x), ctx)
-    return [(ctx.dtypes[0], idx)]
+        axis = normalize_axis(int(ctx.attr("axis", 0)), len(x), ctx)
+        why = _elements_shapes(ctx.op, tuple(x), tuple(idx), axis)
+        if why:
+            raise ctx.invalid(why)
+
+
+def _gather_elements_infer(ctx: InferContext) -> list[TypeShape]:
+    _elements_infer(ctx)
+    return [(ctx.dtypes[0], ctx.shapes[1])]
 
 
 def _gather_elements_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x, idx = inputs
     axis = _axis("GatherElements", attrs.get("axis", 0), x.ndim)
+    why = _elements_shapes("GatherElements", x.shape, idx.shape, axis)
+    if why:
+        raise InvalidInputError(f"(GatherElements): {why}")
     idx = _check_index(idx, x.shape[axis], "GatherElements")
     # out[i][j][k] = x[i][idx[i][j][k]][k] (axis 1): indices may be smaller than x on the
     # other dims, so index explicitly rather than with take_along_axis (which broadcasts).
@@ -126,6 +147,8 @@ def _gather_nd_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 def _scatter_infer(ctx: InferContext) -> list[TypeShape]:
     _check_index_dtype(ctx, 1)
+    if ctx.op == "ScatterElements":
+        _elements_infer(ctx)
     if ctx.dtypes[2] is not None and ctx.dtypes[0] is not None and \
             np.dtype(ctx.dtypes[2]) != np.dtype(ctx.dtypes[0]):
         raise ctx.fail(f"updates dtype {ctx.dtypes[2]} differs from data {ctx.dtypes[0]}")
@@ -149,6 +172,9 @@ def _scatter_elements_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     if idx.shape != upd.shape or idx.ndim != x.ndim:
         raise ShapeInferenceError(f"(ScatterElements): indices {idx.shape}, updates "
                                   f"{upd.shape}, data {x.shape} do not match")
+    why = _elements_shapes("ScatterElements", x.shape, idx.shape, axis)
+    if why:
+        raise InvalidInputError(f"(ScatterElements): {why}")
     idx = _check_index(idx, x.shape[axis], "ScatterElements")
     grid = list(np.indices(idx.shape, sparse=True))
     grid[axis] = idx
@@ -179,9 +205,19 @@ def _depth(v: np.ndarray) -> int:
     return d
 
 
+def _two_values(shape: Any) -> str:
+    """Why OneHot's values input of this shape is not [off, on] ('' if it is)."""
+    if shape is not None and all(isinstance(d, int) for d in shape) and \
+            int(np.prod(shape, dtype=np.int64)) != 2:
+        return f"values must have exactly two elements (off, on), got shape {list(shape)}"
+    return ""
+
+
 def _one_hot_infer(ctx: InferContext) -> list[TypeShape]:
     x = ctx.shapes[0]
     dtype = ctx.dtypes[2]
+    if _two_values(ctx.shapes[2]):
+        raise ctx.invalid(_two_values(ctx.shapes[2]), fail=True)
     if x is None:
         return [(dtype, None)]
     axis = normalize_axis(int(ctx.attr("axis", -1)), len(x) + 1, ctx)
@@ -192,6 +228,8 @@ def _one_hot_infer(ctx: InferContext) -> list[TypeShape]:
 
 def _one_hot_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x, depth_v, values = inputs
+    if _two_values(values.shape):
+        raise InvalidShapeError(f"(OneHot): {_two_values(values.shape)}")
     depth = _depth(depth_v)
     axis = _axis("OneHot", attrs.get("axis", -1), x.ndim + 1)
     idx = np.asarray(x).astype(np.int64)
@@ -205,9 +243,14 @@ def _one_hot_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 # ---- ReverseSequence ---------------------------------------------------------------------
 
 def _reverse_sequence_infer(ctx: InferContext) -> list[TypeShape]:
-    x = ctx.shapes[0]
+    x, lens = ctx.shapes[0], ctx.shapes[1]
     if x is not None and len(x) < 2:
         raise ctx.fail(f"input of shape {x} has rank < 2")
+    if x is not None and lens is not None:
+        batch = x[normalize_axis(int(ctx.attr("batch_axis", 1)), len(x), ctx)]
+        if tuple(lens) != (batch,) and all(isinstance(d, int) for d in (batch, *lens)):
+            raise ctx.invalid(f"sequence_lens of shape {list(lens)} does not fit batch "
+                              f"dim {batch} of input {list(x)}")
     return [(ctx.dtypes[0], x)]
 
 

@@ -198,8 +198,9 @@ def _gemm_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     b = b.T if attrs.get("transB", 0) else b
     with np.errstate(all="ignore"):
         y = np.asarray(attrs.get("alpha", 1.0), a.dtype) * (a @ b)
-        if c is not None:
-            y = y + np.asarray(attrs.get("beta", 1.0), a.dtype) * _work(c)
+        beta = float(attrs.get("beta", 1.0))
+        if c is not None and beta != 0:  # beta = 0: C is not read (its inf/NaN stay out)
+            y = y + np.asarray(beta, a.dtype) * _work(c)
     return [y.astype(inputs[0].dtype)]
 
 

@@ -6,9 +6,12 @@ Semantics follow onnxruntime 1.31 where the spec leaves room:
   highest value.
 - axes empty with noop_with_empty_axes=1 reduce over no axes: the elementwise part still
   applies (ReduceL1 -> abs, ReduceSumSquare -> x*x, ReduceLogSum -> log).
-- NaN in Max/Min/ArgMax/ArgMin: onnxruntime folds `acc = x if x > acc else acc` from the
-  first element, so a NaN propagates only when it is the first reduced element; otherwise
-  it is skipped.
+- NaN in ReduceMax/ReduceMin propagates, wherever it is in the row: the spec names NumPy's
+  semantics and the ONNX reference gives NaN. onnxruntime folds `acc = x if x > acc else
+  acc`, so its answer depends on where the NaN falls in its vector lanes (first element:
+  NaN; elsewhere: usually skipped); we do not copy that.
+- NaN in ArgMax/ArgMin: onnxruntime's fold from the first element, which we copy: a NaN is
+  the answer only when it is the first element of its row; otherwise it is skipped.
 - integer Sum, Mean, Prod, L1 and SumSquare accumulate in float64 and convert back with
   saturation, as onnxruntime 1.31 does: int32 [2^30, 2^30, 2^30] sums to 2147483647, an
   int64 sum beyond 2^53 loses its low bits, the integer mean truncates toward zero;
@@ -98,22 +101,11 @@ def _ref_axes(x: np.ndarray, axes_in: np.ndarray | None, attrs: dict[str, Any]) 
         raise ShapeInferenceError(f"reduce axes {axes_in.tolist()}: {exc}") from None
 
 
-def _first_is_nan(x: np.ndarray, axes: tuple) -> np.ndarray:
-    """Per output element: is the first reduced element (row-major) NaN?"""
-    index = tuple(slice(0, 1) if i in axes else slice(None) for i in range(x.ndim))
-    first = x[index] if x.size else np.zeros([1 if i in axes else d
-                                              for i, d in enumerate(x.shape)], x.dtype)
-    return np.isnan(first)
-
-
 def _max_min(x: np.ndarray, axes: tuple, is_max: bool) -> np.ndarray:
-    if x.dtype.kind == "f":
+    if x.dtype.kind == "f":  # NaN anywhere in a row gives NaN (module docstring)
         fill = -np.inf if is_max else np.inf
         fn = np.max if is_max else np.min
-        clean = np.where(np.isnan(x), fill, x)
-        out = fn(clean, axis=axes, keepdims=True, initial=fill)
-        # onnxruntime skips NaN unless it is the first element (see module docstring).
-        return np.where(_first_is_nan(x, axes), np.nan, out).astype(x.dtype)
+        return fn(x, axis=axes, keepdims=True, initial=fill).astype(x.dtype)
     info = np.iinfo(x.dtype)
     if is_max:
         return np.max(x, axis=axes, keepdims=True, initial=info.min)
@@ -127,7 +119,7 @@ def saturate(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def _float_mean(x: np.ndarray, axes: tuple) -> np.ndarray:
-    s = np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+    s = _sum(x, axes)
     n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
     return s / n if n else s  # onnxruntime: the mean of nothing is 0, not NaN
 
@@ -142,9 +134,12 @@ def _log_sum_exp(x: np.ndarray, axes: tuple) -> np.ndarray:
     return np.log(np.sum(e, axis=axes, keepdims=True)) + shift
 
 
+def _sum(x: np.ndarray, axes: tuple) -> np.ndarray:
+    return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+
+
 def _float_ops() -> dict[str, Callable[[np.ndarray, tuple], np.ndarray]]:
-    def s(x: np.ndarray, axes: tuple) -> np.ndarray:
-        return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+    s = _sum
     return {
         "ReduceSum": s,
         "ReduceMean": _float_mean,
@@ -375,8 +370,10 @@ def _scan(fn: Callable, identity: int, inputs: Arrays, attrs: dict[str, Any]) ->
     if attrs.get("exclusive", 0) and y.shape[axis]:
         # [a, b, c] -> [identity, a, a+b]
         first = np.full_like(np.take(y, [0], axis=axis), identity)
-        y = np.concatenate([first, np.take(y, np.arange(y.shape[axis] - 1), axis=axis)],
-                           axis=axis)
+        rest = np.take(y, np.arange(y.shape[axis] - 1), axis=axis)
+        if identity == 0:  # onnxruntime starts an exclusive sum at +0.0: 0.0 + -0.0 is +0.0
+            rest = rest + y.dtype.type(0)
+        y = np.concatenate([first, rest], axis=axis)
     if attrs.get("reverse", 0):
         y = np.flip(y, axis)
     return np.ascontiguousarray(y).astype(x.dtype)

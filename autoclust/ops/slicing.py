@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import symbolic
-from autoclust.errors import ShapeInferenceError
+from autoclust.errors import InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, const, op, select
 from autoclust.ops.layout import (
@@ -236,9 +236,20 @@ def _pad_pairs(pads: list[int], axes: list[int] | None, rank: int) -> list[tuple
     return pairs
 
 
+def _not_one_element(shape: Any, what: str) -> str:
+    """Why an input read as a scalar (Pad's value, Trilu's k) of this shape is not one
+    ('' if it is): compiled code would read element 0 of an empty tensor."""
+    if shape is not None and all(isinstance(d, int) for d in shape) and \
+            int(np.prod(shape, dtype=np.int64)) != 1:
+        return f"{what} must have one element, got shape {list(shape)}"
+    return ""
+
+
 def _pad_infer(ctx: InferContext) -> list[TypeShape]:
     x, pads = ctx.shapes[0], ctx.value(1)
     axes = ctx.value(3)
+    if ctx.has(2) and _not_one_element(ctx.shapes[2], "constant_value"):
+        raise ctx.invalid(_not_one_element(ctx.shapes[2], "constant_value"), fail=True)
     if x is None or pads is None or (ctx.has(3) and axes is None):
         return [(ctx.dtypes[0], _unknown_dims(None if x is None else len(x)))]
     try:
@@ -248,6 +259,9 @@ def _pad_infer(ctx: InferContext) -> list[TypeShape]:
     out = []
     for d, (b, e) in zip(x, pairs):
         if is_dim(d):
+            if d + b + e < 0:
+                raise ctx.invalid(f"pads {_ints(pads)} crop more than dim {len(out)} of "
+                                  f"input {list(x)} holds", fail=True)
             out.append(d + b + e)
         else:
             out.append(d if b == e == 0 else None)
@@ -260,6 +274,9 @@ def _pad_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     axes = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
     pairs = _pad_pairs(pads, None if axes is None else _ints(axes), x.ndim)
     mode = attrs.get("mode", "constant")
+    why = _not_one_element(None if value is None else value.shape, "constant_value")
+    if why or any(d + b + e < 0 for d, (b, e) in zip(x.shape, pairs)):
+        raise InvalidShapeError(f"(Pad): {why or f'pads {pads} crop more than {x.shape} holds'}")
     # Negative pads crop; crop first, then pad what remains.
     crop = tuple(slice(-min(b, 0), x.shape[i] + min(e, 0)) for i, (b, e) in enumerate(pairs))
     x = x[crop]
@@ -281,11 +298,15 @@ def _trilu_infer(ctx: InferContext) -> list[TypeShape]:
     x = ctx.shapes[0]
     if x is not None and len(x) < 2:
         raise ctx.fail(f"input of shape {x} has rank < 2")
+    if ctx.has(1) and _not_one_element(ctx.shapes[1], "k"):
+        raise ctx.invalid(_not_one_element(ctx.shapes[1], "k"), fail=True)
     return [(ctx.dtypes[0], x)]
 
 
 def _trilu_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x = inputs[0]
+    if len(inputs) > 1 and inputs[1] is not None and _not_one_element(inputs[1].shape, "k"):
+        raise InvalidShapeError(f"(Trilu): {_not_one_element(inputs[1].shape, 'k')}")
     k = int(np.asarray(inputs[1]).reshape(-1)[0]) if len(inputs) > 1 and \
         inputs[1] is not None else 0
     rows, cols = x.shape[-2:]
@@ -345,6 +366,8 @@ def _lower_concat(ctx: LowerCtx):
         lo, hi = max(off - a.const, 0), min(off + n - 1 - a.const, extent - 1)
         if lo <= hi:
             spans.append((i, off, lo, hi))
+    if not spans:  # an empty loop along the axis (a probe of an empty output): never read
+        return const(0, ctx.dtype)
     result = None
     for i, off, lo, hi in reversed(spans):
         idx_p = _moved(ctx.idx, axis, a.plus(ctx.at(off), -1))

@@ -12,7 +12,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from autoclust.errors import InvalidInputError, ShapeInferenceError
+from autoclust.errors import InvalidInputError, InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Dim, Graph, Node, Shape
 from autoclust.symbolic import is_dim
 
@@ -96,6 +96,14 @@ class InferContext:
     def fail(self, message: str) -> ShapeInferenceError:
         where = f"node {self.node_name!r} " if self.node_name else ""
         return ShapeInferenceError(f"{where}({self.op}): {message}")
+
+    def invalid(self, message: str, fail: bool = False) -> InvalidInputError:
+        """Inputs whose concrete shapes the op rejects at run time, as onnxruntime does
+        (GatherElements' indices larger than data off the axis): InvalidInputError, or
+        InvalidShapeError where onnxruntime raises Fail rather than InvalidArgument."""
+        where = f"node {self.node_name!r} " if self.node_name else ""
+        kind = InvalidShapeError if fail else InvalidInputError
+        return kind(f"{where}({self.op}): {message}")
 
 
 InferFn = Callable[[InferContext], list[TypeShape]]
@@ -318,7 +326,7 @@ def run_ref(node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
     try:
         return d.ref(inputs, node.attrs)
     except InvalidInputError as exc:  # bad values (an integer zero divisor): name the node
-        raise InvalidInputError(f"node {node.name!r} ({node.op}): {exc}") from None
+        raise type(exc)(f"node {node.name!r} ({node.op}): {exc}") from None  # keeps its kind
 
 
 # ---- ops defined outside the table ---------------------------------------------------------

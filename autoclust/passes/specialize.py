@@ -14,10 +14,13 @@ fold_constants later turns them into initializers.
 
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 
 from autoclust import ops
-from autoclust.errors import ShapeInferenceError
+from autoclust.errors import InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Graph, Node, Shape, Value
 from autoclust.passes.edits import copy_graph, new_constant
 from autoclust.passes.fold_constants import SMALL_ELEMENTS, evaluate
@@ -115,6 +118,53 @@ def specialize(graph: Graph, input_types: list[InputType],
         outs = evaluate(graph, node, known, max_elements=SMALL_ELEMENTS)
         _infer(graph, node, known, outs)
     return graph
+
+
+def check_sizes(graph: Graph, limit: int) -> None:
+    """Raise InvalidShapeError naming the node for an output whose concrete shape has a
+    negative dim or whose buffer would pass `limit` bytes (0: this machine's memory) or
+    int64 (Python ints: the product cannot overflow here), before anything allocates it:
+    NumPy raised a bare MemoryError or ValueError there, onnxruntime its Fail."""
+    cap = limit or physical_memory()
+    where = (f"--max_buffer_bytes={limit}" if limit else
+             f"this machine's memory ({_human(cap)}; --max_buffer_bytes sets a limit)")
+    for node in graph.nodes:
+        for v in node.outputs:
+            why = _size_problem(v, cap)
+            if why:
+                raise InvalidShapeError(f"node {node.name!r} ({node.qualified_op}): output "
+                                        f"{v.name!r} of shape {_dims(v.shape)} {why}"
+                                        + (f", more than {where}" if why.startswith("needs")
+                                           and "int64" not in why else ""))
+
+
+def _size_problem(v: Value, limit: int) -> str:
+    if v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        return ""
+    if any(d < 0 for d in v.shape):
+        return "has a negative dim"
+    nbytes = math.prod(v.shape) * (v.dtype.itemsize if v.dtype is not None else 1)
+    if nbytes >= 1 << 63:
+        return f"needs {nbytes} bytes: more than int64 holds"
+    if nbytes > limit:
+        return f"needs {nbytes} bytes ({_human(nbytes)} of {v.dtype})"
+    return ""
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (no single buffer may be larger by default)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return 1 << 62
+
+
+def _human(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.2f} {unit}" if unit != "bytes" else f"{n} bytes"
+        n /= 1024
+    return f"{n} bytes"
 
 
 def not_concrete(graph: Graph) -> list[Value]:

@@ -106,7 +106,9 @@ class Dumper:
                           "any more", RuntimeWarning, stacklevel=3)
 
     # ---- what the session and runtime call ----------------------------------------------
-    def write_plan(self, plan: Any) -> None:
+    def write_plan(self, plan: Any, clusters: bool = True) -> None:
+        """manifest.json and clustering.*; with `clusters`, each cluster as cluster_NNNN.onnx
+        and its graph text (bisect leaves them out: BERT-base's one cluster is 440 MB)."""
         from autoclust import registry
         from autoclust.report import explain
         export_model = registry.importer("onnx").export_model
@@ -119,7 +121,7 @@ class Dumper:
         self.write("clustering.json", json.dumps(explain.explain_json(plan), indent=2))
         self.write("clustering.dot", to_dot(plan))
         self.write("clustering.html", to_html(plan))
-        for c in plan.clusters:
+        for c in plan.clusters if clusters else ():
             sub = plan.graph.extract(c.nodes, name=c.name)
             try:
                 self.write(f"{c.name}.onnx", export_model(sub).SerializeToString())

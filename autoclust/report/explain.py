@@ -37,6 +37,13 @@ def _unclustered(plan: Plan) -> list[Node]:
     return [n for n in plan.graph.nodes if n.name in plan.reasons]
 
 
+def reason(plan: Plan, node: Node) -> str:
+    """Why `node` is in no cluster: never an empty line (`Add_2 (Add): ` was printed once;
+    whatever recorded an empty reason is a bug, and the line says so)."""
+    text = plan.reasons.get(node.name, "").strip()
+    return text or "no reason recorded (a clustering bug: please report it with the model)"
+
+
 def explain_text(plan: Plan) -> str:
     """A human summary: clusters with op histograms, then every unclustered node and why."""
     total = len(plan.graph.nodes)
@@ -58,7 +65,12 @@ def explain_text(plan: Plan) -> str:
     lines.append(f"Unclustered ops: {_format_histogram(_histogram(left))}")
     if left:
         lines.append("Unclustered nodes:")
-        lines += [f"  {n.name} ({n.op}): {plan.reasons[n.name]}" for n in left]
+        lines += [f"  {n.name} ({n.op}): {reason(plan, n)}" for n in left]
+    placement = getattr(plan, "placement", [])
+    if placement:
+        lines.append("Measured placement (each cluster against onnxruntime on its subgraph):")
+        lines += [f"  {d.text()}" + ("" if d.source == "measured" else f" [{d.source}]")
+                  for d in placement]
     copies = _device_copies(plan)
     if copies is not None:
         lines.append(transfers.copies_text(copies))
@@ -95,7 +107,7 @@ def explain_json(plan: Plan) -> dict[str, Any]:
     clusters = [{"id": c.id, "name": c.name, "nodes": [n.name for n in c.nodes],
                  "ops": _histogram(c.nodes), "inputs": [v.name for v in c.inputs],
                  "outputs": [v.name for v in c.outputs]} for c in plan.clusters]
-    unclustered = [{"node": n.name, "op": n.op, "reason": plan.reasons[n.name]}
+    unclustered = [{"node": n.name, "op": n.op, "reason": reason(plan, n)}
                    for n in _unclustered(plan)]
     out = {"nodes": len(plan.graph.nodes), "clusters": clusters, "unclustered": unclustered}
     if getattr(plan, "unrolled", None):
@@ -106,6 +118,8 @@ def explain_json(plan: Plan) -> dict[str, Any]:
                                 "summary": s.summary,
                                 "bodies": {a: explain_json(b) for a, b in s.bodies.items()}}
                                for s in flow]
+    if getattr(plan, "placement", None):
+        out["placement"] = [d.as_json() for d in plan.placement]
     copies = _device_copies(plan)
     if copies is not None:
         out["copies"] = [{"value": c.value, "dtype": c.dtype, "shape": list(c.shape),

@@ -2,7 +2,10 @@
 
 A warm process reads the Program an earlier one lowered from the same optimized graph,
 so it neither lowers nor (with the backend's object-code entries) compiles. Entries use
-the checksummed format of `disk_cache.py`.
+the format of `disk_cache.py` (checksummed, or authenticated under a key): a Program is a
+pickle, unpickled only from a trusted directory and an entry that verified. Programs are
+target-neutral kernel IR: a process on another CPU or GPU reuses them and builds its own
+object code (keyed by CPU name and features, or GPU architecture).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -32,26 +36,36 @@ KEY_VALUE_BYTES = 1 << 16
 _SOURCES: dict[str, str] = {}
 
 
-def load(graph: Graph, flags: Flags, backend: Any) -> kir.Program | None:
-    """The Program lowered from an identical optimized graph (same structure, attributes,
-    small and integer constant values, weights' names and types) in --cache_dir, its
-    constants taken from `graph`; None when there is none (or no --cache_dir)."""
-    if not flags.cache_dir:
-        return None
-    blob = disk_cache.load(flags.cache_dir, program_key(graph, flags, backend), ".prog")
+def load_or_lower(graph: Graph, flags: Flags, backend: Any,
+                  lower: Callable[[Graph, Flags, Any], kir.Program]) -> kir.Program:
+    """The Program of an identical optimized graph (same structure, attributes, small and
+    integer constant values, weights' names and types) from --cache_dir, its constants taken
+    from `graph`; else `lower(graph, flags, backend)`, kept there for this and later
+    processes. Of several processes meeting the graph at once, one lowers; the others wait
+    for its entry (disk_cache.locked)."""
+    cache_dir = flags.cache_dir
+    if not cache_dir or not disk_cache.trust(cache_dir, flags.cache_trusted):
+        return lower(graph, flags, backend)
+    key = program_key(graph, flags, backend)
+    program = _load(cache_dir, key, graph)
+    if program is not None:
+        return program
+    with disk_cache.locked(cache_dir, key):
+        program = _load(cache_dir, key, graph)  # lowered by another process while we waited
+        if program is None:
+            program = lower(graph, flags, backend)
+            blob = _pack(program, graph)
+            if blob is not None:
+                disk_cache.store(cache_dir, key, blob, ".prog")
+    return program
+
+
+def _load(cache_dir: str, key: str, graph: Graph) -> kir.Program | None:
+    blob = disk_cache.load(cache_dir, key, ".prog")
     program = None if blob is None else _unpack(blob, graph)
     if program is not None:
         COUNTS["program_hits"] += 1
     return program
-
-
-def store(program: kir.Program, graph: Graph, flags: Flags, backend: Any) -> None:
-    """Keep `program` in --cache_dir (when set) for `load` in this or a later process."""
-    if not flags.cache_dir:
-        return
-    blob = _pack(program, graph)
-    if blob is not None:
-        disk_cache.store(flags.cache_dir, program_key(graph, flags, backend), blob, ".prog")
 
 
 def program_key(graph: Graph, flags: Flags, backend: Any) -> str:
@@ -124,7 +138,8 @@ def _pack(program: kir.Program, graph: Graph) -> bytes | None:
 def _unpack(blob: bytes, graph: Graph) -> kir.Program | None:
     """The cached Program with constants from `graph`, or None when it does not fit."""
     try:
-        const_ids, bare = pickle.loads(blob)  # our own entry, checksummed (see cache.py)
+        # our own entry: checksummed, or authenticated when a key is set (disk_cache.py)
+        const_ids, bare = pickle.loads(blob)
         names = {b.id: b.name for b in bare.buffers}
         constants = {bid: graph.initializers[names[bid]] for bid in const_ids}
     except Exception:  # noqa: BLE001 - a stale or foreign entry is relowered, never fatal

@@ -55,7 +55,13 @@ class ClusterRunner:
         self.output_names = [v.name for v in graph.outputs]
         shape_names = {v.name for v in cluster.shape_value_inputs}
         self.shape_value_index = [i for i, n in enumerate(self.input_names) if n in shape_names]
-        self.cache: dict[tuple, Any] = {}
+        self.cache: dict[tuple, Any] = {}  # signature -> executable
+        # signature -> what serves it: the executable, a measuring Trial or the onnxruntime
+        # segment that beat it (autoclust/runtime/autotune.py)
+        self.route: dict[tuple, Any] = {}
+        self.tuner: Any = None  # the session's autotune.Placement (None: not measured)
+        self._fingerprint = ""
+        self._route_lock = threading.Lock()
         self.compiles = 0
         self.runs = 0
         self.fallback: Any = None  # an onnxruntime Segment once the cluster falls back
@@ -89,13 +95,12 @@ class ClusterRunner:
         key = tuple([(x.dtype, x.shape) for x in inputs])  # self.signature, inlined
         if self.shape_value_index:
             key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
-        exe = self.cache.get(key)
-        if exe is None and self.classes:
-            exe = self._bind(key, inputs)  # a compiled shape class serves it: no compile
+        exe = self.route.get(key)
         if exe is None:
-            if self.flags.async_compile and not self.flags.must_compile:
+            if (self.flags.async_compile and not self.flags.must_compile
+                    and key not in self.cache and not self._class_serves(inputs)):
                 return self._run_while_compiling(key, inputs)
-            exe = self._compile(key, inputs)
+            exe = self._place(key, inputs)
             if exe is None:
                 return self.fallback.run(self._host(inputs), run_options)
         self.runs += 1
@@ -104,7 +109,49 @@ class ClusterRunner:
             self._check_numerics(inputs, outs)
         return outs
 
-    # ---- compiling ------------------------------------------------------------------
+    # ---- placing and compiling -------------------------------------------------------
+    def _place(self, key: tuple, inputs: list[np.ndarray]) -> Any:
+        """What serves signature `key` from now on (None: the cluster fell back)."""
+        with self._route_lock:
+            target = self.route.get(key)
+            if target is None:
+                target = self.compiled(key, inputs) if self.tuner is None else \
+                    self.tuner.place(self, key, inputs)
+                if target is not None:
+                    self.route[key] = target
+            return target
+
+    def compiled(self, key: tuple, inputs: list[np.ndarray]) -> Any:
+        """The executable for signature `key`, compiled now if needed (None: fell back)."""
+        exe = self.cache.get(key)
+        if exe is None and self.classes:
+            exe = self._bind(key, inputs)  # a compiled shape class serves it: no compile
+        return exe if exe is not None else self._compile(key, inputs)
+
+    def onnxruntime_segment(self, quiet: bool = False) -> Any:
+        """onnxruntime over the cluster's subgraph (built once; shared by --async_compile's
+        stand-in and measured placement); `quiet`: None when onnxruntime refuses it."""
+        if self._stand_in is None:
+            try:
+                self._stand_in = self._fallback_segment()
+            except Exception:
+                if quiet:
+                    return None
+                raise
+        return self._stand_in
+
+    def unmeasurable(self) -> str | None:
+        """Why this cluster cannot be timed against onnxruntime (None: it can)."""
+        from autoclust.ops import custom
+        return "a custom op onnxruntime cannot load" if custom.in_graph(self.graph) else None
+
+    def fingerprint(self) -> str:
+        """A hash of the cluster's graph, weights' names and types, and code flags."""
+        if not self._fingerprint:
+            from autoclust.runtime.program_cache import program_key
+            self._fingerprint = program_key(self.graph, self.flags, self.backend)
+        return self._fingerprint
+
     def _bind(self, key: tuple, inputs: list[np.ndarray]) -> Any:
         """The executable of the first shape class whose dims and guards accept these
         inputs, bound to their dims (cached by signature); None when no class does."""
@@ -131,7 +178,12 @@ class ClusterRunner:
         self.cache[key] = exe
         self._bound.append(key)
         if len(self._bound) > MAX_BINDINGS:
-            self.cache.pop(self._bound.popleft(), None)
+            old = self._bound.popleft()
+            self.cache.pop(old, None)
+            self.route.pop(old, None)  # placed again (cheaply: bound again) if it returns
+
+    def _class_serves(self, inputs: list[np.ndarray]) -> bool:
+        return any(isinstance(c.match(inputs), dict) for c in self.classes)
 
     def _compile(self, key: tuple, inputs: list[np.ndarray]) -> Any:
         with self._lock:  # several threads meeting a new signature compile it once
@@ -181,10 +233,9 @@ class ClusterRunner:
             if key not in self.pending:
                 copies = [np.array(x, copy=True) for x in inputs]  # the caller may reuse them
                 self.pending[key] = _COMPILER.submit(self._compile, key, copies)
-            if self._stand_in is None:
-                self._stand_in = self._fallback_segment()
+            stand_in = self.onnxruntime_segment()
         self.stand_in_runs += 1
-        return self._stand_in.run(inputs)
+        return stand_in.run(inputs)
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every background compile started so far has finished."""
@@ -271,7 +322,7 @@ class ClusterRunner:
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
-        self.fallback = self._fallback_segment()
+        self.fallback = self.onnxruntime_segment()
         where = "onnxruntime" if hasattr(self.fallback, "session") else \
             "autoclust's runtime (custom ops onnxruntime cannot load)"
         warnings.warn(f"autoclust: {self.name} falls back to {where} ({reason})",
@@ -285,9 +336,10 @@ class ClusterRunner:
         from autoclust.ops import custom
         if custom.in_graph(self.graph):
             return custom.HostRunner(self.graph, self.name)
+        model, external = _onnx(self.graph)
         return registry.fallback().Segment(
-            _onnx(self.graph), self.ort_options, name=self.name, input_names=self.input_names,
-            output_names=self.output_names)
+            model, self.ort_options, name=self.name, input_names=self.input_names,
+            output_names=self.output_names, external=external)
 
     def _check_numerics(self, inputs: list[np.ndarray], outs: list[np.ndarray]) -> None:
         bad = [name for name, x in zip(self.output_names, outs) if _nonfinite(x)]
@@ -380,9 +432,10 @@ class SegmentRunner:
         self.name = step.name
         self.input_names = [v.name for v in graph.inputs]
         self.output_names = [v.name for v in graph.outputs]
+        model, external = _onnx(graph)
         self.segment = registry.fallback().Segment(
-            _onnx(graph), ort_options, providers, provider_options, name=step.name,
-            input_names=self.input_names, output_names=self.output_names)
+            model, ort_options, providers, provider_options, name=step.name,
+            input_names=self.input_names, output_names=self.output_names, external=external)
 
     def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
         return self.segment.run(inputs, run_options)
@@ -392,16 +445,19 @@ class Runtime:
     """Executes a Plan: a list of (runner, input names, output names, names to free)."""
 
     def __init__(self, plan: Any, flags: Flags, backend: Any, sess_options: Any = None,
-                 providers: Any = None, provider_options: Any = None, dumper: Any = None):
+                 providers: Any = None, provider_options: Any = None, dumper: Any = None,
+                 whole_plan: bool = True):
         from autoclust.clustering.partition import Cluster, ControlFlow
         self.plan = plan
         self.graph = plan.graph
         self.backend = backend
         options = registry.fallback().sub_session_options(sess_options, flags.threads)
+        self._ort = (options, providers, provider_options)  # for whole_model_segment
         self.runners: list[Any] = []
 
         def make_runtime(body: Any) -> Runtime:  # a control-flow body's own Runtime
-            return Runtime(body, flags, backend, sess_options, providers, provider_options)
+            return Runtime(body, flags, backend, sess_options, providers, provider_options,
+                           whole_plan=False)  # a body is no model of its own
 
         for step in plan.steps:
             sub = self.graph.extract(step.nodes, name=step.name)
@@ -419,6 +475,7 @@ class Runtime:
                 runner = SegmentRunner(step, sub, options, providers, provider_options)
             self.runners.append(runner)
         self.flags = flags
+        self.placement = self._placement(plan, flags, backend)
         self._progress: Any = None  # the compiles of the run in progress (a Progress)
         self._progress_lock = threading.Lock()
         if not flags.async_compile or flags.must_compile:  # background compiles block nothing
@@ -433,6 +490,39 @@ class Runtime:
         self._plan_frees()
         self.device = DeviceRun(self) if registry.policy(backend).device_memory else None
         self._single = self._single_step()
+        self.whole = self._whole_plan() if whole_plan else None
+
+    def _placement(self, plan: Any, flags: Flags, backend: Any) -> Any:
+        """The session's measured placement (autotune.py), its decisions shown by explain;
+        None when it does not measure (flags, device)."""
+        from autoclust.runtime import autotune
+        if autotune.skip_reason(flags, backend) is not None:
+            return None
+        placement = autotune.Placement(flags)
+        plan.placement = placement.decisions
+        for r in self.compiled_clusters():
+            r.tuner = placement
+        return placement
+
+    def _whole_plan(self) -> Any:
+        """The plan against onnxruntime over the whole model (autotune.WholePlan), for a
+        plan of several steps that clusters and onnxruntime segments alone make up."""
+        from autoclust.runtime import autotune
+        if self.placement is None or len(self.runners) < 2 or not self.compiled_clusters():
+            return None
+        if any(not isinstance(r, (ClusterRunner, SegmentRunner)) or
+               (isinstance(r, ClusterRunner) and r.unmeasurable()) for r in self.runners):
+            return None  # control flow, custom ops: onnxruntime cannot run the whole model
+        return autotune.WholePlan(self, self.placement)
+
+    def whole_model_segment(self) -> Any:
+        """onnxruntime over the whole model, with the plan's sub-session options."""
+        options, providers, provider_options = self._ort
+        model, external = _onnx(self.graph)
+        return registry.fallback().Segment(
+            model, options, providers, provider_options, name="whole model",
+            input_names=[v.name for v in self.graph.inputs], output_names=self.output_names,
+            external=external)
 
     def _plan_frees(self) -> None:
         last: dict[str, int] = {}
@@ -489,6 +579,14 @@ class Runtime:
             return self.device.run(feeds)
         if run_options is not None:
             return self._run_with_options(feeds, run_options)
+        if self.whole is not None:  # measured placement of the whole plan
+            outs = self.whole.run(feeds)
+            if outs is not None:
+                return outs
+        return self.run_steps(feeds)
+
+    def run_steps(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the plan's steps on validated host feeds; the environment at the end."""
         env = dict(self.defaults)
         env.update(feeds)
         try:
@@ -612,9 +710,17 @@ class DeviceRun:
         return other[name]
 
 
-def _onnx(graph: Graph) -> Any:
-    """A sub-graph as an ONNX model for onnxruntime (fallback segments run ONNX)."""
-    return registry.importer("onnx").export_model(graph)
+# Initializers from this size on reach onnxruntime as OrtValues over our arrays, not copied
+# into the serialized sub-model (GPT-2's cluster: 0.5 s to a session instead of 5 s).
+EXTERNAL_BYTES = 1 << 12
+
+
+def _onnx(graph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
+    """A sub-graph as an ONNX model for onnxruntime (fallback segments run ONNX), and the
+    large initializers it names as external stubs."""
+    onnx_importer = registry.importer("onnx")
+    model = onnx_importer.export_model(graph, external_min_bytes=EXTERNAL_BYTES)
+    return model, {n: graph.initializers[n] for n in onnx_importer.external_stubs(model)}
 
 
 def check_must_compile(plan: Any) -> None:

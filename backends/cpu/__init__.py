@@ -95,7 +95,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
     if gemms:
         dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
             "".join(f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
-    code = Code(addrs, engine, dumps, gemms, threads)
+    code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds)
     if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
         dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
         return Parametric(program, code, dims)
@@ -111,6 +111,7 @@ class Code:
     dumps: LazyDumps
     gemms: dict
     threads: int
+    check_bounds: bool = False
 
     def executable(self, program: kir.Program, env: dict[str, int],
                    dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
@@ -124,7 +125,8 @@ class Code:
         gemms = {t: (name, symbolic.substitute(spec, env))
                  for t, (name, spec) in self.gemms.items()} if env else self.gemms
         return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
-                          library, MIN_CHUNK_WORK, gemms, dims, arena, impls)
+                          library, MIN_CHUNK_WORK, gemms, self.check_bounds, dims, arena,
+                          impls)
 
 
 class Parametric:
@@ -168,12 +170,13 @@ Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol)
 
 
 def _kernel_unit(k: kir.Kernel, flags: Flags) -> Unit:
-    key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}", jit.version_key())
+    key = cache.make_key(f"{code_key(k)}|fast_math={flags.fast_math}|check_bounds="
+                         f"{flags.check_bounds}", jit.version_key())
     sym = f"k_{key[:20]}"
 
     def build() -> str:
         renamed = dataclasses.replace(k, name=sym)
-        return str(codegen.build_module([renamed], flags.fast_math))
+        return str(codegen.build_module([renamed], flags.fast_math, flags.check_bounds))
     return k.name, key, build, sym
 
 

@@ -43,15 +43,31 @@ from autoclust.symbolic import same
 
 REDUCE_FLAGS = ("reassoc", "contract")
 VECTOR_BITS = 512
-NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
+# onnxruntime's ArgMax/ArgMin keep a row's NaN only when it comes first; float max/min
+# phases propagate any NaN (the reference's NumPy semantics, which the spec names).
+NAN_FIRST_KINDS = ("argmax", "argmin", "argmax_last", "argmin_last")
+
+
+# --check_bounds: a kernel's pointer array holds one more pointer after its buffers, to an
+# int64 guard array: [kind (1 load, 2 store, 0 none), buffer, element, lanes, then each
+# buffer's element count]. An access outside its buffer writes the first four and returns.
+GUARD_SIZES = 4
+
+
+def guard_slot(k: kir.Kernel) -> int:
+    """The pointer-array index of kernel k's guard (after its buffers, 0..n-1)."""
+    return max(_buffers_of(k), default=-1) + 1
 
 
 class KernelEmitter:
     """Emits the body of one kernel."""
 
-    def __init__(self, module: ir.Module, kernel: kir.Kernel, fast_math: bool):
+    def __init__(self, module: ir.Module, kernel: kir.Kernel, fast_math: bool,
+                 check_bounds: bool = False):
         self.module = module
         self.kernel = kernel
+        self.check_bounds = check_bounds
+        self.guard: ir.Value | None = None
         # No `contract`: an FMA of one op's a*b into the next op's + c skips the rounding
         # onnxruntime does between its kernels, and a row kernel recomputes expressions in
         # several phases: LogSoftmax(x * c) took max(x * c) rounded, then computed
@@ -69,13 +85,16 @@ class KernelEmitter:
     def emit(self) -> None:
         k = self.kernel
         n_dims = len(self.dim_names)
-        argtys = [PTR] * len(self.bufs) + [I64] * n_dims + [I64, I64]
+        n_ptrs = len(self.bufs) + self.check_bounds
+        argtys = [PTR] * n_ptrs + [I64] * n_dims + [I64, I64]
         body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), argtys), f"{k.name}.body")
         for a in body.args[:len(self.bufs)]:
             a.add_attribute("noalias")
         self.b = ir.IRBuilder(body.append_basic_block("entry"))
         self.ptr = dict(zip(self.bufs, body.args))
-        dim_args = dict(zip(self.dim_names, body.args[len(self.bufs):len(self.bufs) + n_dims]))
+        if self.check_bounds:
+            self.guard = body.args[len(self.bufs)]
+        dim_args = dict(zip(self.dim_names, body.args[n_ptrs:n_ptrs + n_dims]))
         self._dim_values(dim_args)
         start, stop = body.args[-2], body.args[-1]
         n_outer = len(k.shape) - k.n_inner
@@ -92,10 +111,12 @@ class KernelEmitter:
                          self.kernel.name)
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptrs = []
-        for buf in self.bufs:
+        slots = self.bufs + ([guard_slot(self.kernel)] if self.check_bounds else [])
+        for buf in slots:
             slot = b.gep(fn.args[0], [_i64(buf)], inbounds=True, source_etype=PTR)
             ptrs.append(b.load(slot, typ=PTR))
-        n_slots = max(self.bufs, default=-1) + 1  # dims follow the buffer pointers
+        # dims follow the buffer pointers (and the guard): executable.Executable._site
+        n_slots = max(self.bufs, default=-1) + 1 + self.check_bounds
         for j in range(len(self.dim_names)):
             slot = b.gep(fn.args[0], [_i64(n_slots + j)], inbounds=True, source_etype=PTR)
             ptrs.append(b.load(slot, typ=I64))
@@ -129,8 +150,12 @@ class KernelEmitter:
             self._scan(inner_ranges)
             return
         self.stash = _plan_stash(k, self.dtypes)
-        for phase, red in enumerate(k.reductions):
-            self.reduced.append(self._reduction(red, inner_ranges, phase))
+        for group in _phase_groups(k, self.stash):
+            if len(group) > 1:
+                self.reduced.extend(self._fused_sums(group, inner_ranges))
+                continue
+            phase = group[0]
+            self.reduced.append(self._reduction(k.reductions[phase], inner_ranges, phase))
         row_stores = [s for s in k.stores if s.per_row]
         elem_stores = [s for s in k.stores if not s.per_row]
         self.iv = self.outer + [_i64(0)] * k.n_inner
@@ -155,7 +180,7 @@ class KernelEmitter:
         red = k.reductions[0]
         ty = COMPUTE[red.dtype]
         acc = entry_alloca(b, ty, "scan")
-        b.store(_reduce_init(red.kind, red.dtype, ty), acc)
+        b.store(_reduce_init(red.kind, red.dtype, ty, red), acc)
         self.stash = {}
         with for_nest(b, inner_ranges, "s") as inner:
             if red.reverse and inner:
@@ -169,6 +194,25 @@ class KernelEmitter:
             self.reduced = [old if red.scan == "exclusive" else new]
             for s in k.stores:
                 self._store(s)
+
+    def _fused_sums(self, group: list[int], inner_ranges: list) -> list[ir.Value]:
+        """Sum/prod phases that read none of each other's results, in one loop over the
+        row: the loads and subexpressions they share are computed once per element
+        (LayerNorm's mean correction and squared deviations both read x - mean)."""
+        b = self.b
+        reds = [self.kernel.reductions[p] for p in group]
+        accs = []
+        for red in reds:
+            acc = entry_alloca(b, COMPUTE[red.dtype], "acc")
+            b.store(_reduce_init(red.kind, red.dtype, COMPUTE[red.dtype], red), acc)
+            accs.append(acc)
+        with for_nest(b, inner_ranges, "r") as inner:
+            self.iv = self.outer + inner
+            self.memo = {}
+            for red, acc in zip(reds, accs):
+                x = self.value(red.expr)
+                b.store(self._combine(red.kind, b.load(acc), x, red.dtype), acc)
+        return [b.load(acc) for acc in accs]
 
     def _reduction(self, red: kir.Reduction, inner_ranges: list, phase: int) -> ir.Value:
         if self._vector_phase(red, inner_ranges, phase):
@@ -203,12 +247,16 @@ class KernelEmitter:
         init = ir.Constant(vty, _reduce_init(red.kind, red.dtype, vty.element).constant)
         acc = entry_alloca(b, vty, "vacc")
         b.store(init, acc)
+        seen = entry_alloca(b, ir.VectorType(ir.IntType(1), v), "vnan")  # lanes that met NaN
+        b.store(ir.Constant(seen.allocated_type, None), seen)
         name = "llvm.maxnum" if red.kind == "max" else "llvm.minnum"
 
         def chunk(prefix: list, start: ir.Value) -> None:
             self.iv = self.outer + prefix + [start]
             self.memo, vx.memo = {}, {}
-            x = vx.intrinsic(name, [vx.value(red.expr), init])  # NaN -> the neutral value
+            raw = vx.value(red.expr)
+            b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", raw, raw)), seen)
+            x = vx.intrinsic(name, [raw, init])  # NaN -> the neutral value
             b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
 
         with for_nest(b, inner_ranges[:-1], "r") as prefix:
@@ -216,7 +264,8 @@ class KernelEmitter:
                 chunk(prefix, b.mul(t, _i64(v), flags=["nsw"]))
             if n % v:
                 chunk(prefix, _i64(n - v))
-        return self._nan_first(red, inner_ranges, vx.horizontal(b.load(acc), red.kind))
+        any_nan = vx.any_lane(b.load(seen))
+        return self._nan_wins(any_nan, vx.horizontal(b.load(acc), red.kind))
 
     def _vector_reduction_symbolic(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
         """A max/min row of symbolic length n: full-width vector chunks and an overlapping
@@ -233,11 +282,15 @@ class KernelEmitter:
             with wide:
                 acc = entry_alloca(b, vty, "vacc")
                 b.store(init, acc)
+                seen = entry_alloca(b, ir.VectorType(ir.IntType(1), v), "vnan")
+                b.store(ir.Constant(seen.allocated_type, None), seen)
 
                 def chunk(prefix: list, start: ir.Value) -> None:
                     self.iv = self.outer + prefix + [start]
                     self.memo, vx.memo = {}, {}
-                    x = vx.intrinsic(name, [vx.value(red.expr), init])
+                    raw = vx.value(red.expr)
+                    b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", raw, raw)), seen)
+                    x = vx.intrinsic(name, [raw, init])  # NaN -> the neutral value
                     b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
 
                 with for_nest(b, inner_ranges[:-1], "r") as prefix:
@@ -246,41 +299,52 @@ class KernelEmitter:
                         chunk(prefix, b.mul(t, _i64(v), flags=["nsw"]))
                     with b.if_then(b.icmp_signed("!=", b.srem(n, _i64(v)), _i64(0))):
                         chunk(prefix, b.sub(n, _i64(v), flags=["nsw"]))
-                b.store(vx.horizontal(b.load(acc), red.kind), result)
+                any_nan = vx.any_lane(b.load(seen))
+                b.store(self._nan_wins(any_nan, vx.horizontal(b.load(acc), red.kind)), result)
             with narrow:
-                b.store(self._scalar_reduction(red, inner_ranges, -1, nan_first=False),
-                        result)
-        return self._nan_first(red, inner_ranges, b.load(result))
+                b.store(self._scalar_reduction(red, inner_ranges, -1), result)
+        return b.load(result)
 
     def _scalar_reduction(self, red: kir.Reduction, inner_ranges: list,
-                          phase: int, nan_first: bool = True) -> ir.Value:
+                          phase: int) -> ir.Value:
         b = self.b
         arg = red.kind.startswith("arg")
         ty = COMPUTE[red.expr.dtype] if arg else COMPUTE[red.dtype]
         acc = entry_alloca(b, ty, "acc")
-        b.store(_reduce_init(red.kind, red.expr.dtype, ty), acc)
-        pos = None
+        b.store(_reduce_init(red.kind, red.expr.dtype, ty, red), acc)
+        pos = seen = None
         if arg:
             pos = entry_alloca(b, I64, "pos")
             b.store(_i64(0), pos)
+        elif red.kind in ("max", "min") and is_float(red.dtype):
+            seen = entry_alloca(b, ir.IntType(1), "nan")  # whether the row held a NaN
+            b.store(ir.Constant(ir.IntType(1), 0), seen)
         with for_nest(b, inner_ranges, "r") as inner:
             self.iv = self.outer + inner
             self.memo = {}
             x = self.value(red.expr)
             for sub, st in (v for key, v in self.stash.items() if key[0] == phase):
-                b.store(self.value(sub), self._address(st.buf, st.index))
+                b.store(self.value(sub), self._address(st.buf, st.index, store=True))
             old = b.load(acc)
+            if seen is not None:
+                b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", x, x)), seen)
             if pos is None:
                 b.store(self._combine(red.kind, old, x, red.dtype), acc)
             else:
                 take = self._arg_better(red.kind, x, old, red.expr.dtype)
                 b.store(b.select(take, x, old), acc)
                 b.store(b.select(take, inner[-1] if inner else _i64(0), b.load(pos)), pos)
-        result = b.load(pos if arg else acc)
-        return self._nan_first(red, inner_ranges, result) if nan_first else result
+        if seen is not None:
+            return self._nan_wins(b.load(seen), b.load(acc))
+        return self._nan_first(red, inner_ranges, b.load(pos if arg else acc))
+
+    def _nan_wins(self, any_nan: ir.Value, result: ir.Value) -> ir.Value:
+        """A float max/min row that held a NaN gives NaN (NumPy semantics, as the reference):
+        the accumulation itself skips NaN (see _combine), a flag remembers it."""
+        return self.b.select(any_nan, ir.Constant(result.type, math.nan), result)
 
     def _nan_first(self, red: kir.Reduction, inner_ranges: list, result: ir.Value) -> ir.Value:
-        """onnxruntime: a max/min/arg* row's NaN is skipped unless it is the first element."""
+        """onnxruntime: an arg* row's NaN is skipped unless it is the first element."""
         # a symbolic extent is at least 2
         nonempty = all(symbolic.is_sym(d) or d > 0 for d in self.inner_extents)
         if red.kind in NAN_FIRST_KINDS and is_float(red.expr.dtype) and nonempty:
@@ -299,7 +363,7 @@ class KernelEmitter:
             return b.fadd(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.add(acc, x)
         if kind == "prod":
             return b.fmul(acc, x, flags=REDUCE_FLAGS) if is_float(dtype) else b.mul(acc, x)
-        if is_float(dtype):  # NaN-skipping; the first-NaN rule is applied after the loop
+        if is_float(dtype):  # NaN-skipping; a flag beside it makes a NaN row NaN (_nan_wins)
             # NaN is replaced by the neutral value here, so neither operand can be NaN and
             # the call is truthfully `nnan`. Not a plain llvm.maxnum reduction: LLVM 22
             # vectorizes that with a NaN-checking scheme that drops elements for some trip
@@ -323,7 +387,7 @@ class KernelEmitter:
 
     # ---- stores, loads and expressions -----------------------------------------------------
     def _address(self, buf: int, index: kir.Affine, clamps: tuple = (),
-                 dyn: tuple = ()) -> ir.Value:
+                 dyn: tuple = (), lanes: int = 1, store: bool = False) -> ir.Value:
         b = self.b
         off = self.int(index.const)
         ivs = list(self.iv)
@@ -339,8 +403,22 @@ class KernelEmitter:
             pos = self.value(e)
             term = pos if same(stride, 1) else b.mul(pos, self.int(stride), flags=["nsw"])
             off = b.add(off, term, flags=["nsw"])
+        if self.guard is not None:
+            self._bounds(buf, off, lanes, store)
         return b.gep(self.ptr[buf], [off], inbounds=True,
                      source_etype=STORAGE[self.dtypes[buf]])
+
+    def _bounds(self, buf: int, off: ir.Value, lanes: int, store: bool) -> None:
+        """--check_bounds: elements off .. off + lanes - 1 must lie in buffer buf; else the
+        access goes into the guard array (GUARD_SIZES) and the kernel returns at once."""
+        b, guard = self.b, self.guard
+        size = b.load(b.gep(guard, [_i64(GUARD_SIZES + buf)], source_etype=I64), typ=I64)
+        ok = b.and_(b.icmp_signed(">=", off, _i64(0)),
+                    b.icmp_signed("<=", off, b.sub(size, _i64(lanes))))
+        with b.if_then(b.not_(ok), likely=False):
+            for j, v in enumerate((_i64(2 if store else 1), _i64(buf), off, _i64(lanes))):
+                b.store(v, b.gep(guard, [_i64(j)], source_etype=I64))
+            b.ret_void()
 
     def _store(self, s: kir.Store) -> None:
         dtype = self.dtypes[s.buf]
@@ -354,7 +432,7 @@ class KernelEmitter:
             v = b.zext(v, I8)
         elif dtype in NARROW_INTS:
             v = b.trunc(v, STORAGE[dtype])
-        b.store(v, self._address(s.buf, s.index))
+        b.store(v, self._address(s.buf, s.index, store=True))
 
     def value(self, e: kir.Expr) -> ir.Value:
         """The IR value of expression e in the current loop body (memoized)."""
@@ -419,6 +497,22 @@ class KernelEmitter:
                 got = True
             self.invariant[key] = got
         return got
+
+
+def _phase_groups(k: kir.Kernel, stash: dict) -> list[list[int]]:
+    """The kernel's phases in order, consecutive sum/prod phases that read none of each
+    other's results (nor stash a value) grouped to run in one loop (_fused_sums)."""
+    groups: list[list[int]] = []
+    open_group = False  # whether the last group may take another phase
+    for p, red in enumerate(k.reductions):
+        fusable = red.kind in ("sum", "prod") and not any(key[0] == p for key in stash)
+        reads = {e.phase for e in kir.walk([red.expr]) if isinstance(e, kir.Reduced)}
+        if fusable and open_group and not reads & set(groups[-1]):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+            open_group = fusable
+    return groups
 
 
 def _loop_order(k: kir.Kernel) -> list[int]:
@@ -515,7 +609,10 @@ def _reciprocal_ok(divisor: kir.Expr) -> bool:
     return c != 0 and math.isfinite(c) and math.frexp(abs(c))[0] == 0.5
 
 
-def _reduce_init(kind: str, dtype: str, ty: ir.Type) -> ir.Constant:
+def _reduce_init(kind: str, dtype: str, ty: ir.Type,
+                 red: kir.Reduction | None = None) -> ir.Constant:
+    if kind == "sum" and red is not None and is_float(dtype):
+        return constant(kir.sum_start(red), dtype)  # -0.0 for an inclusive scan
     if kind in ("sum", "prod"):
         return constant(kir.reduce_identity(kind, dtype), dtype)
     return ir.Constant(ty, kir.reduce_identity(kind, dtype, getattr(ty, "width", None)))
@@ -547,12 +644,13 @@ def _buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
     return out
 
 
-def build_module(kernels: list[kir.Kernel], fast_math: bool) -> ir.Module:
-    """One LLVM module holding the given kernels."""
+def build_module(kernels: list[kir.Kernel], fast_math: bool,
+                 check_bounds: bool = False) -> ir.Module:
+    """One LLVM module holding the given kernels (each access checked with check_bounds)."""
     module = ir.Module(name="autoclust")
     wide = set()
     for k in kernels:
-        KernelEmitter(module, k, fast_math).emit()
+        KernelEmitter(module, k, fast_math, check_bounds).emit()
         if not k.reductions:
             wide.add(k.name)
     for fn in module.functions:

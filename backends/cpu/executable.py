@@ -30,8 +30,9 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+from autoclust.backends.cpu.codegen import GUARD_SIZES
 
-from autoclust.errors import InvalidInputError
+from autoclust.errors import InvalidInputError, OutOfBoundsError
 from autoclust.kernel import ir as kir
 
 KERNEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -216,8 +217,8 @@ class Executable:
     def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: set[str],
                  threads: int, engine: object, dumps: dict[str, str], library: object = None,
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
-                 dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
-                 impls: dict[int, str] | None = None):
+                 check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
+                 arena: Arena | None = None, impls: dict[int, str] | None = None):
         self.program = program
         constants = program.constants
         self.engine = engine  # keeps the code alive
@@ -237,6 +238,9 @@ class Executable:
         self._bindings = program.sharing
         self._site_slots: dict[int, list[tuple[ctypes.Array, int]]] = {}
         self._sites: list[ctypes.Array] = []  # keeps the per-kernel arrays alive
+        # --check_bounds: kernel name -> (its buffers, its guard array; codegen.GUARD_SIZES)
+        self._guards: dict[str, tuple[tuple[int, ...], np.ndarray]] = {}
+        self._check_bounds = check_bounds
         self._library = library
         self._fixed(constants)
         self._constants = constants
@@ -259,6 +263,12 @@ class Executable:
         for bid in program.outputs:
             self._handout.append((bid, self.buffers[bid].role != "output" or bid in seen))
             seen.add(bid)
+
+    def settled(self) -> bool:
+        """Whether background work that changes this executable's speed is done (prepacked
+        GEMM weights: autoclust/runtime/autotune.py times the executable only then)."""
+        wait = getattr(self._library, "wait_background", None)
+        return wait is None or wait(timeout=0)
 
     def _fixed(self, constants: dict[int, np.ndarray]) -> None:
         slot_bytes: dict[int, int] = {}
@@ -289,12 +299,20 @@ class Executable:
         for site, j in self._site_slots.get(bid, ()):
             site[j] = addr
 
-    def _site(self, ids: tuple[int, ...]) -> int:
-        """Address of a pointer array holding buffers `ids` in order (kept current by _set)."""
-        site = (ctypes.c_void_p * max(1, len(ids)))()
+    def _site(self, ids: tuple[int, ...], guard: np.ndarray | None = None,
+              dims: tuple[int, ...] = ()) -> int:
+        """Address of a pointer array holding buffers `ids` in order (kept current by _set),
+        then `guard`'s address when given (--check_bounds), then the symbolic dims' values
+        the kernel's code reads (codegen.KernelEmitter._wrapper)."""
+        n = len(ids) + (guard is not None)
+        site = (ctypes.c_void_p * max(1, n + len(dims)))()
         for j, bid in enumerate(ids):
             site[j] = self._ptrs[bid]
             self._site_slots.setdefault(bid, []).append((site, j))
+        if guard is not None:
+            site[len(ids)] = guard.ctypes.data
+        for j, value in enumerate(dims):
+            site[n + j] = value
         self._sites.append(site)
         return ctypes.addressof(site)
 
@@ -305,16 +323,13 @@ class Executable:
             return name, self._ptrs_addr
         fn_name, ids = self._bindings[name]
         dims = self._dims.get(name, ())
-        if not dims:
-            return fn_name, self._site(ids)
-        site = (ctypes.c_void_p * (len(ids) + len(dims)))()
-        for j, bid in enumerate(ids):
-            site[j] = self._ptrs[bid]
-            self._site_slots.setdefault(bid, []).append((site, j))
-        for j, value in enumerate(dims):
-            site[len(ids) + j] = value
-        self._sites.append(site)
-        return fn_name, ctypes.addressof(site)
+        if not self._check_bounds:
+            return fn_name, self._site(ids, None, dims)
+        # one more slot: the guard array the checked code reports to (codegen._bounds)
+        guard = np.zeros(GUARD_SIZES + len(ids), np.int64)
+        guard[GUARD_SIZES:] = [self.buffers[b].size for b in ids]
+        self._guards[name] = (ids, guard)
+        return fn_name, self._site(ids, guard, dims)
 
     def _step(self, i: int, t: kir.Thunk, addrs: dict[str, int], parallel: set[str],
               threads: int) -> Native | Callable[[], None] | None:
@@ -345,6 +360,24 @@ class Executable:
             run = splitter(threads).run
             return lambda: run(fn, bufs, bounds)
         return Native(addr, bufs, 0, n0, work)
+
+    def _raise_out_of_bounds(self) -> None:
+        """--check_bounds: raise OutOfBoundsError for the first kernel whose guard caught an
+        access outside its buffer (guards are cleared, so the next run starts clean)."""
+        hits = [(name, ids, g.copy()) for name, (ids, g) in self._guards.items() if g[0]]
+        if not hits:
+            return
+        for _, g in self._guards.values():
+            g[:GUARD_SIZES] = 0
+        name, ids, g = hits[0]
+        kernel = next(t for t in self.program.thunks if getattr(t, "name", None) == name)
+        buf = self.buffers[ids[int(g[1])]]
+        what = "store to" if g[0] == 2 else "load of"
+        lanes = f" ({int(g[3])} lanes)" if g[3] > 1 else ""
+        raise OutOfBoundsError(
+            f"--check_bounds: kernel {name} (nodes: {', '.join(kernel.nodes)}): a {what} "
+            f"buffer {buf.name!r} ({buf.dtype}{list(buf.shape)}, {buf.size} elements) at "
+            f"element {int(g[2])}{lanes}, outside it; the outputs of this run are garbage")
 
     def _check_step(self, t: kir.Check) -> Callable[[], None]:
         arrays = self._arrays
@@ -450,6 +483,8 @@ class Executable:
                     self._set(bid, np.empty(shape, dtype))
             for step in self._steps:
                 step()
+            if self._guards:
+                self._raise_out_of_bounds()
             outs = [np.array(arrays[bid], copy=True) if copy else arrays[bid]
                     for bid, copy in self._handout]
             for bid in self._input_ids:

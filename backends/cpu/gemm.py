@@ -227,6 +227,8 @@ class _Emitter:
         b, s = self.b, self.s
         if s.alpha != 1.0:
             acc = b.fmul(acc, ir.Constant(self.vty, [s.alpha] * self.vw))
+        if s.beta == 0.0:  # C is not read at all: beta * inf would be NaN (onnxruntime)
+            return acc
         if s.bias == "row":
             bias = self._load(self.p["bias"], col, mask)
         elif s.bias == "scalar":

@@ -74,12 +74,20 @@ def optimize(ir_text: str) -> llvm.ModuleRef:
 
 def compile_object(ir_text: str, cache_dir: str, want_asm: bool) -> tuple[bytes, str, str]:
     """(object code, optimized .ll, .s) for a module, through the persistent cache."""
+    if not cache.usable(cache_dir):
+        return _compile(ir_text, want_asm)
     key = cache.make_key(ir_text, version_key())
-    if cache_dir:
+    with cache.locked(cache_dir, key):  # one process compiles; the others wait, then load
         obj = cache.load(cache_dir, key)
         if obj is not None:
             note = f"; loaded from the persistent cache, key {key}\n"
             return obj, note, note
+        built = _compile(ir_text, want_asm)
+        cache.store(cache_dir, key, built[0])
+    return built
+
+
+def _compile(ir_text: str, want_asm: bool) -> tuple[bytes, str, str]:
     mod = optimize(ir_text)
     tm = target_machine()
     with LLVM_LOCK:
@@ -87,8 +95,6 @@ def compile_object(ir_text: str, cache_dir: str, want_asm: bool) -> tuple[bytes,
         obj = tm.emit_object(mod)
         asm = tm.emit_assembly(mod) if want_asm else ""
         ll = str(mod)
-    if cache_dir:
-        cache.store(cache_dir, key, obj)
     return obj, ll, asm
 
 
@@ -98,28 +104,29 @@ def kernel_object(key: str, build: Callable[[], str], cache_dir: str,
 
     Looks in this process's memory, then in --cache_dir, and only then calls build() for
     the LLVM IR text and compiles it. `key` must determine the module's code (see
-    share_code); checking it first skips building the IR as well as compiling it.
+    share_code); checking it first skips building the IR as well as compiling it. Of
+    several processes missing the same entry, one compiles it and the others load it.
     """
     hit = _OBJECTS.get(key)
     if hit is not None and (hit[2] or not want_asm):
-        if cache_dir and (cache_dir, key) not in _STORED:
+        if cache.usable(cache_dir) and (cache_dir, key) not in _STORED:
             # compiled earlier without this --cache_dir: fill it, so the next process is warm
             _STORED.add((cache_dir, key))
             if not cache.contains(cache_dir, key):
                 cache.store(cache_dir, key, hit[0])
         return hit
-    if cache_dir:
+    if not cache.usable(cache_dir):
+        _OBJECTS[key] = _compile(build(), want_asm)
+        return _OBJECTS[key]
+    with cache.locked(cache_dir, key):
         obj = cache.load(cache_dir, key)
         if obj is not None:
-            _STORED.add((cache_dir, key))
             note = f"; loaded from the persistent cache, key {key}\n"
             _OBJECTS[key] = (obj, note, note)
-            return _OBJECTS[key]
-    obj, ll, asm = compile_object(build(), "", want_asm)
-    if cache_dir:
-        _STORED.add((cache_dir, key))
-        cache.store(cache_dir, key, obj)
-    _OBJECTS[key] = (obj, ll, asm)
+        else:
+            _OBJECTS[key] = _compile(build(), want_asm)
+            cache.store(cache_dir, key, _OBJECTS[key][0])
+    _STORED.add((cache_dir, key))
     return _OBJECTS[key]
 
 

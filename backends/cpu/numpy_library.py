@@ -77,7 +77,8 @@ def _numpy_gemm(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn
     trans_a, trans_b = attrs.get("transA", 0), attrs.get("transB", 0)
     alpha = np.asarray(attrs.get("alpha", 1.0), dtype)
     beta = np.asarray(attrs.get("beta", 1.0), dtype)
-    has_c = len(in_types) > 2 and in_types[2] is not None
+    # beta = 0: C is not read at all (0 * inf would be NaN), as onnxruntime
+    has_c = len(in_types) > 2 and in_types[2] is not None and beta != 0
 
     def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
         a = ins[0].T if trans_a else ins[0]

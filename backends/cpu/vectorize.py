@@ -9,14 +9,15 @@ the loop vectorizer never sees a reduction:
 
     acc = <-inf x V>
     for t in 0 .. n / V:  x = <V lanes of the phase's expression at i = t*V ...>
+                          seen = seen | isnan(x)
                           acc = maxnum_nnan(acc, maxnum(x, -inf))   # NaN -> -inf first
     if n % V:             the same for the last V elements, i = n - V ... n - 1
-    result = horizontal max of acc's lanes
+    result = any lane of seen ? NaN : horizontal max of acc's lanes
 
 The last chunk overlaps the one before it: max and min are idempotent, so elements seen
 twice change nothing, and a row of any length n >= 2 runs as vector code only (no scalar
-tail; V is the widest power of two <= n, at most 512 bits). A row's first-element NaN rule
-is applied after (codegen._nan_first). Rows of 0 or 1 element stay scalar.
+tail; V is the widest power of two <= n, at most 512 bits). A NaN anywhere in the row makes
+the result NaN, as NumPy's max (codegen._nan_wins). Rows of 0 or 1 element stay scalar.
 
 Expressions are emitted through the scalar path's own table (mathops, mathlib), on
 vectors: loads contiguous or invariant along the row (floats, bools, integers), Index,
@@ -122,7 +123,7 @@ class VectorExprs:
         if isinstance(e, kir.Load):
             if e.index.coeffs[last] == 0:
                 return self.splat(k.value(e))
-            addr = k._address(e.buf, e.index)
+            addr = k._address(e.buf, e.index, lanes=self.v)
             # element alignment: the default for a vector type (its size) would be a lie
             raw = b.load(addr, typ=self.vec(STORAGE[e.dtype]), align=_ALIGN[e.dtype])
             if e.dtype == "float16":
@@ -146,6 +147,10 @@ class VectorExprs:
         ty = args[0].type
         elem = "f64" if isinstance(ty.element, ir.DoubleType) else "f32"
         return self._call(f"{name}.v{self.v}{elem}", ty, args, fastmath)
+
+    def any_lane(self, mask: ir.Value) -> ir.Value:
+        """Whether any lane of an i1 vector is set (llvm.vector.reduce.or)."""
+        return self._call(f"llvm.vector.reduce.or.v{self.v}i1", ir.IntType(1), [mask], ())
 
     def horizontal(self, acc: ir.Value, kind: str) -> ir.Value:
         """The max (min) of acc's lanes (a shuffle tree); no lane holds NaN (sanitized),

@@ -133,8 +133,9 @@ def accumulator_init(red: kir.Reduction) -> list[str]:
 def combine(kind: str, dtype: str, acc: str, x: str) -> str:
     """C expression: accumulator `acc` combined with value `x` (non-arg kinds).
 
-    Float max/min skip NaN (x != x compares false both ways), so the accumulator never
-    holds one; the first-NaN rule of onnxruntime is applied after the row (see rows.py).
+    Float max/min propagate NaN (NumPy semantics, as the reference): a NaN x is taken,
+    and a NaN accumulator stays (x > NaN is false). ArgMax/ArgMin's first-NaN rule (as
+    onnxruntime) is applied after the row (kernels.py _finish_phase).
     Float sums reassociate across lanes, as the CPU backend's vectorized sums do.
     """
     if kind in ("sum", "prod"):
@@ -144,6 +145,8 @@ def combine(kind: str, dtype: str, acc: str, x: str) -> str:
         t = compute(dtype)
         return f"(({t})(({UNSIGNED[t]}){acc} {sym} ({UNSIGNED[t]}){x}))"
     cmp = ">" if kind == "max" else "<"
+    if is_float(dtype):
+        return f"(({x}) {cmp} ({acc}) || ({x}) != ({x}) ? ({x}) : ({acc}))"
     return f"(({x}) {cmp} ({acc}) ? ({x}) : ({acc}))"
 
 

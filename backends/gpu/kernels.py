@@ -25,7 +25,9 @@ from autoclust.backends.gpu.prelude import arg_suffix
 
 from autoclust.kernel import ir as kir
 
-NAN_FIRST_KINDS = ("max", "min", "argmax", "argmin", "argmax_last", "argmin_last")
+# ArgMax/ArgMin keep a row's NaN only when it comes first (onnxruntime); float max/min
+# propagate any NaN through cstyle.combine.
+NAN_FIRST_KINDS = ("argmax", "argmin", "argmax_last", "argmin_last")
 FULL_MASK = "0xffffffffu"
 TOKENS = {"cuda": ("threadIdx.x", "blockIdx.x", "blockDim.x", "gridDim.x"),
           "c": ("ac_tid", "ac_bid", "ac_block", "ac_grid")}
@@ -199,7 +201,10 @@ class KernelWriter:
         outer = [f"i{d}" for d in range(self.n_outer)]
         self.decompose("row", list(k.shape[:self.n_outer]), outer, "    ")
         acc_t = cstyle.compute(red.dtype)
-        self.lines.append(f"    {acc_t} acc = {cstyle.reduce_init(red.kind, red.dtype)};")
+        init = cstyle.reduce_init(red.kind, red.dtype)
+        if red.kind == "sum" and cstyle.is_float(red.dtype):  # -0.0 unless exclusive
+            init = cstyle.constant(kir.sum_start(red), red.dtype)
+        self.lines.append(f"    {acc_t} acc = {init};")
         self.lines.append(f"    for ({self.ix} jj = 0; jj < {n}; jj++) {{")
         ivs = list(outer)
         if inner:

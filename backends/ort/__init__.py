@@ -75,6 +75,16 @@ def input_error(message: str) -> errors.InvalidInputError:
     return errors.also(errors.InvalidInputError, InvalidArgument)(message)
 
 
+def as_onnxruntime_error(exc: errors.InvalidInputError) -> errors.InvalidInputError:
+    """exc, typed also as what onnxruntime raises for the same mistake: Fail for an
+    InvalidShapeError, InvalidArgument for the other bad inputs."""
+    kind = Fail if isinstance(exc, errors.InvalidShapeError) else InvalidArgument
+    if isinstance(exc, kind):
+        return exc
+    return errors.also(type(exc) if type(exc).__module__ == errors.__name__ else
+                       errors.InvalidInputError, kind)(str(exc))
+
+
 def load_error(message: str, ort_exc: BaseException | None) -> ModelLoadError:
     """ModelLoadError that is also the type onnxruntime raised loading the same model
     (InvalidProtobuf, NoSuchFile, InvalidGraph, Fail, TypeError, ...)."""
@@ -106,8 +116,14 @@ class Segment:
 
     def __init__(self, model: onnx.ModelProto, options: ort.SessionOptions | None,
                  providers: Any = None, provider_options: Any = None, name: str = "segment",
-                 input_names: list[str] | None = None, output_names: list[str] | None = None):
+                 input_names: list[str] | None = None, output_names: list[str] | None = None,
+                 external: dict[str, np.ndarray] | None = None):
         self.name = name
+        if external:  # initializers the model holds as stubs: handed over without a copy
+            options = sub_session_options(options)  # add_external_initializers mutates it
+            self._external = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                              for a in external.values()]  # live as long as the session
+            options.add_external_initializers(list(external), self._external)
         self.session = create_session(model, options, providers, provider_options)
         # Feeds and fetches go by name, so any order the caller keeps works.
         self.input_names = input_names or [i.name for i in self.session.get_inputs()]
@@ -127,7 +143,10 @@ class Segment:
 
     def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
         """Run with inputs in input_names order; outputs in output_names order."""
-        feeds = dict(zip(self.input_names, inputs))
+        return self.run_feeds(dict(zip(self.input_names, inputs)), run_options)
+
+    def run_feeds(self, feeds: dict[str, Any], run_options: Any = None) -> list[np.ndarray]:
+        """Run on feeds by name (optional inputs may be left out); outputs in order."""
         if self.ort_values:
             return values.run(self.session, self.output_names, feeds, run_options)
         return self._run(self.output_names, feeds, run_options)

@@ -5,7 +5,8 @@
 The core reaches this package through `autoclust.registry.importer("onnx")`.
 """
 
-from autoclust.importers.onnx.export import export_model
+from autoclust.importers.onnx.export import export_model, external_stubs
 from autoclust.importers.onnx.load import fill_types, import_model, load_model_proto, outer_reads
 
-__all__ = ["export_model", "fill_types", "import_model", "load_model_proto", "outer_reads"]
+__all__ = ["export_model", "external_stubs", "fill_types", "import_model", "load_model_proto",
+           "outer_reads"]

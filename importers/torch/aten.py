@@ -176,9 +176,10 @@ def _where(lo: Lowering, cond: Any, a: Any, b: Any) -> Value:
 
 @lowers(aten.clamp.default)
 def _clamp(lo: Lowering, x: Any, lo_: Any = None, hi: Any = None) -> Value:
+    if lo_ is None or hi is None:  # ONNX Clip clips inf to a missing bound's FLT_MAX;
+        return _clamp_tensor(lo, x, lo_, hi)  # torch.clamp keeps it: Max/Min instead
     dt = lo.out_dtype()
-    bounds = [None if v is None else lo.operand(v, dt) for v in (lo_, hi)]
-    return lo.one("Clip", lo.cast(lo.tensor(x), dt), *bounds)
+    return lo.one("Clip", lo.cast(lo.tensor(x), dt), lo.operand(lo_, dt), lo.operand(hi, dt))
 
 
 @lowers(aten.clamp.Tensor)
@@ -252,6 +253,20 @@ def _reduce(op: str) -> LowerFn:
 lowers(aten.sum.dim_IntList)(_reduce("ReduceSum"))
 lowers(aten.mean.dim, aten.mean.default)(_reduce("ReduceMean"))
 lowers(aten.prod.dim_int)(_reduce("ReduceProd"))
+
+
+@lowers(aten.any, aten.all)
+def _any_all(lo: Lowering, x: Any, dims: Any = None, keepdim: bool = False) -> Value:
+    """any/all as ReduceMax/ReduceMin of x != 0 in int32 (NaN counts as true, as in torch)."""
+    v = lo.tensor(x)
+    if v.dtype != np.bool_:
+        v = lo.one("Not", lo.one("Equal", v, lo.const(np.array(0, v.dtype))))
+    axes = _axes(dims, len(v.shape))
+    if not axes:  # a 0-d input
+        return lo.one("Identity", v)
+    op = "ReduceMax" if lo.node.target.overloadpacket is aten.any else "ReduceMin"
+    r = lo.one(op, lo.cast(v, np.dtype(np.int32)), lo.ints(axes), keepdims=int(bool(keepdim)))
+    return lo.cast(r, lo.out_dtype())
 
 
 @lowers(aten.var.correction)
@@ -458,12 +473,36 @@ def _split(lo: Lowering, x: Any, sizes: Any, dim: int = 0) -> list[Value]:
 @lowers(aten.index.Tensor)
 def _index(lo: Lowering, x: Any, indices: Sequence[Any]) -> Value:
     given = [i for i, t in enumerate(indices) if t is not None]
-    if len(given) != 1:
-        raise Unmapped("advanced indexing with several index tensors")
-    idx = lo.tensor(indices[given[0]])
-    if idx.dtype.kind not in "iu":
-        raise Unmapped(f"indexing with a {idx.dtype} tensor (a mask has a data-dependent shape)")
-    return lo.one("Gather", lo.tensor(x), idx, axis=given[0])
+    idx = [lo.tensor(indices[i]) for i in given]
+    for v in idx:
+        if v.dtype.kind not in "iu":
+            raise Unmapped(f"indexing with a {v.dtype} tensor (a mask has a data-dependent "
+                           "shape)")
+    if len(given) == 1:
+        return lo.one("Gather", lo.tensor(x), idx[0], axis=given[0])
+    shape = torch.broadcast_shapes(*[indices[i].meta["val"].shape for i in given])
+    return _index_nd(lo, lo.tensor(x), given, idx, list(shape))
+
+
+def _index_nd(lo: Lowering, v: Value, given: list[int], idx: list[Value], shape: list[Any]
+              ) -> Value:
+    """x[i0, i1, ...] over several dims: the indexed dims moved to the front, one GatherND of
+    the broadcast indices stacked on a last axis, and the result's dims put where torch puts
+    them (in place of the indexed dims when those are adjacent, else first)."""
+    rank, k = len(v.shape), len(given)
+    rest = [d for d in range(rank) if d not in given]
+    if given != list(range(k)):
+        v = lo.one("Transpose", v, perm=given + rest)
+    target = lo.dims(shape)
+    coords = [lo.one("Unsqueeze", lo.one("Expand", lo.cast(i, np.dtype(np.int64)), target),
+                     lo.ints([-1])) for i in idx]
+    y = lo.one("GatherND", v, lo.one("Concat", *coords, axis=-1))
+    first = given[0]
+    if given != list(range(first, first + k)) or first == 0:
+        return y  # broadcast dims first: torch's rule for separated index tensors too
+    n = len(shape)  # y: [*bcast, *x.shape[:first], *after]: bring x.shape[:first] forward
+    perm = list(range(n, n + first)) + list(range(n)) + list(range(n + first, n + len(rest)))
+    return lo.one("Transpose", y, perm=perm)
 
 
 @lowers(aten.embedding.default)
@@ -579,6 +618,12 @@ def _adaptive_avg_pool(lo: Lowering, x: Any, size: Sequence[int]) -> Value:
 def _full(lo: Lowering, size: Sequence[Any], value: Any, **kw: Any) -> Value:
     dt = lo.out_dtype()
     return lo.one("ConstantOfShape", lo.dims(size), value=np.array([value], dt))
+
+
+@lowers(aten.full_like.default)
+def _full_like(lo: Lowering, x: Any, value: Any, **kw: Any) -> Value:
+    dt = lo.out_dtype()
+    return lo.one("ConstantOfShape", lo.dims(lo.val.shape), value=np.array([value], dt))
 
 
 @lowers(aten.arange.start_step)

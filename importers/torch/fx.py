@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from autoclust.importers.torch import aten as torch_aten
+from autoclust.importers.torch import freeze
 from autoclust.importers.torch import lowering as tl
 from autoclust.importers.torch import run as torch_run
 from torch import fx
@@ -47,6 +48,7 @@ from autoclust.registry import Policy
 
 TORCH_DOMAIN = "torch"
 MAX_FOLDED_ELEMENTS = 1 << 24   # factory results larger than this stay eager calls
+GROWN_ELEMENTS = 1 << 18        # folded results may outgrow their constant inputs up to this
 _PARTITION_ROUNDS = 8
 
 _LOG = torch_run.ReportLog()
@@ -144,13 +146,24 @@ def compile_aten(gm: fx.GraphModule, flags: flags_mod.Flags,
     if flags.auto_jit == 0:
         report.failure = "auto_jit is 0"
         return gm
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
     from autoclust import registry
     backend = registry.get_backend(flags.device)
+    build = functools.partial(_build_safely, gm, flags, report, backend)
+    positions = freeze.static_positions(gm) if flags.freeze_params and \
+        report.kind == "inference" else []
+    if positions:  # the values are known at the first call: build then
+        return freeze.FrozenGraph(positions, build, report)
+    return build({})
+
+
+def _build_safely(gm: fx.GraphModule, flags: flags_mod.Flags, report: torch_run.GraphReport,
+                  backend: Any, constants: dict[int, torch.Tensor]) -> Any:
+    """_compile_aten; on an unexpected error the whole graph runs eager, with one warning."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    report.clear()
     try:
         with unset_fake_temporarily():  # aot_autograd calls us under fake mode: real tensors
-            return _compile_aten(gm, flags, report, backend)
+            return _compile_aten(gm, flags, report, backend, constants)
     except AutoclustError:
         raise
     except Exception as exc:  # an importer bug must not break the user's model
@@ -162,9 +175,9 @@ def compile_aten(gm: fx.GraphModule, flags: flags_mod.Flags,
         return gm
 
 
-def _compile_aten(gm: fx.GraphModule, flags: flags_mod.Flags,
-                  report: torch_run.GraphReport, backend: Any) -> Any:
-    imported = import_aten(gm)
+def _compile_aten(gm: fx.GraphModule, flags: flags_mod.Flags, report: torch_run.GraphReport,
+                  backend: Any, constants: dict[int, torch.Tensor]) -> Any:
+    imported = import_aten(gm, constants)
     plan = partition(imported, flags, backend.why_not, eager_policy(backend))
     _fill_report(report, imported, plan)
     if flags.must_compile and report.eager:
@@ -201,16 +214,28 @@ class Imported:
         self.reasons: dict[fx.Node, str] = {}        # FX node -> why it runs as eager torch
         self.source: dict[str, fx.Node] = {}         # value name -> FX node holding it at run time
         self.owner: dict[str, fx.Node] = {}          # op-table node name -> its FX node
-        self.folded: dict[fx.Node, torch.Tensor] = {}  # factory nodes evaluated once
+        self.folded: dict[fx.Node, torch.Tensor] = {}  # nodes evaluated once, at import
+        self.consts: dict[fx.Node, torch.Tensor] = {}  # every node with a constant value
         self.tensor_sizes: set[fx.Node] = set()      # symbolic ints computed from tensors
 
 
-def import_aten(gm: fx.GraphModule) -> Imported:
-    """Map every node of an ATen graph onto the op table or an opaque torch node."""
+def import_aten(gm: fx.GraphModule, constants: dict[int, torch.Tensor] | None = None
+                ) -> Imported:
+    """Map every node of an ATen graph onto the op table or an opaque torch node.
+
+    `constants` maps placeholder positions to their values (frozen parameters): those
+    become initializers, and nodes computed from constants alone are evaluated here.
+    """
     imp = Imported(gm)
+    constants = constants or {}
+    position = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            _import_placeholder(imp, node)
+            if position in constants:
+                _import_frozen(imp, node, constants[position])
+            else:
+                _import_placeholder(imp, node)
+            position += 1
         elif node.op == "get_attr":
             _import_constant(imp, node, getattr(gm, node.target))
         elif node.op == "output":
@@ -239,11 +264,21 @@ def _import_placeholder(imp: Imported, node: fx.Node) -> None:
         imp.source[v.name] = node
 
 
-def _import_constant(imp: Imported, node: fx.Node, value: Any) -> None:
+def _import_frozen(imp: Imported, node: fx.Node, value: torch.Tensor) -> None:
+    """A frozen parameter: an initializer viewing its memory (the guard sees changes)."""
+    v = imp.graph.add_initializer(node.name, freeze.as_constant(value))
+    imp.values[node] = v
+    imp.source[v.name] = node
+    imp.consts[node] = value
+
+
+def _import_constant(imp: Imported, node: fx.Node, value: Any, copy: bool = True) -> None:
     if not isinstance(value, torch.Tensor) or tl.np_dtype(value.dtype) is None or \
             value.device.type != "cpu":
         return  # consumers find no IR value and run eager, saying why
-    v = imp.graph.add_initializer(node.name, value.detach().numpy().copy())
+    imp.consts[node] = value
+    array = value.detach().numpy().copy() if copy else freeze.as_constant(value)
+    v = imp.graph.add_initializer(node.name, array)
     imp.values[node] = v
     imp.source[v.name] = node
 
@@ -265,7 +300,7 @@ def _import_call(imp: Imported, node: fx.Node) -> None:
             imp.tensor_sizes.add(node)
             _import_opaque(imp, node, "size computed from a tensor (runs in Python)")
         return  # sizes from the graph's own symbolic inputs need no node
-    if tl.is_factory(node) and _fold_factory(imp, node):
+    if _fold(imp, node):
         return
     reason = _why_not_lowered(imp, node)
     if reason is None:
@@ -286,18 +321,31 @@ def _reads_tensors(imp: Imported, node: fx.Node) -> bool:
                for a in node.all_input_nodes)
 
 
-def _fold_factory(imp: Imported, node: fx.Node) -> bool:
-    """Evaluate a factory call with constant arguments once; its result becomes a constant."""
-    if node.all_input_nodes or tl.np_dtype(node.meta["val"].dtype) is None:
+def _fold(imp: Imported, node: fx.Node) -> bool:
+    """Evaluate a node whose inputs are all constants once, with torch; its result becomes a
+    constant. A factory (no inputs: a causal mask, arange) folds up to MAX_FOLDED_ELEMENTS;
+    work on constants (a weight's transpose, rotary tables from a buffer) folds unless its
+    result outgrows its inputs by more than GROWN_ELEMENTS (a broadcast is cheaper to compute
+    than to read)."""
+    if not tl.is_deterministic(node) or any(a not in imp.consts for a in node.all_input_nodes):
         return False
-    if node.meta["val"].numel() > MAX_FOLDED_ELEMENTS:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or tl.np_dtype(val.dtype) is None:
+        return False
+    inputs = sum(imp.consts[a].numel() for a in node.all_input_nodes)
+    limit = max(inputs, GROWN_ELEMENTS) if node.all_input_nodes else MAX_FOLDED_ELEMENTS
+    if not isinstance(val.numel(), int) or val.numel() > limit:
         return False
     try:
-        value = node.target(*node.args, **node.kwargs)
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: imp.consts[a])
+        value = node.target(*args, **kwargs)
     except Exception:  # noqa: BLE001 - then it is lowered or runs eager like any node
         return False
+    if not isinstance(value, torch.Tensor) or value.shape != val.shape or \
+            value.dtype != val.dtype:
+        return False
     imp.folded[node] = value
-    _import_constant(imp, node, value)
+    _import_constant(imp, node, value, copy=False)
     return True
 
 

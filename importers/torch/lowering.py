@@ -243,12 +243,11 @@ def _stand_in(x: Any) -> Any:
     raise Unmapped(f"cannot promote argument {x}")
 
 
-def is_factory(node: fx.Node) -> bool:
-    """A node that makes a tensor from Python values alone (no tensor inputs, not random)."""
+def is_deterministic(node: fx.Node) -> bool:
+    """An ATen call that computes the same result from the same arguments and writes none
+    of them (not random, not in place): evaluating it once at compile time is safe."""
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
-    if torch.Tag.nondeterministic_seeded in target.tags:
-        return False
-    return isinstance(node.meta.get("val"), torch.Tensor) and not any(
-        isinstance(a.meta.get("val"), torch.Tensor) for a in node.all_input_nodes)
+    return torch.Tag.nondeterministic_seeded not in target.tags and \
+        not target._schema.is_mutable

@@ -129,10 +129,17 @@ class GraphReport:
     aten_nodes: int = 0
     clusters: list[ClusterReport] = dataclasses.field(default_factory=list)
     eager: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
-    folded: list[str] = dataclasses.field(default_factory=list)  # factories made constants
+    folded: list[str] = dataclasses.field(default_factory=list)  # nodes made constants
     failure: str | None = None      # the whole graph runs eager: why
     plan: Any = None                # the autoclust Plan over the op-table graph
     aten_code: str = ""             # the ATen graph as Python (gm.code)
+    frozen: int = 0                 # parameters and buffers compiled as constants
+    refreshes: int = 0              # rebuilds because a frozen tensor changed
+
+    def clear(self) -> None:
+        """Forget what the last build found (a refresh builds the graph again)."""
+        self.clusters, self.eager, self.folded = [], [], []
+        self.failure, self.plan = None, None
 
     @property
     def where(self) -> str:
@@ -151,6 +158,9 @@ class GraphReport:
         head = (f"graph {self.index} [{self.kind}] from {self.where}: {self.aten_nodes} ATen "
                 f"nodes, {_count(len(self.clusters), 'cluster')} covering {self.covered()}, "
                 f"{len(self.eager)} run as eager torch, {len(self.folded)} folded to constants")
+        if self.frozen:
+            head += f", {_count(self.frozen, 'parameter')} frozen"
+            head += f" (rebuilt {self.refreshes}x after changes)" if self.refreshes else ""
         lines = [head]
         if self.failure:
             lines.append(f"  whole graph runs as eager torch: {self.failure}")
@@ -168,6 +178,7 @@ class GraphReport:
     def explain_json(self) -> dict[str, Any]:
         return {"index": self.index, "kind": self.kind, "where": self.where,
                 "aten_nodes": self.aten_nodes, "failure": self.failure, "folded": self.folded,
+                "frozen": self.frozen, "refreshes": self.refreshes,
                 "clusters": [{"name": c.name, "aten_nodes": c.aten_nodes,
                               "aten_ops": c.aten_ops, "ops": c.ops, **c.stats()}
                              for c in self.clusters],

@@ -5,6 +5,7 @@
     python -m autoclust.tools.bench.command --quick
     autoclust bench --exports | --zoo | --micro | --profile MODEL   (issue 11's tables:
         tools/bench/exports.py, bench_zoo.py, bench_profile.py; each takes --help)
+    autoclust bench --torch     torch.compile on transformers modules (tools/bench/torch.py)
 
 Each case runs in its own subprocess (so its peak RSS is its own): onnxruntime
 (ORT_ENABLE_ALL, `--threads` intra-op threads) and autoclust (same threads) are timed
@@ -198,7 +199,7 @@ def _run_one(case: str, args: argparse.Namespace) -> dict[str, Any]:
 
 # first argument -> the module that owns it (it parses the rest of the arguments)
 SUBCOMMANDS = {"--exports": "exports", "--zoo": "zoo", "--micro": "zoo",
-               "--profile": "profile"}
+               "--profile": "profile", "--torch": "torch"}
 
 
 def main(argv: list[str] | None = None) -> int:

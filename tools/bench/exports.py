@@ -1,19 +1,24 @@
 """`autoclust bench --exports`: real transformers/CNN exports, autoclust vs onnxruntime.
 
-    autoclust bench --exports                          # all five, writes bench_out/exports.*
-    autoclust bench --exports --models gpt2,bert --rounds 9 --torch none
+    autoclust bench --exports                          # all ten, writes bench_out/exports.*
+    autoclust bench --exports --models gpt2,bert --rounds 9 --torch none --repeat 3
     python -m autoclust.tools.bench.exports --list
 
 Builds each model from a transformers config written here (random weights, seed 0, nothing
 downloaded), exports it with `torch.onnx.export(..., dynamo=True)` at batch 1 and caches the
 .onnx file and its inputs in `--cache` (default ~/.cache/autoclust/exports), keyed by the
-torch, transformers, onnxscript and onnx versions and the model's config. Then each model,
-in its own process: onnxruntime (ORT_ENABLE_ALL, `--threads`, spinning off) and autoclust
-(the same SessionOptions, `--threads`), plus torch eager and torch.compile (inductor) on the
-same module with torch.set_num_threads(threads) and OMP_WAIT_POLICY=PASSIVE (unless set),
-timed in alternating blocks over rounds
-(tools/bench/timing.py), medians. Ratio = onnxruntime time / autoclust time (above 1: autoclust is
-faster). Needs the `bench` extra: pip install "autoclust[bench]".
+torch, transformers, onnxscript and onnx versions and the model's config. Five are the
+architectures the project was tuned on; five more (`held_out`) nobody tuned for, reported
+in a table of their own. Then each model, in its own process: onnxruntime (ORT_ENABLE_ALL,
+`--threads`, spinning off) and autoclust (the same SessionOptions, `--threads`, run until
+measured placement has decided), OpenVINO's CPU plugin when installed (float32, the same
+threads, outputs checked), plus torch eager and torch.compile (inductor) on the same module
+with torch.set_num_threads(threads) and OMP_WAIT_POLICY=PASSIVE (unless set), timed in
+alternating blocks over rounds (tools/bench/timing.py), medians. Ratio = onnxruntime time /
+other side's time (above 1: faster than onnxruntime). The floor ratio (whole run / GEMM
+time, tools/bench/profile.py) is autoclust's compiled code's (placement off) and
+onnxruntime's. `--repeat N` measures each model in N processes and gives the spread.
+Needs the `bench` extra: pip install "autoclust[bench]" (openvino is in it).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Spec:
     inputs: Callable[[Any], dict[str, np.ndarray]]
     shape_note: str
     extra: tuple = ()  # fixed keyword arguments of the model call
+    held_out: bool = False  # an architecture nobody tuned for: reported apart
 
 
 def _wrap(model: Any, input_names: list[str], extra: dict[str, Any]) -> Any:
@@ -96,6 +102,42 @@ def _resnet50() -> tuple[Any, Any]:
     return cfg, ResNetModel(cfg)
 
 
+# ---- held out: architectures nobody tuned for (reported apart from the five above) ----------
+
+def _t5() -> tuple[Any, Any]:
+    from transformers import T5Config, T5EncoderModel
+    cfg = T5Config(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64,
+                   vocab_size=32128)  # t5-small's encoder: relative position bias, RMSNorm
+    return cfg, T5EncoderModel(cfg)
+
+
+def _qwen2() -> tuple[Any, Any]:
+    from transformers import Qwen2Config, Qwen2Model
+    cfg = Qwen2Config(hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, vocab_size=32000,
+                      max_position_embeddings=2048)  # grouped-query attention, QKV bias
+    return cfg, Qwen2Model(cfg)
+
+
+def _whisper() -> tuple[Any, Any]:
+    from transformers import WhisperConfig, WhisperModel
+    # whisper-tiny's encoder (4 layers, d_model 384) on 15 s of audio (1500 mel frames)
+    cfg = WhisperConfig(max_source_positions=750)
+    return cfg, WhisperModel(cfg).encoder
+
+
+def _convnext() -> tuple[Any, Any]:
+    from transformers import ConvNextConfig, ConvNextModel
+    cfg = ConvNextConfig()  # ConvNeXt-tiny: depths [3, 3, 9, 3], 7x7 depthwise, LayerNorm
+    return cfg, ConvNextModel(cfg)
+
+
+def _swin() -> tuple[Any, Any]:
+    from transformers import SwinConfig, SwinModel
+    cfg = SwinConfig()  # Swin-tiny: windowed attention, patch merging, 224x224
+    return cfg, SwinModel(cfg, add_pooling_layer=False)
+
+
 def _ids(seq: int, mask: bool = False) -> Callable[[Any], dict[str, np.ndarray]]:
     def make(cfg: Any) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(0)
@@ -104,6 +146,13 @@ def _ids(seq: int, mask: bool = False) -> Callable[[Any], dict[str, np.ndarray]]
             out["attention_mask"] = np.ones((1, seq), np.int64)
         return out
     return make
+
+
+def _mel(cfg: Any) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    frames = 2 * cfg.max_source_positions
+    return {"input_features":
+            rng.standard_normal((1, cfg.num_mel_bins, frames)).astype(np.float32)}
 
 
 def _pixels(cfg: Any) -> dict[str, np.ndarray]:
@@ -120,7 +169,20 @@ SPECS: dict[str, Spec] = {
                   "ids [1,128]", (("use_cache", False),)),
     "vit": Spec("ViT (4 layers, 224x224)", _vit, _pixels, "pixels [1,3,224,224]"),
     "resnet50": Spec("ResNet-50 (224x224)", _resnet50, _pixels, "pixels [1,3,224,224]"),
+    # held out
+    "t5": Spec("T5-small encoder (seq 128)", _t5, _ids(128, mask=True), "ids+mask [1,128]",
+               held_out=True),
+    "qwen2": Spec("Qwen2-like GQA decoder (4 layers, hidden 512, seq 128)", _qwen2, _ids(128),
+                  "ids [1,128]", (("use_cache", False),), held_out=True),
+    "whisper": Spec("Whisper-tiny encoder (1500 frames)", _whisper, _mel,
+                    "mel [1,80,1500]", held_out=True),
+    "convnext": Spec("ConvNeXt-tiny (224x224)", _convnext, _pixels, "pixels [1,3,224,224]",
+                     held_out=True),
+    "swin": Spec("Swin-tiny (224x224)", _swin, _pixels, "pixels [1,3,224,224]",
+                 held_out=True),
 }
+TUNED = [n for n, s in SPECS.items() if not s.held_out]
+HELD_OUT = [n for n, s in SPECS.items() if s.held_out]
 
 
 def require() -> None:
@@ -233,8 +295,49 @@ def _torch_sides(name: str, inputs: dict[str, np.ndarray], threads: int, which: 
     return sides
 
 
+def _openvino_side(model_path: str, feeds: dict[str, np.ndarray], threads: int,
+                   row: dict[str, Any], want: list[np.ndarray]) -> Callable[[], Any] | None:
+    """OpenVINO's CPU plugin on the same export (float32, `threads` threads, latency
+    hint), its outputs checked against onnxruntime; None when openvino is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    core = ov.Core()
+    compiled, row["openvino_compile_ms"] = timing.timed_ms(lambda: core.compile_model(
+        model_path, "CPU", {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32",
+                            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}))
+    request = compiled.create_infer_request()
+
+    def run() -> Any:
+        return request.infer(feeds)
+
+    out = run()
+    row["openvino_err"] = timing.max_abs_err([out[compiled.output(0)]], want[:1])
+    return run
+
+
+def _floor(row: dict[str, Any], model_path: str, feeds_path: str, threads: int,
+           flags: str) -> None:
+    """GEMM time and floor ratio of each side (tools/bench/profile.py, in a process of its
+    own), autoclust's with measured placement off so the figure is its compiled code's."""
+    with tempfile.TemporaryDirectory(prefix="autoclust-floor-") as tmp:
+        out = os.path.join(tmp, "profile.json")
+        proc = subprocess.run(
+            [sys.executable, "-m", "autoclust.tools.bench.profile", model_path, "--feeds",
+             feeds_path, "--threads", str(threads), "--rounds", "3", "--block", "2",
+             f"--flags={flags} --autotune=false", "--json", out],
+            check=False, capture_output=True, text=True)
+        if proc.returncode != 0 or not os.path.exists(out):
+            row["floor_error"] = (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]
+            return
+        with open(out) as f:
+            row["floor"] = json.load(f)["floor"]
+
+
 def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: int,
-            block: int, torch_sides: list[str], flags: str = "") -> dict[str, Any]:
+            block: int, torch_sides: list[str], flags: str = "", openvino: bool = True,
+            floor: bool = True) -> dict[str, Any]:
     """Measure one exported model in this process; returns its result row."""
     import onnx
     model = onnx.load(model_path)
@@ -259,8 +362,13 @@ def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: i
     # after the first run (backends/cpu/library.py); time runs once they are in place
     from autoclust.backends.cpu import library
     library.wait_background(timeout=60)
+    row["settle_runs"] = timing.settle(sess, feeds)  # measured placement decides
+    row["placement"] = timing.placement(sess)
     sides: dict[str, Callable[[], Any]] = {
         "ort": lambda: ref.run(None, feeds), "autoclust": lambda: sess.run(None, feeds)}
+    ov_side = _openvino_side(model_path, feeds, threads, row, want) if openvino else None
+    if ov_side is not None:
+        sides["openvino"] = ov_side
     if torch_sides:
         sides.update(_torch_sides(name, feeds, threads, torch_sides, row, want))
     times = timing.alternate(sides, rounds, block)
@@ -268,7 +376,11 @@ def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: i
         row[f"{side}_ms"] = timing.median_ms(samples)
     row["ratio"] = row["ort_ms"] / row["autoclust_ms"]
     row["ratio_p25"], row["ratio_p75"] = timing.ratio_spread(times, "ort", "autoclust", block)
+    if ov_side is not None:
+        row["openvino_ratio"] = row["ort_ms"] / row["openvino_ms"]
     _new_seq(row, sess, ref, feeds)
+    if floor:
+        _floor(row, model_path, feeds_path, threads, flags)
     row["load"] = timing.load_note()
     return row
 
@@ -304,33 +416,110 @@ def _s(ms: float | None) -> str:
     return "" if ms is None else f"{ms / 1e3:.2f}"
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """The speed table (with a geomean row) and the latency table of the exports."""
-    speed, latency = [], []
-    for r in rows:
-        if "error" in r:
-            speed.append([r["model"], "error: " + r["error"]] + [""] * 7)
-            continue
-        errs = (_err(r, "autoclust"), _err(r, "eager"), _err(r, "inductor"))
-        speed.append([
-            r["title"], timing.fmt_ms(r["ort_ms"]), timing.fmt_ms(r["autoclust_ms"]),
-            f"**{r['ratio']:.2f}x**", f"{r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}",
-            timing.fmt_ms(r.get("eager_ms")), timing.fmt_ms(r.get("inductor_ms")),
-            " / ".join(e for e in errs if e),
-            f"{r['clusters']} / {r.get('segments', 0)} / {r['kernels']}"])
-        new_seq = f"{_s(r['new_seq_ms'])} (seq {r['new_seq']})" if "new_seq_ms" in r else "n/a"
-        latency.append([r["title"], _s(r["session_ms"]), _s(r["first_run_ms"]), new_seq,
-                        _s(r.get("cached_first_run_ms")), _s(r.get("inductor_first_ms"))])
+def _placement_note(r: dict[str, Any]) -> str:
+    """`compiled`, `onnxruntime`, or counts: where measured placement put the clusters."""
+    winners = [d["winner"] for d in r.get("placement", [])]
+    if not winners:
+        return "none measured" if r.get("clusters") else "no clusters"
+    kinds = sorted(set(winners))
+    if len(kinds) == 1:
+        return kinds[0] + (f" (all {len(winners)})" if len(winners) > 1 else "")
+    return ", ".join(f"{winners.count(k)} {k}" for k in kinds)
+
+
+def _runs(r: dict[str, Any], key: str) -> str:
+    """min-max of a figure over the repeated processes (--repeat), else the in-run spread."""
+    values = r.get(f"{key}_runs") or []
+    if len(values) > 1:
+        return f"{min(values):.2f}-{max(values):.2f} ({len(values)} runs)"
+    if key == "ratio" and "ratio_p25" in r:
+        return f"{r['ratio_p25']:.2f}-{r['ratio_p75']:.2f} (p25-p75)"
+    return ""
+
+
+def _floor_cells(r: dict[str, Any]) -> list[str]:
+    fl = r.get("floor")
+    if not fl:
+        return ["", ""]
+    ours, theirs = fl["autoclust"], fl["onnxruntime"]
+    return [f"{ours['floor_ratio']:.2f} / {theirs['floor_ratio']:.2f}",
+            f"{ours['gemm_ms']:.1f} / {theirs['gemm_ms']:.1f}"]
+
+
+SPEED_HEADER = ["model", "onnxruntime ms", "autoclust ms", "ratio", "ratio spread",
+                "OpenVINO ms", "OpenVINO ratio", "floor ratio autoclust / onnxruntime",
+                "GEMM+Conv ms autoclust / onnxruntime", "placement",
+                "max abs err (autoclust / OpenVINO)",
+                "clusters / segments / kernels"]
+
+
+def _speed_row(r: dict[str, Any], torch_cols: bool) -> list[str]:
+    if "error" in r:
+        return [r["model"], "error: " + r["error"]] + [""] * (len(SPEED_HEADER) - 2 +
+                                                            2 * torch_cols)
+    ov = r.get("openvino_ratio")
+    row = [r["title"], timing.fmt_ms(r["ort_ms"]), timing.fmt_ms(r["autoclust_ms"]),
+           f"**{r['ratio']:.2f}x**", _runs(r, "ratio"), timing.fmt_ms(r.get("openvino_ms")),
+           "" if ov is None else f"{ov:.2f}x", *_floor_cells(r), _placement_note(r),
+           " / ".join(e for e in (_err(r, "autoclust"), _err(r, "openvino")) if e),
+           f"{r['clusters']} / {r.get('segments', 0)} / {r['kernels']}"]
+    if torch_cols:
+        row += [timing.fmt_ms(r.get("eager_ms")), timing.fmt_ms(r.get("inductor_ms"))]
+    return row
+
+
+def _speed_table(rows: list[dict[str, Any]], torch_cols: bool) -> str:
+    lines = [_speed_row(r, torch_cols) for r in rows]
     ok = [r for r in rows if "ratio" in r]
     if len(ok) > 1:
-        speed.append(["geomean", "", "", f"**{timing.geomean([r['ratio'] for r in ok]):.2f}x**"]
-                     + [""] * 5)
-    return timing.table(["model", "onnxruntime ms", "autoclust ms", "ratio", "ratio p25-p75",
-                         "torch eager ms", "torch.compile ms",
-                         "max abs err vs onnxruntime (autoclust / eager / inductor)",
-                         "clusters / segments / kernels"], speed) + "\n" + timing.table(
-        ["model", "autoclust session s", "autoclust first run s", "new seq length, first run s",
-         "2nd process --cache_dir, first run s", "torch.compile first run s"], latency)
+        ov = [r["openvino_ratio"] for r in ok if "openvino_ratio" in r]
+        lines.append(["geomean", "", "", f"**{timing.geomean([r['ratio'] for r in ok]):.2f}x**",
+                      "", "", f"{timing.geomean(ov):.2f}x" if ov else ""]
+                     + [""] * (len(SPEED_HEADER) - 7 + 2 * torch_cols))
+    header = SPEED_HEADER + (["torch eager ms", "torch.compile ms"] if torch_cols else [])
+    return timing.table(header, lines)
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The speed tables (tuned and held-out architectures apart, each with a geomean) and
+    the latency table of the exports."""
+    torch_cols = any("eager_ms" in r or "inductor_ms" in r for r in rows)
+    tuned = [r for r in rows if not SPECS[r["model"]].held_out]
+    held = [r for r in rows if SPECS[r["model"]].held_out]
+    parts = []
+    if tuned:
+        parts.append("Tuned for (the five the project was developed on):\n\n"
+                     + _speed_table(tuned, torch_cols))
+    if held:
+        parts.append("Held out (architectures nobody tuned for):\n\n"
+                     + _speed_table(held, torch_cols))
+    latency = []
+    for r in rows:
+        if "error" in r:
+            continue
+        new_seq = f"{_s(r['new_seq_ms'])} (seq {r['new_seq']})" if "new_seq_ms" in r else "n/a"
+        latency.append([r["title"], _s(r["session_ms"]), _s(r["first_run_ms"]),
+                        str(r.get("settle_runs", "")), new_seq,
+                        _s(r.get("cached_session_ms")), _s(r.get("cached_first_run_ms")),
+                        _s(r.get("inductor_first_ms"))])
+    parts.append(timing.table(
+        ["model", "autoclust session s", "autoclust first run s", "runs to settle placement",
+         "new seq length, first run s", "2nd process --cache_dir: session s", "first run s",
+         "torch.compile first run s"], latency))
+    return "\n".join(parts)
+
+
+def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the same model measured in several processes: the one with the median
+    ratio, plus every process's ratios (`ratio_runs`, `openvino_ratio_runs`)."""
+    ok = [r for r in rows if "ratio" in r]
+    if not ok:
+        return rows[0]
+    ok.sort(key=lambda r: r["ratio"])
+    out = dict(ok[(len(ok) - 1) // 2])
+    out["ratio_runs"] = [r["ratio"] for r in ok]
+    out["openvino_ratio_runs"] = [r["openvino_ratio"] for r in ok if "openvino_ratio" in r]
+    return out
 
 
 def _versions() -> dict[str, str]:
@@ -353,8 +542,9 @@ def _child(args: argparse.Namespace, name: str, path: str, feeds: str) -> dict[s
         flags = f"{args.flags} --cache_dir={cache_dir}".strip()
         common = ["--model-path", path, "--feeds-path", feeds, "--threads", str(args.threads),
                   f"--flags={flags}"]
+        extra = ["--no-openvino"] * args.no_openvino + ["--no-floor"] * args.no_floor
         row = _subprocess(name, ["--one", name, "--rounds", str(args.rounds), "--block",
-                                 str(args.block), "--torch", args.torch] + common)
+                                 str(args.block), "--torch", args.torch] + extra + common)
         if "error" not in row:
             row.update(_subprocess(name, ["--cached", name] + common))
     return row
@@ -390,6 +580,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default=default_cache(), help="export cache directory")
     p.add_argument("--export-only", action="store_true", help="export (or find) and stop")
     p.add_argument("--out", default="bench_out")
+    p.add_argument("--repeat", type=int, default=1, help="measure each model in this many "
+                   "processes (each with a fresh --cache_dir); the table gives the spread")
+    p.add_argument("--no-openvino", action="store_true", help="leave OpenVINO out (it is "
+                   "measured when `pip install openvino` is there)")
+    p.add_argument("--no-floor", action="store_true", help="skip the GEMM-floor profile")
     for hidden in ("--one", "--cached", "--model-path", "--feeds-path"):  # internal
         p.add_argument(hidden, default="", help=argparse.SUPPRESS)
     return p
@@ -416,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one:
         print(json.dumps(run_one(args.one, args.model_path, args.feeds_path, args.threads,
-                                 args.rounds, args.block, torch_sides, args.flags)))
+                                 args.rounds, args.block, torch_sides, args.flags,
+                                 openvino=not args.no_openvino, floor=not args.no_floor)))
         return 0
     require()
     paths = {name: export(name, args.cache) for name in names}
@@ -424,17 +620,21 @@ def main(argv: list[str] | None = None) -> int:
         for name, (path, _) in paths.items():
             print(f"{name:10s} {path}")
         return 0
-    rows = []
-    for name in names:
-        row = _child(args, name, *paths[name])
-        rows.append(row)
-        print(f"{name:10s} " + (f"ort {row['ort_ms']:8.2f} ms  autoclust {row['autoclust_ms']:8.2f}"
-                                f" ms  ratio {row['ratio']:5.2f}x  first run "
-                                f"{row['first_run_ms'] / 1e3:5.1f} s"
-                                if "ratio" in row else f"error: {row['error']}"), flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for _ in range(max(args.repeat, 1)):  # repeats of the whole list: load moves apart
+        for name in names:
+            row = _child(args, name, *paths[name])
+            runs[name].append(row)
+            print(f"{name:10s} " + (
+                f"ort {row['ort_ms']:8.2f} ms  autoclust {row['autoclust_ms']:8.2f} ms  ratio "
+                f"{row['ratio']:5.2f}x  openvino {row.get('openvino_ratio', 0):5.2f}x  "
+                f"placement {_placement_note(row)}" if "ratio" in row
+                else f"error: {row['error']}"), flush=True)
+    rows = [combine(runs[name]) for name in names]
     os.makedirs(args.out, exist_ok=True)
     meta = {"versions": _versions(), "threads": args.threads, "rounds": args.rounds,
-            "block": args.block, "load_after": timing.load_note()}
+            "block": args.block, "repeat": args.repeat, "load_after": timing.load_note(),
+            "command": "autoclust bench --exports " + " ".join(argv or sys.argv[1:])}
     with open(os.path.join(args.out, "exports.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)
     text = markdown(rows)

@@ -60,7 +60,6 @@ CATEGORY_OPS = {
 CATEGORY = {op: cat for cat, names in CATEGORY_OPS.items() for op in names}
 # A fused kernel is filed under the first of these categories among its nodes' ops.
 PRIORITY = ("gemm", "conv", "pool", "softmax", "norm", "reduce", "elementwise", "layout")
-EXPORT_NAMES = ("bert", "gpt2", "llama", "vit", "resnet50")
 
 
 def category(op_types: list[str]) -> str:
@@ -73,9 +72,9 @@ def category(op_types: list[str]) -> str:
 
 def resolve(model: str, dims: dict[str, int]) -> tuple[str, dict[str, np.ndarray]]:
     """(path of the model file, feeds) for an .onnx path, a zoo name or an export name."""
+    from autoclust.tools.bench import exports as bench_exports
     from autoclust.tools.run import generate_inputs, load_model
-    if model in EXPORT_NAMES and not os.path.exists(model):
-        from autoclust.tools.bench import exports as bench_exports
+    if model in bench_exports.SPECS and not os.path.exists(model):
         bench_exports.require()
         path, feeds_path = bench_exports.export(model, bench_exports.default_cache(),
                                                 log=lambda m: print(m, file=sys.stderr))
@@ -183,20 +182,24 @@ def instrument(sess: Any, rec: Recorder) -> tuple[list[dict], list[dict]]:
         ops_ = [n.op_type for n in sess._model.graph.node]
         return [{"key": "session", "name": "whole model", "kind": "onnxruntime pass-through",
                  "nodes": [n.name for n in sess._model.graph.node], "ops": ops_}], []
+    # measured placement may have handed the whole model to onnxruntime: profile the
+    # plan's steps as they run without it (profile() reports the decision)
+    rt.whole = None
     op_of = {n.name: n.op for n in rt.graph.nodes}
     steps, thunks = [], []
     for i, (runner, (run, ins, outs, frees)) in enumerate(zip(rt.runners, rt.steps)):
         rt.steps[i] = (rec.wrap(("step", i), run), ins, outs, frees)
         row = {"key": ("step", i), "name": runner.name, "nodes": []}
-        if isinstance(runner, ClusterRunner) and runner.fallback is None and runner.cache:
-            exe = next(iter(runner.cache.values()))
+        exe = next(iter(runner.route.values()), None) if isinstance(runner, ClusterRunner) \
+            and runner.fallback is None else None
+        if hasattr(exe, "_ungrouped"):  # an executable serves it (not onnxruntime)
             row["kind"] = "cluster"
             row["nodes"] = [n.name for n in runner.graph.nodes]
             row["thunks"], row["calls"] = len(exe._ungrouped), len(exe._steps)
             thunks += _thunk_rows(exe, i, op_of, rec)
         else:
             row["kind"] = "onnxruntime segment" if not isinstance(runner, ClusterRunner) \
-                else "cluster (fell back to onnxruntime)"
+                else "cluster (onnxruntime serves it: fallback or measured placement)"
             graph = getattr(runner, "graph", None)
             names = [n.name for n in graph.nodes] if graph is not None else \
                 _segment_nodes(sess, runner.name)
@@ -258,6 +261,7 @@ def profile(path: str, feeds: dict[str, np.ndarray], threads: int = 2, rounds: i
     sess = timing.autoclust_session(path, threads, flags)
     got, first_ms = timing.timed_ms(lambda: sess.run(None, feeds))
     err = timing.max_abs_err(got, plain_ort.run(None, feeds))
+    settle_runs = timing.settle(sess, feeds)
     plain = timing.alternate({"ort": lambda: plain_ort.run(None, feeds),
                               "autoclust": lambda: sess.run(None, feeds)}, rounds, block)
     rec = Recorder()
@@ -270,14 +274,45 @@ def profile(path: str, feeds: dict[str, np.ndarray], threads: int = 2, rounds: i
         ort_prof = ort_profile(prof_ort.end_profiling())
     for row in steps + thunks:
         row["us"] = rec.median_us(row["key"])
+    cats = categories(steps, thunks, rec, ort_prof)
     return {"model": path, "threads": threads, "first_run_ms": first_ms, "max_abs_err": err,
+            "settle_runs": settle_runs, "placement": timing.placement(sess),
             "ort_ms": timing.median_ms(plain["ort"]),
             "autoclust_ms": timing.median_ms(plain["autoclust"]),
             "ort_profiled_ms": timing.median_ms(profiled["ort_profiled"]),
             "autoclust_instrumented_ms": timing.median_ms(profiled["autoclust_instrumented"]),
             "runtime_us": rec.median_us("session"), "steps": steps, "thunks": thunks,
-            "ort": ort_prof, "categories": categories(steps, thunks, rec, ort_prof),
+            "ort": ort_prof, "categories": cats,
+            "floor": floor(timing.median_ms(plain["autoclust"]), timing.median_ms(plain["ort"]),
+                           cats),
             "load": timing.load_note()}
+
+
+def floor(autoclust_ms: float, ort_ms: float, cats: dict[str, tuple[float, float]]
+          ) -> dict[str, dict[str, float]]:
+    """Per side: GEMM ms (GEMMs and convolutions, from the instrumented runs), the rest of
+    the plain run, and the floor ratio (plain run / GEMM time; 1.0 is the limit of a
+    GEMM-bound model; NaN where the side's GEMMs are not visible: a pass-through session).
+
+    The whole-run times are the uninstrumented medians: onnxruntime's profiler slows its
+    own runs (a 19.1 ms run reads 22.3 ms profiled), so only the GEMM shares come from the
+    instrumented runs, where each GEMM kernel's own time is what the profiler reports.
+    """
+    out = {}
+    for side, whole, k in (("autoclust", autoclust_ms, 0), ("onnxruntime", ort_ms, 1)):
+        # convolutions are a CNN's GEMMs (im2col or direct, MLAS either way)
+        gemm = sum(cats.get(c, (0.0, 0.0))[k] for c in ("gemm", "conv")) / 1e3
+        out[side] = {"run_ms": whole, "gemm_ms": gemm, "rest_ms": whole - gemm,
+                     "floor_ratio": whole / gemm if gemm > 0 else float("nan")}
+    return out
+
+
+def floor_table(fl: dict[str, dict[str, float]]) -> str:
+    """The floor report as a Markdown table."""
+    return timing.table(
+        ["side", "run ms (plain)", "GEMM+Conv ms (instrumented)", "rest ms", "floor ratio"],
+        [[side, f"{f['run_ms']:.3f}", f"{f['gemm_ms']:.3f}", f"{f['rest_ms']:.3f}",
+          f"{f['floor_ratio']:.2f}"] for side, f in fl.items()])
 
 
 def _median_sum(vectors: list[list[float]], n: int) -> float:
@@ -366,11 +401,22 @@ def markdown(p: dict[str, Any], top: int = 25) -> str:
            f"onnxruntime {p['ort_profiled_ms']:.3f} ms, autoclust instrumented "
            f"{p['autoclust_instrumented_ms']:.3f} ms. autoclust first run "
            f"{p['first_run_ms']:.0f} ms; max abs err vs onnxruntime {p['max_abs_err']:.1e}.\n")]
+    if p.get("placement"):
+        out.append(f"Measured placement (after {p.get('settle_runs', 0)} settling runs; the "
+                   "plain autoclust median runs as it decided, the instrumented run profiles "
+                   "the compiled plan):\n")
+        out += [f"- {d['cluster']}: {d['winner']} ({d['reason']})" for d in p["placement"]]
+        out.append("")
+    out.append("### GEMM floor (floor ratio = plain run / GEMM time)\n")
+    out.append(floor_table(p["floor"]))
+    out.append("GEMM+Conv ms: the GEMM and convolution kernels' own time in the instrumented "
+               "runs (onnxruntime's profiler, our timers); run ms: the plain, uninstrumented "
+               "median, since onnxruntime's profiler slows its own runs.\n")
     rows = [[c, f"{a:.1f}", _pct(a, run_us), f"{b:.1f}", _pct(b, ort_us), f"{a - b:+.1f}"]
             for c, (a, b) in p["categories"].items()]
     rows.append(["total (one run)", f"{run_us:.1f}", "", f"{ort_us:.1f}", "",
                  f"{run_us - ort_us:+.1f}"])
-    out.append("### Time per run by category (us)\n")
+    out.append("\n### Time per run by category (us; instrumented runs)\n")
     out.append(timing.table(["category", "autoclust us", "%", "onnxruntime us", "%",
                              "autoclust - onnxruntime"], rows))
     out.append("\n### autoclust plan steps\n")
@@ -424,10 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=25, help="rows of the thunk and node tables")
     ap.add_argument("--flags", default="", help="AUTOCLUST_FLAGS for the autoclust side")
     ap.add_argument("--json", default="", help="also write the whole profile here")
+    ap.add_argument("--feeds", default="", help="an .npz of the feeds (else made up from "
+                    "the model's inputs and --dim)")
     args = ap.parse_args(argv)
     from autoclust.tools.run import parse_assignments
     dims = {k: int(v) for k, v in parse_assignments(args.dim, "--dim").items()}
-    path, feeds = resolve(args.model, dims)
+    path, feeds = resolve(args.model, dims) if not args.feeds else (args.model, None)
+    if args.feeds:
+        with np.load(args.feeds) as z:
+            feeds = {k: z[k] for k in z.files}
     p = profile(path, feeds, args.threads, args.rounds, args.block, args.flags)
     print(markdown(p, args.top))
     if args.json:

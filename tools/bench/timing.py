@@ -56,6 +56,28 @@ def autoclust_session(model: Any, threads: int, flags: str = "") -> Any:
     return autoclust.InferenceSession(model, ort_options(threads), **overrides)
 
 
+def settle(sess: Any, feeds: dict[str, Any], max_runs: int = 80) -> int:
+    """Run `sess` until its steady state: prepacked GEMM weights built in the background
+    and measured placement decided for this signature. Returns the runs it took."""
+    from autoclust.backends.cpu import library
+
+    from autoclust.runtime import autotune
+    runtime = getattr(sess, "_runtime", None)
+    library.wait_background(timeout=60)
+    runs = 0
+    while runs < max_runs and (runs == 0 or autotune.measuring(runtime)):
+        sess.run(None, feeds)
+        runs += 1
+    library.wait_background(timeout=60)  # a new session's weights prepack after its runs
+    return runs
+
+
+def placement(sess: Any) -> list[dict[str, Any]]:
+    """The session's measured placement decisions (autoclust/runtime/autotune.py)."""
+    plan = getattr(sess, "plan", None)
+    return [d.as_json() for d in getattr(plan, "placement", [])]
+
+
 def alternate(sides: Mapping[str, Callable[[], Any]], rounds: int, block: int
               ) -> dict[str, list[float]]:
     """Seconds per timed run of each side, timed in alternating blocks over `rounds`."""

@@ -103,24 +103,45 @@ def load_target(path: str, inputs: dict[str, str] | None = None,
                 ) -> tuple[onnx.ModelProto, Feeds, str]:
     """(model, feeds, where the feeds came from) for a model, dumped cluster or bundle.
 
-    Feeds are the saved ones when there are any, else generated (symbolic dims from `dims`);
-    `inputs` (name -> .npy file) override single feeds.
+    `inputs` (name -> .npy file) come first; the rest are the saved ones when there are
+    any, else generated (symbolic dims from `dims`, else as the given inputs have them).
     """
     from autoclust.importers.onnx import load_model_proto
     from autoclust.tools.run import generate_inputs
     model_path, inputs_path = resolve(path)
     model = load_model_proto(model_path)
-    if inputs_path:
-        feeds, source = load_arrays(inputs_path), f"saved inputs {inputs_path}"
-    else:
-        feeds, source = generate_inputs(model, dims or {}, seed), "generated inputs"
-    known = {vi.name for vi in model.graph.input}
-    for name, file in (inputs or {}).items():
+    inputs = inputs or {}
+    constants = {t.name for t in model.graph.initializer}
+    known = [vi.name for vi in model.graph.input if vi.name not in constants]
+    for name in inputs:
         if name not in known:
             raise InvalidInputError(f"--input {name}: the model has no input {name!r}; its "
                                     f"inputs are: {', '.join(sorted(known))}")
-        feeds[name] = np.load(file, allow_pickle=False)
-    return model, feeds, source
+    given = {name: np.load(file, allow_pickle=False) for name, file in inputs.items()}
+    rest = [n for n in known if n not in given]
+    if not rest:
+        return model, given, "inputs from --input"
+    if inputs_path:
+        feeds, source = load_arrays(inputs_path), f"saved inputs {inputs_path}"
+    else:  # symbolic dims the given inputs fix are taken from them (seq from input_ids)
+        dims = {**_dims_of(model, given), **(dims or {})}
+        feeds = generate_inputs(model, dims, seed, skip=set(given))
+        source = "generated inputs"
+    if given:
+        source += f" ({', '.join(rest)}; {', '.join(given)} from --input)"
+    return model, {**feeds, **given}, source
+
+
+def _dims_of(model: onnx.ModelProto, given: Feeds) -> dict[str, int]:
+    """Symbolic dim name -> size, as the arrays in `given` have them."""
+    dims = {}
+    for vi in model.graph.input:
+        if vi.name in given:
+            shape = np.shape(given[vi.name])
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+                if d.dim_param and axis < len(shape):
+                    dims[d.dim_param] = int(shape[axis])
+    return dims
 
 
 def shown(path: str) -> str:

@@ -85,13 +85,19 @@ def normalize(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def intermediate_values(model: onnx.ModelProto, feeds: Feeds) -> dict[str, np.ndarray]:
-    """Every node output computed by onnxruntime (optimizations off), by name."""
+def all_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` whose graph outputs are every node output, in graph order."""
     probe = _copy(model)
     names = [o for n in probe.graph.node for o in n.output if o]
     del probe.graph.output[:]
     probe.graph.output.extend([onnx.ValueInfoProto(name=n) for n in names])
-    return dict(zip(names, run_ort(probe, feeds)))
+    return probe
+
+
+def intermediate_values(model: onnx.ModelProto, feeds: Feeds) -> dict[str, np.ndarray]:
+    """Every node output computed by onnxruntime (optimizations off), by name."""
+    probe = all_outputs(model)
+    return dict(zip([o.name for o in probe.graph.output], run_ort(probe, feeds)))
 
 
 def _keep_value_info(model: onnx.ModelProto) -> None:

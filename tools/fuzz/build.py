@@ -30,7 +30,7 @@ ELEM = {F16: TensorProto.FLOAT16, F32: TensorProto.FLOAT, F64: TensorProto.DOUBL
         I32: TensorProto.INT32, I64: TensorProto.INT64, BOOL: TensorProto.BOOL}
 
 # Profile switches and emitter groups; a case draws its profile within a feature set.
-GROUPS = ("core", "reduce", "index", "int", "round", "export")
+GROUPS = ("core", "reduce", "index", "int", "round", "export", "optional")
 SWITCHES = ("f16", "wide", "special", "empty", "errors")
 ALL = frozenset(GROUPS + SWITCHES)
 CLASSIC = frozenset({"core"})
@@ -42,6 +42,8 @@ PRESETS = {
     "index": frozenset({"core", "index", "export"}),          # Gather, Pad, Split, ...
     "int": frozenset({"int", "errors"}),                      # Div/Mod, raising feeds
     "round": frozenset({"round", "f16"}),                     # float16 rounding
+    # missing optional inputs, alpha/beta 0, signed zeros, indices longer than data
+    "optional": frozenset({"core", "optional", "special", "errors", "empty"}),
 }
 OPSETS = (13, 17, 21)
 

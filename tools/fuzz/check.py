@@ -112,39 +112,108 @@ def spread_of(model: onnx.ModelProto, sess: ort.InferenceSession,
               feeds: dict[str, np.ndarray], expected: list[np.ndarray]) -> list[np.ndarray | None]:
     """Per output, how far onnxruntime's result moves when every float input and
     initializer moves by one ulp (None where the jitter changed its shape)."""
+    exact = exact_values(model)
+    # Constants too: in (x + 1e8) - 1e8 only the constant's ulp shows the rounding. They
+    # are fed to one session (a session per jittered copy of BERT-base took 10 s each).
+    free, constants = _constants_as_inputs(model, exact)
+    try:
+        run = ort_session(free) if constants else sess
+    except Exception:  # noqa: BLE001 - an op that needs a constant: jitter the feeds only
+        run, constants = sess, {}
+    return _spread(run, feeds, constants, exact, expected)
+
+
+def outputs_and_spread(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
+                       ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    """onnxruntime's outputs and their spread_of, from one session that takes the float
+    initializers as inputs (onnxruntime copies no weights); raises what onnxruntime does."""
+    exact = exact_values(model)
+    free, constants = _constants_as_inputs(model, exact)
+    try:
+        sess = ort_session(free)
+    except Exception:  # noqa: BLE001 - an op that needs a constant: the model as it is
+        sess = ort_session(model)
+        expected = sess.run(None, feeds)
+        return expected, spread_of(model, sess, feeds, expected)
+    expected = sess.run(None, {**feeds, **constants})
+    return expected, _spread(sess, feeds, constants, exact, expected)
+
+
+def _spread(sess: ort.InferenceSession, feeds: dict[str, np.ndarray],
+            constants: dict[str, np.ndarray], exact: set[str],
+            expected: list[np.ndarray]) -> list[np.ndarray | None]:
     rng = np.random.default_rng(0)
-    spread: list[np.ndarray | None] = [np.zeros(w.shape) for w in expected]
+    spread: list[np.ndarray | None] = [np.zeros(w.shape, _spread_type(w)) for w in expected]
     for _ in range(JITTER_RUNS):
-        moved = {k: fuzz_values.jitter(rng, v) for k, v in feeds.items()}
-        # Constants too: in (x + 1e8) - 1e8 only the constant's ulp shows the rounding.
-        jittered = _jitter_initializers(model, rng)
+        moved = {k: v if k in exact and _integral(v) else fuzz_values.jitter(rng, v)
+                 for k, v in {**feeds, **constants}.items()}
         try:
-            run = sess if jittered is None else ort_session(jittered)
-            outs = run.run(None, moved)
+            outs = sess.run(None, moved)
         except Exception:  # noqa: BLE001 - e.g. a jittered float Range that changed a shape
             outs = []  # no sample from this run
         for i, (w, j) in enumerate(zip(expected, outs)):
-            if spread[i] is None or j.shape != w.shape or j.dtype != w.dtype:
+            s = spread[i]
+            if s is None or j.shape != w.shape or j.dtype != w.dtype:
                 spread[i] = None
-                continue
-            spread[i] = np.maximum(spread[i], _distance(j, w))
+            elif s.dtype == np.float32:  # 4 float32 passes, not 10 float64 ones
+                np.maximum(s, _distance32(j, w), out=s)
+            else:
+                np.maximum(s, _distance(j, w), out=s)
     return spread
 
 
-def _jitter_initializers(model: onnx.ModelProto,
-                         rng: np.random.Generator) -> onnx.ModelProto | None:
-    """A copy with every float initializer jittered, or None when there is none."""
-    floats = [i for i, t in enumerate(model.graph.initializer) if t.data_type in
-              (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)]
-    if not floats:
-        return None
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for i in floats:
-        t = out.graph.initializer[i]
-        moved = fuzz_values.jitter(rng, onnx.numpy_helper.to_array(t))
-        t.CopyFrom(onnx.numpy_helper.from_array(moved, t.name))
-    return out
+def _spread_type(want: np.ndarray) -> type:
+    """float32 distances for float32 and float16 outputs (exact: jitter keeps signs)."""
+    return np.float32 if want.dtype in (np.float32, np.float16) else np.float64
+
+
+def _distance32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """_distance of two float32 or float16 arrays, computed in float32."""
+    a32, b32 = a.astype(np.float32, copy=False), b.astype(np.float32, copy=False)
+    d = np.empty(np.shape(a32), np.float32)  # an array even for 0-d outputs
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.subtract(a32, b32, out=d)
+    np.abs(d, out=d)
+    odd = np.isnan(d)  # a NaN on either side, or inf - inf
+    if odd.any():
+        same = (a32[odd] == b32[odd]) | (np.isnan(a32[odd]) & np.isnan(b32[odd]))
+        d[odd] = np.where(same, 0.0, np.inf)
+    return d
+
+
+def exact_values(model: onnx.ModelProto) -> set[str]:
+    """Values the jitter leaves alone when they hold integers: Pow's exponents. Pow(x, 2)
+    of a negative x is x*x, Pow(x, 2.0000002) is NaN: RMSNorm's x^2 in every real export
+    then had an infinite spread, and the oracle accepted any answer downstream of it."""
+    return {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1}
+
+
+def _integral(x: np.ndarray) -> bool:
+    return x.dtype.kind == "f" and bool(np.all(np.isfinite(x) & (x == np.round(x))))
+
+
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def _constants_as_inputs(model: onnx.ModelProto, exact: set[str]
+                         ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """`model` with its float initializers as graph inputs (but integers in `exact`), and
+    their values; ({}) when there is none to jitter."""
+    arrays = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
+              if t.data_type in _FLOATS}
+    arrays = {k: v for k, v in arrays.items() if not (k in exact and _integral(v))}
+    if not arrays:
+        return model, {}
+    free = onnx.ModelProto()
+    free.CopyFrom(model)
+    kept = [t for t in free.graph.initializer if t.name not in arrays]
+    del free.graph.initializer[:]
+    free.graph.initializer.extend(kept)
+    declared = {v.name for v in free.graph.input}
+    free.graph.input.extend(onnx.helper.make_tensor_value_info(
+        t.name, t.data_type, list(t.dims)) for t in model.graph.initializer
+        if t.name in arrays and t.name not in declared)
+    return free, arrays
 
 
 def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -255,6 +324,19 @@ def _names_the_model(exc: BaseException, model: onnx.ModelProto) -> bool:
     return any(n in text for n in names)
 
 
+BOUNDS_PROOF_FAILED = "a shape check is missing"  # autoclust.kernel.bounds' CompileError
+
+
+def _crash_in_compiler(reason: str) -> bool:
+    """Whether a compile failure ("cluster_0001: compile failed: IndexError: ...") was a
+    Python error in the compiler itself (IndexError, AttributeError, ...) rather than one
+    of autoclust's own refusals (CompileError, UnsupportedOpError, ...)."""
+    import builtins
+    found = re.search(r"compile failed: (\w+):", reason)
+    kind = getattr(builtins, found.group(1), None) if found else None
+    return isinstance(kind, type) and issubclass(kind, Exception) and kind is not MemoryError
+
+
 def _clear_error(exc: BaseException, model: onnx.ModelProto) -> bool:
     """An autoclust error (or onnxruntime's, from a fallback) naming an op or node."""
     from autoclust.errors import AutoclustError
@@ -283,13 +365,10 @@ def _ort_failure(exc: BaseException) -> tuple[str, str]:
     return (found.group(1) if found else ""), message
 
 
-def _check_side(where: str, flags: dict, run: Any, expected: list[np.ndarray] | None,
-                raised: tuple[str, str], spread: list, names: list[str], model: onnx.ModelProto,
-                arbiter: fuzz_truth.Arbiter,
+def _check_side(where: str, flags: dict, run: Any, ref: Reference,
                 tol: tuple[float | None, float | None]) -> tuple[Outcome | None, list[str]]:
-    """Run one side; (a failure or None, compile-failure reasons). raised: onnxruntime's
-    run-time error (op, message), or ("", "")."""
-    raised_op, raised = raised
+    """Run one side; (a failure or None, compile-failure reasons)."""
+    raised_op, raised = ref.raised
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -297,23 +376,43 @@ def _check_side(where: str, flags: dict, run: Any, expected: list[np.ndarray] | 
     except Exception as exc:  # noqa: BLE001 - any exception is a finding
         if not raised:
             return _error(where, flags, exc), []
-        if where == "interpreter" or _clear_error(exc, model):
+        if where == "interpreter" or _clear_error(exc, ref.model):
             return None, []
         return _error(where, flags, exc, f"onnxruntime raised ({raised}); this is not a "
                       "clear autoclust error naming the op: "), []
     if raised:
         return Outcome(MISMATCH, where, f"returned values where onnxruntime raised: {raised}",
                        flags, "returned values where onnxruntime raised", raised_op), []
-    diff = compare(got, expected, spread, names, arbiter, *tol)
-    return (_mismatch(where, diff, flags, names) if diff else None), compile_failures
+    unproven = [c for c in compile_failures if BOUNDS_PROOF_FAILED in c]
+    if unproven:  # kernel/bounds.py: this kernel would have read outside a buffer
+        return Outcome(ERROR, where, "\n".join(unproven), flags,
+                       "a kernel access not proven inside its buffer"), []
+    crashed = [c for c in compile_failures if _crash_in_compiler(c)]
+    if crashed:  # an IndexError inside the compiler is a bug, not a refusal: no fallback
+        return Outcome(ERROR, where, "\n".join(crashed), flags,
+                       "compile crashed: " + _generic(crashed[0].split(": ", 2)[-1])[:80]), []
+    diff = compare(got, ref.expected, ref.spread, ref.names, ref.arbiter, *tol)
+    return (_mismatch(where, diff, flags, ref.names) if diff else None), compile_failures
 
 
-def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-          variants: list[dict[str, Any]], rtol: float | None = RTOL,
-          atol: float | None = ATOL) -> Outcome:
-    """Run every oracle and variant; the first failure found, or Outcome('ok').
+@dataclasses.dataclass
+class Reference:
+    """onnxruntime's side of a check: the same for every variant of one model and feeds,
+    so a caller checking many variants one at a time (bisect's worker) computes it once."""
 
-    rtol/atol None: the per-dtype tolerances of the module docstring."""
+    model: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    expected: list[np.ndarray] | None
+    raised: tuple[str, str]  # onnxruntime's run-time error (op, message), or ("", "")
+    spread: list[np.ndarray | None]
+    names: list[str]
+    arbiter: fuzz_truth.Arbiter
+    interpreter: dict[tuple, Outcome | None] = dataclasses.field(default_factory=dict)
+
+
+def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> Reference | Outcome:
+    """onnxruntime's outputs (or run-time error) and their spread; Outcome('invalid') when
+    onnxruntime cannot load the model."""
     try:
         sess = ort_session(model)
     except Exception as exc:  # noqa: BLE001 - an invalid graph (generator or shrink step)
@@ -325,24 +424,47 @@ def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         raised = _ort_failure(exc)
     if expected is not None:
         spread = spread_of(model, sess, feeds, expected)
-    names = _producers(model)
+    return Reference(model, feeds, expected, raised, spread, _producers(model),
+                     fuzz_truth.Arbiter(model, feeds))
+
+
+def given(model: onnx.ModelProto, feeds: dict[str, np.ndarray], expected: list[np.ndarray],
+          spread: list[np.ndarray | None]) -> Reference:
+    """A Reference from outputs and spreads computed elsewhere (bisect runs onnxruntime on
+    a whole model once, then checks pieces of it against those values)."""
+    return Reference(model, feeds, expected, ("", ""), spread, _producers(model),
+                     fuzz_truth.Arbiter(model, feeds))
+
+
+def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+          variants: list[dict[str, Any]], rtol: float | None = RTOL,
+          atol: float | None = ATOL, ref: Reference | None = None,
+          interpreter: bool = True) -> Outcome:
+    """Run every oracle and variant; the first failure found, or Outcome('ok').
+
+    rtol/atol None: the per-dtype tolerances of the module docstring. `ref`: reference(model,
+    feeds) from an earlier check (its interpreter verdict is kept in it too), or given().
+    interpreter=False: autoclust's sides only (bisect asks about compiled code alone)."""
+    ref = reference(model, feeds) if ref is None else ref
+    if isinstance(ref, Outcome):
+        return ref
+    tol, fallback = (rtol, atol), None
     # autoclust first: a reference bug must not hide what the product returns.
-    sides = []
     for flags in variants:
         where = "autoclust " + " ".join(f"{k}={v}" for k, v in sorted(flags.items()))
-        sides.append((where, flags, lambda f=flags: run_autoclust(model, feeds, f)))
-    sides.append(("interpreter", {}, lambda: (run_interpreter(model, feeds), [])))
-    fallback = None
-    arbiter = fuzz_truth.Arbiter(model, feeds)
-    for where, flags, run in sides:
-        failure, compile_failures = _check_side(where, flags, run, expected, raised, spread,
-                                                names, model, arbiter, (rtol, atol))
+        failure, compile_failures = _check_side(
+            where, flags, lambda f=flags: run_autoclust(ref.model, ref.feeds, f), ref, tol)
         if failure is not None:
             return failure
         if compile_failures and fallback is None:
             fallback = Outcome(FALLBACK, where, "\n".join(compile_failures), flags,
                                _generic(compile_failures[0].split(": ", 1)[-1])[:100])
-    return fallback or Outcome(OK)
+    if not interpreter:
+        return fallback or Outcome(OK)
+    if tol not in ref.interpreter:
+        ref.interpreter[tol] = _check_side(
+            "interpreter", {}, lambda: (run_interpreter(ref.model, ref.feeds), []), ref, tol)[0]
+    return ref.interpreter[tol] or fallback or Outcome(OK)
 
 
 def ops_of(model: onnx.ModelProto) -> list[str]:
@@ -351,9 +473,13 @@ def ops_of(model: onnx.ModelProto) -> list[str]:
 
 
 def variants_for(model: onnx.ModelProto, device: str, rng: np.random.Generator,
-                 metamorphic: int = 2) -> list[dict[str, Any]]:
-    """The base autoclust flags plus `metamorphic` random fallback-forcing variants."""
+                 metamorphic: int = 2, check_bounds: bool = True) -> list[dict[str, Any]]:
+    """The base autoclust flags plus `metamorphic` random fallback-forcing variants; on
+    the CPU backend every variant checks its kernels' accesses (--check_bounds) unless
+    check_bounds is False, so a read outside a buffer fails instead of giving garbage."""
     base = {"device": device, "min_cluster_size": int(rng.choice([1, 1, 2, 4]))}
+    if check_bounds and device == "cpu":
+        base["check_bounds"] = True
     out = [base]
     n_nodes = len(model.graph.node)
     op_types = ops_of(model)

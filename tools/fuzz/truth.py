@@ -153,7 +153,8 @@ class Arbiter:
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")
-                (out,) = ReferenceEvaluator(model).run(None, self._feeds(model))
+                evaluator = ReferenceEvaluator(model, new_ops=spec_fixes())
+                (out,) = evaluator.run(None, self._feeds(model))
         except Exception:  # noqa: BLE001 - an op it lacks or gets wrong: no opinion
             return None
         return np.asarray(out)
@@ -170,3 +171,44 @@ class Arbiter:
         except Exception:  # noqa: BLE001 - no float64 kernel for some op: no arbiter
             return None
         return out
+
+
+def spec_fixes() -> list[type]:
+    """onnx.reference ops replaced where they depart from the spec's text."""
+    return [_gather_elements_op(), _clip_op()]
+
+
+def _clip_op() -> type:
+    """onnx.reference's Clip, fixed: a missing bound is numeric_limits::lowest() / max()
+    (the spec), not -inf / +inf, so +inf clips to FLT_MAX (it excused the old answer)."""
+    from onnx.reference.op_run import OpRun
+
+    class Clip(OpRun):
+        op_domain = ""
+
+        def _run(self, x, lo=None, hi=None):
+            if x.dtype.kind == "f":
+                info = np.finfo(x.dtype)
+                lo = info.min if lo is None else lo
+                hi = info.max if hi is None else hi
+            y = x if lo is None else np.maximum(x, lo)
+            return ((y if hi is None else np.minimum(y, hi)).astype(x.dtype),)
+    return Clip
+
+
+def _gather_elements_op() -> type:
+    """onnx.reference's GatherElements, fixed: it refuses indices smaller than the data
+    on a non-axis dim, which the spec allows (and which then cost a whole output its
+    opinion: a NaN from ReduceMin before such a Gather could not be arbitrated)."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        op_domain = ""
+
+        def _run(self, data, indices, axis=0):
+            axis = int(axis) % max(data.ndim, 1)
+            idx = np.where(indices < 0, indices + data.shape[axis], indices)
+            grid = list(np.indices(idx.shape, sparse=True))
+            grid[axis] = idx
+            return (data[tuple(grid)],)
+    return GatherElements

@@ -1,0 +1,298 @@
+"""Measured placement (autoclust/runtime/autotune.py): each cluster against onnxruntime.
+
+The decision logic runs on injected times (a fake clock, or Trial._time patched to report
+fixed milliseconds per side) so it cannot flake; the runs themselves are real, so the
+outputs served after a decision are checked against onnxruntime. One end-to-end test
+measures with the real clock and checks only what holds whoever wins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from autoclust.models import zoo
+
+import autoclust
+from autoclust.runtime import autotune
+from autoclust.runtime.autotune import COMPILED, ONNXRUNTIME
+
+
+@pytest.mark.parametrize("compiled, onnx_rt, final, want", [
+    ([10, 10, 10], [12, 12.5, 11], False, COMPILED),      # faster in every pair
+    ([12, 12.5, 11], [10, 10, 10], False, ONNXRUNTIME),   # slower in every pair
+    ([10, 10], [5, 5], False, None),                      # too few pairs to say
+    ([10, 10], [5, 5], True, COMPILED),                   # and no more coming: keep
+    ([10, 10, 10], [12, 9, 11], False, None),             # mixed: more pairs wanted
+    ([10] * 9, [10.1, 9.9, 10.2, 9.8, 10, 10.1, 9.9, 10, 10], False, COMPILED),  # noise
+    ([10] * 9, [9, 9.2, 11, 8.9, 9.1, 9.3, 10.5, 9, 9.2], False, ONNXRUNTIME),  # median
+    ([10] * 9, [9.8, 9.9, 9.75, 9.9, 9.8, 9.85, 9.9, 9.8, 9.9], False, COMPILED),  # <3%
+    # the median pair says onnxruntime, the sides' medians do not (load moved): keep
+    ([10, 11, 12, 13, 14, 1, 1, 1, 1], [9.6, 10.6, 11.6, 12.6, 13.5, 20, 20, 20, 20], False,
+     COMPILED),
+])
+def test_decide(compiled, onnx_rt, final, want):
+    verdict = autotune.decide(compiled, onnx_rt, final)
+    assert (verdict and verdict[0]) == want, verdict
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeSide:
+    """run() advances the fake clock by `ms` and returns its name."""
+
+    def __init__(self, clock: FakeClock, ms: float, name: str):
+        self.clock, self.ms, self.name, self.runs = clock, ms, name, 0
+
+    def run(self, inputs):
+        self.runs += 1
+        self.clock.now += self.ms / 1e3
+        return [self.name]
+
+
+def _trial(compiled_ms, ort_ms, budget_ms=10_000, settled=lambda: True):
+    clock = FakeClock()
+    exe, seg = FakeSide(clock, compiled_ms, "compiled"), FakeSide(clock, ort_ms, "ort")
+    done = []
+    budget = autotune.Budget(budget_ms)
+    trial = autotune.Trial("c0", "float32[4]", exe, lambda: seg, budget,
+                           lambda d, w: done.append((d, w)), clock, settled)
+    return trial, exe, seg, done, budget
+
+
+def test_trial_hands_back_a_cluster_that_loses():
+    trial, _exe, seg, done, _ = _trial(12.0, 10.0)
+    for _ in range(10):
+        assert trial.run([]) == ["compiled"]  # compiled outputs until the decision
+        if done:
+            break
+    (decision, winner), = done
+    assert winner is seg and decision.winner == ONNXRUNTIME
+    assert decision.compiled_ms == pytest.approx(12.0) and decision.onnxruntime_ms == \
+        pytest.approx(10.0)
+    assert decision.pairs == autotune.MIN_PAIRS and "faster in all 3" in decision.reason
+
+
+def test_trial_keeps_a_cluster_that_wins():
+    trial, exe, _seg, done, _ = _trial(8.0, 10.0)
+    while not done:
+        trial.run([])
+    (decision, winner), = done
+    assert winner is exe and decision.winner == COMPILED
+    assert decision.compiled_ms == pytest.approx(8.0)
+    assert "faster in all 3 paired runs, by 25%" in decision.reason
+
+
+def test_trial_waits_for_the_executable_to_settle():
+    ready = [False]
+    trial, _exe, seg, done, _ = _trial(12.0, 10.0, settled=lambda: ready[0])
+    for _ in range(5):
+        trial.run([])
+    assert seg.runs == 0 and not done  # background prepacking: nothing timed yet
+    ready[0] = True
+    while not done:
+        trial.run([])
+    assert done[0][0].winner == ONNXRUNTIME
+
+
+def test_trial_respects_the_budget():
+    # onnxruntime's warm-up costs 100 ms; a pair 300 ms beside the caller's compiled run
+    # (each side one untimed and one timed run): a 450 ms budget allows one pair
+    trial, exe, seg, done, budget = _trial(100.0, 100.0, budget_ms=450)
+    for _ in range(20):
+        trial.run([])
+    (decision, winner), = done
+    assert decision.winner == COMPILED and winner is exe
+    assert "measuring budget spent" in decision.reason and decision.pairs == 1
+    assert budget.spent_ms == pytest.approx(400)
+    assert seg.runs == 3  # warm-up, then one untimed and one timed run
+
+
+def test_trial_keeps_compiled_when_onnxruntime_fails():
+    clock = FakeClock()
+    exe = FakeSide(clock, 1.0, "compiled")
+    done = []
+
+    def broken():
+        raise RuntimeError("no kernel for op X")
+
+    trial = autotune.Trial("c0", "sig", exe, broken, autotune.Budget(1000),
+                           lambda d, w: done.append((d, w)), clock)
+    assert trial.run([]) == ["compiled"]
+    assert done[0][1] is exe and "onnxruntime cannot run the subgraph" in done[0][0].reason
+
+
+# ---- in a session: injected times, real runs ---------------------------------------------
+
+def _inject(monkeypatch, compiled_ms: float, ort_ms: float) -> None:
+    """Trial._time reports fixed times (the runs still happen: outputs stay real)."""
+    def timed(self, side, inputs):
+        outs = side.run(inputs)
+        ms = compiled_ms if side is self.exe else ort_ms
+        return ms * self.repeat / 1e3, outs
+    monkeypatch.setattr(autotune.Trial, "_time", timed)
+
+
+def _session(**flags):
+    model = zoo.build("mlp_gelu")
+    return model, zoo.feeds(model), autoclust.InferenceSession(model, **flags)
+
+
+def _run_until_decided(sess, feeds, runs=12):
+    for _ in range(runs):
+        out = sess.run(None, feeds)
+    return out
+
+
+def test_session_hands_back_a_losing_cluster(monkeypatch, tmp_path):
+    _inject(monkeypatch, compiled_ms=5.0, ort_ms=2.0)
+    model, feeds, sess = _session(cache_dir=str(tmp_path))
+    got = _run_until_decided(sess, feeds)
+    runner = sess._runtime.compiled_clusters()[0]
+    (target,) = runner.route.values()
+    assert target is runner.onnxruntime_segment()  # onnxruntime serves the cluster now
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    text = sess.explain()
+    assert "handed back to onnxruntime: compiled 5.000 ms, onnxruntime 2.000 ms" in text, text
+    (entry,) = sess.explain(as_json=True)["placement"]
+    assert entry["winner"] == ONNXRUNTIME and entry["compiled_ms"] == pytest.approx(5.0)
+    assert "onnxruntime faster in all 3 paired runs, by 150%" in entry["reason"]
+    # a second session with the same --cache_dir reads the decision: no compile at all
+    monkeypatch.setattr(autotune.Trial, "_time", None)  # measuring again would crash
+    again = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
+    got2 = _run_until_decided(again, feeds, runs=3)
+    np.testing.assert_allclose(got2[0], want[0], rtol=1e-5, atol=1e-6)
+    assert again.stats()["clusters"][0]["compiles"] == 0
+    (entry2,) = again.explain(as_json=True)["placement"]
+    assert entry2["source"] == "cache" and entry2["onnxruntime_ms"] == pytest.approx(2.0)
+    assert "[cache]" in again.explain()
+
+
+def test_session_keeps_a_winning_cluster(monkeypatch, tmp_path):
+    _inject(monkeypatch, compiled_ms=1.0, ort_ms=3.0)
+    _, feeds, sess = _session(cache_dir=str(tmp_path))
+    _run_until_decided(sess, feeds)
+    runner = sess._runtime.compiled_clusters()[0]
+    (target,) = runner.route.values()
+    assert target is next(iter(runner.cache.values()))
+    assert "kept compiled: compiled 1.000 ms, onnxruntime 3.000 ms" in sess.explain()
+    monkeypatch.setattr(autotune.Trial, "_time", None)
+    again = autoclust.InferenceSession(zoo.build("mlp_gelu"), cache_dir=str(tmp_path))
+    _run_until_decided(again, feeds, runs=3)
+    assert again.stats()["clusters"][0]["compiles"] == 1  # compiled, not measured again
+    assert again.explain(as_json=True)["placement"][0]["source"] == "cache"
+
+
+@pytest.mark.parametrize("flags", [{"must_compile": True}, {"autotune": False}])
+def test_flags_keep_everything_compiled(monkeypatch, flags):
+    _inject(monkeypatch, compiled_ms=5.0, ort_ms=1.0)
+    _, feeds, sess = _session(**flags)
+    _run_until_decided(sess, feeds)
+    runner = sess._runtime.compiled_clusters()[0]
+    assert runner.tuner is None and sess.plan.placement == []
+    assert list(runner.route.values()) == list(runner.cache.values())
+    assert "Measured placement" not in sess.explain()
+
+
+def test_budget_spent_inherits_the_last_decision(monkeypatch):
+    _inject(monkeypatch, compiled_ms=5.0, ort_ms=2.0)
+    model = zoo.build("mlp_gelu")
+    sess = autoclust.InferenceSession(model)
+    feeds = zoo.feeds(model)
+    _run_until_decided(sess, feeds)
+    sess._runtime.placement.budget.spent_ms = 1e9  # no budget left for the next signature
+    name = sess.get_inputs()[0].name
+    other = {name: np.concatenate([feeds[name]] * 2)}  # a new batch size
+    sess.run(None, other)
+    second = sess.explain(as_json=True)["placement"][1]
+    assert second["source"] == "inherited" and second["winner"] == ONNXRUNTIME
+    assert "measuring budget spent" in second["reason"]
+
+
+def test_log_shows_decision_and_budget(monkeypatch, capsys):
+    _inject(monkeypatch, compiled_ms=1.0, ort_ms=3.0)
+    _, feeds, sess = _session(log=True, autotune_budget_ms=500)
+    _run_until_decided(sess, feeds)
+    err = capsys.readouterr().err
+    assert "autoclust: placement: cluster_0000" in err and "kept compiled" in err
+    assert "of 500 ms used" in err
+
+
+def test_end_to_end_real_clock():
+    model, feeds, sess = _session()
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for _ in range(autotune.MAX_PAIRS + autotune.SETTLE_RUNS + 2):
+        got = sess.run(None, feeds)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        if sess.plan.placement:
+            break
+    (d,) = sess.plan.placement
+    assert d.source == "measured" and d.pairs >= autotune.MIN_PAIRS
+    assert d.compiled_ms > 0 and d.onnxruntime_ms > 0
+    runner = sess._runtime.compiled_clusters()[0]
+    (target,) = runner.route.values()
+    winner = runner.onnxruntime_segment() if d.winner == ONNXRUNTIME else \
+        next(iter(runner.cache.values()))
+    assert target is winner
+
+
+# ---- the whole plan against onnxruntime over the whole model ----------------------------
+
+def _inject_whole(monkeypatch, plan_ms: float, whole_ort_ms: float) -> None:
+    """Clusters win their own trials (1 ms against 2); the whole plan takes plan_ms against
+    onnxruntime's whole_ort_ms."""
+    def timed(self, side, inputs):
+        outs = side.run(inputs)
+        if isinstance(side, autotune._PlanSide):
+            ms = plan_ms
+        elif isinstance(side, autotune._OrtSide):
+            ms = whole_ort_ms
+        else:
+            ms = 1.0 if side is self.exe else 2.0
+        return ms * self.repeat / 1e3, outs
+    monkeypatch.setattr(autotune.Trial, "_time", timed)
+
+
+def test_whole_plan_handed_back_when_boundaries_lose(monkeypatch, tmp_path):
+    # mixed_dynamic: 4 small clusters around an onnxruntime segment (NonZero, TopK)
+    _inject_whole(monkeypatch, plan_ms=5.0, whole_ort_ms=2.0)
+    model = zoo.build("mixed_dynamic")
+    feeds = zoo.feeds(model)
+    sess = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for _ in range(15):
+        got = sess.run(None, feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.shape, w.shape)
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    decisions = sess.explain(as_json=True)["placement"]
+    assert [d["winner"] for d in decisions] == [COMPILED] * 4 + [ONNXRUNTIME], decisions
+    assert decisions[-1]["cluster"] == autotune.WHOLE
+    assert "whole model" in sess.explain() and "onnxruntime 2.000 ms" in sess.explain()
+    assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._OrtSide)
+    # a second session reads all five decisions and measures nothing
+    monkeypatch.setattr(autotune.Trial, "_time", None)
+    again = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
+    for _ in range(4):
+        again.run(None, feeds)
+    assert [d["source"] for d in again.explain(as_json=True)["placement"]] == ["cache"] * 5
+    assert not autotune.measuring(again._runtime)
+
+
+def test_whole_plan_kept_when_it_wins(monkeypatch):
+    _inject_whole(monkeypatch, plan_ms=1.0, whole_ort_ms=2.0)
+    model = zoo.build("mixed_dynamic")
+    feeds = zoo.feeds(model)
+    sess = autoclust.InferenceSession(model)
+    for _ in range(15):
+        sess.run(None, feeds)
+    whole = sess.explain(as_json=True)["placement"][-1]
+    assert whole["cluster"] == autotune.WHOLE and whole["winner"] == COMPILED
+    assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._PlanSide)
