@@ -38,33 +38,47 @@ from typing import Any
 import numpy as np
 from autoclust.tools.bench import timing
 
-# op type -> category; ops not listed are "elementwise". Contrib and fused onnxruntime ops
-# included, so both sides share one vocabulary.
-CATEGORY_OPS = {
-    "gemm": ("MatMul", "Gemm", "FusedMatMul", "FusedGemm", "Einsum", "MatMulNBits",
-             "MatMulInteger", "QLinearMatMul", "Attention", "MultiHeadAttention",
-             "GroupQueryAttention"),
-    "conv": ("Conv", "FusedConv", "ConvTranspose", "NchwcConv"),
-    "pool": ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "NchwcMaxPool",
-             "NchwcAveragePool", "NchwcGlobalAveragePool"),
-    "softmax": ("Softmax", "LogSoftmax"),
-    "norm": ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
-             "SkipSimplifiedLayerNormalization", "RMSNormalization", "BatchNormalization",
-             "InstanceNormalization", "GroupNormalization", "EmbedLayerNormalization"),
-    "reduce": ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
-               "ReduceSumSquare", "ReduceL2", "ArgMax", "ArgMin", "CumSum"),
-    "layout": ("Transpose", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Slice", "Split",
-               "Gather", "Expand", "Flatten", "Identity", "ReorderInput", "ReorderOutput",
-               "Tile", "Pad", "Shape", "ConstantOfShape", "Range", "GatherElements"),
+from autoclust import ops
+
+# op type -> category. Ops in autoclust's op table take their category from the table (kind
+# and groups: ops/table.py); the names below are onnxruntime's own fused and contrib ops,
+# which its profile reports and our table does not hold, so both sides share one vocabulary.
+ORT_OWN_OPS = {
+    "gemm": ("FusedGemm", "MatMulNBits", "MatMulInteger", "QLinearMatMul",
+             "MultiHeadAttention", "GroupQueryAttention"),
+    "conv": ("FusedConv", "NchwcConv"),
+    "pool": ("NchwcMaxPool", "NchwcAveragePool", "NchwcGlobalAveragePool"),
+    "norm": ("EmbedLayerNormalization",),
+    "layout": ("ReorderInput", "ReorderOutput"),
 }
-CATEGORY = {op: cat for cat, names in CATEGORY_OPS.items() for op in names}
+_BY_KIND = {"reduction": "reduce", "layout": "layout", "shape": "layout"}
+
+
+@functools.cache
+def _op_category(op: str) -> str:
+    """The category of one op type: the op table's kind and groups, else ORT_OWN_OPS."""
+    for cat, names in ORT_OWN_OPS.items():
+        if op in names:
+            return cat
+    d = ops.get(op) or ops.get(op, "com.microsoft")
+    if d is None:
+        return "elementwise"
+    if op in ops.in_group("GEMM") or op == "Attention":
+        return "gemm"
+    if op in ops.in_group("WINDOW"):
+        return "conv" if op.startswith("Conv") else "pool"
+    if d.kind == "normalization":
+        return "softmax" if op in ("Softmax", "LogSoftmax") else "norm"
+    return _BY_KIND.get(d.kind, "elementwise")
+
+
 # A fused kernel is filed under the first of these categories among its nodes' ops.
 PRIORITY = ("gemm", "conv", "pool", "softmax", "norm", "reduce", "elementwise", "layout")
 
 
 def category(op_types: list[str]) -> str:
     """The category of a kernel or node running these op types (see PRIORITY)."""
-    cats = {CATEGORY.get(op, "elementwise") for op in op_types} or {"elementwise"}
+    cats = {_op_category(op) for op in op_types} or {"elementwise"}
     return next(c for c in PRIORITY if c in cats)
 
 
