@@ -45,6 +45,11 @@ PUBLIC = {
     "jit": "autoclust.tracing:jit",
     "trace": "autoclust.tracing:trace",
 }
+# `autoclust.ray`'s names (batch inference on Ray Data), resolved the same way.
+RAY_API = {
+    "Predictor": "autoclust.serve.predictor:Predictor",
+    "ModelPredictor": "autoclust.serve.predictor:ModelPredictor",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,10 +129,19 @@ def importer(name: str) -> ModuleType:
 
 def public(name: str) -> Any:
     """The public API object `autoclust.<name>`; AttributeError when there is none."""
-    if name not in PUBLIC:
-        raise AttributeError(f"module 'autoclust' has no attribute {name!r}")
-    module, _, attr = PUBLIC[name].partition(":")
+    return _resolve(PUBLIC, "autoclust", name)
+
+
+def _resolve(table: dict[str, str], owner: str, name: str) -> Any:
+    if name not in table:
+        raise AttributeError(f"module {owner!r} has no attribute {name!r}")
+    module, _, attr = table[name].partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def ray_api(name: str) -> Any:
+    """`autoclust.ray.<name>`; AttributeError when there is none."""
+    return _resolve(RAY_API, "autoclust.ray", name)
 
 
 def session_class() -> type:
