@@ -33,7 +33,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from autoclust import ops
+from autoclust import ops, symbolic
 from autoclust.errors import CompileError
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import inject, views
@@ -62,7 +62,6 @@ from autoclust.kernel.lowering import (
     elements_of_constant,
     op,
 )
-from autoclust.symbolic import same
 
 RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
 LOAD_COST = 4              # cost units of reading one more tensor while recomputing
@@ -298,8 +297,7 @@ class NodeLowering(LowerCtx):
               column: tuple[int, int] | None = None) -> None:
         x, b = self.node.inputs[i], self.b
         const = b.graph.constant_value(x)
-        # index ops over a constant (position ids sliced to a symbolic length) take their
-        # values from it: checked here, once, instead of every run
+        # index ops over a constant sliced to a symbolic length: checked once, here
         source = const if const is not None or b.is_buffer(x) or column is not None \
             else elements_of_constant(b.graph, x)
         if source is not None:
@@ -625,18 +623,17 @@ class Fusion:
             raise Materialize(exc.value, str(exc)) from None
 
     def _loop_shape_hint(self, v: Value, g: Group) -> tuple[int, ...] | None:
-        # A root joins a kernel whose loop nest is its own shape (or, for a row kernel,
-        # whose outer dims are its shape: a per-row store).
-        # Symbolic dims compare structurally (no guard): not joining is always correct.
+        # A root joins a kernel whose loop nest is its own shape (or a row kernel's outer
+        # dims: a per-row store); symbolic dims compare structurally (no guard).
         b, shape = g.builder, tuple(v.shape)
         outer = b.shape[:b.rank - b.n_inner]
-        if same(shape, b.shape) or b.n_inner and (
-                same(shape, outer) or same(shape, outer + (1,) * b.n_inner)):
+        if symbolic.same(shape, b.shape) or b.n_inner and (
+                symbolic.same(shape, outer) or symbolic.same(shape, outer + (1,) * b.n_inner)):
             return b.shape
         return None
 
     def _root_index(self, v: Value, b: KernelBuilder) -> Idx:
-        if same(tuple(v.shape), b.shape):
+        if symbolic.same(tuple(v.shape), b.shape):
             return identity_index(b.shape)
         n_outer = b.rank - b.n_inner
         idx = [kir.unit(k, b.rank) for k in range(n_outer)]
