@@ -141,3 +141,17 @@ def test_max_rows_of_a_symbolic_length_propagate_nan(seq):
     expect = x - np.max(x, axis=1, keepdims=True)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(expect))
     np.testing.assert_allclose(got[0], expect[0], rtol=1e-6)
+
+
+def test_bench_lengths_reports_no_compile_and_no_warning(tmp_path, capsys, bert):
+    """`python -m autoclust.tools.bench.lengths` (the figures in docs/performance.md)."""
+    from autoclust.tools.bench import lengths
+    model, _ = bert
+    path = tmp_path / "bert.onnx"
+    onnx.save(model, path)
+    np.savez(tmp_path / "feeds.npz", **zoo.feeds(model, dims={"batch": 1, "seq": 24}))
+    assert lengths.main([str(path), str(tmp_path / "feeds.npz"), "--lengths", "4",
+                         "--threads", "1", "--rounds", "1", "--block", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "LLVM compiles after the first length: 0" in out and "RuntimeWarnings: 0" in out
+    assert "fallback none" in out and len(out.splitlines()) > 10
