@@ -46,8 +46,10 @@ def _check_flags() -> None:
 def make_jit_class(original: type) -> type:
     """A subclass of onnxruntime's InferenceSession whose runs go through autoclust."""
 
-    class InferenceSession(original):  # type: ignore[misc, valid-type]
+    class InferenceSession(original):
         __doc__ = original.__doc__
+        _autoclust_patched = True
+        _autoclust_original = original  # our own sub-sessions must keep onnxruntime's class
 
         def __init__(self, path_or_bytes: Any, sess_options: Any = None, providers: Any = None,
                      provider_options: Any = None, **kwargs: Any):
@@ -56,7 +58,8 @@ def make_jit_class(original: type) -> type:
             from autoclust.errors import AutoclustError, FlagError, NotCompilableError
             from autoclust.session import InferenceSession as Jit
             try:
-                self._autoclust = Jit(path_or_bytes, sess_options, providers, provider_options)
+                self._autoclust: Jit | None = Jit(path_or_bytes, sess_options, providers,
+                                                  provider_options)
             except (FlagError, NotCompilableError):
                 raise
             except AutoclustError as exc:  # onnxruntime loaded it, we could not: run it as is
@@ -92,7 +95,8 @@ def make_jit_class(original: type) -> type:
 
         def run_with_iobinding(self, iobinding: Any, run_options: Any = None) -> Any:
             jit = getattr(self, "_autoclust", None)
-            if jit is None or getattr(iobinding, "_owner", None) is not jit:
+            owner = getattr(iobinding, "_owner", None)  # the session that bound it
+            if jit is None or owner is None or owner is not jit:
                 return super().run_with_iobinding(iobinding, run_options)
             return jit.run_with_iobinding(iobinding, run_options)
 
@@ -107,14 +111,14 @@ def patch(module: Any) -> None:
     if getattr(current, "_autoclust_patched", False):
         return
     jit = make_jit_class(current)
-    jit._autoclust_patched = True
-    jit._autoclust_original = current  # our own sub-sessions must keep onnxruntime's class
     module.InferenceSession = jit
     capi = sys.modules.get("onnxruntime.capi.onnxruntime_inference_collection")
     if capi is not None and getattr(capi, "InferenceSession", None) is current:
-        capi.InferenceSession = jit
+        capi_any: Any = capi  # a module: its attributes are untyped
+        capi_any.InferenceSession = jit
     from autoclust import registry
-    registry.fallback().ORIGINAL_SESSION = current
+    fallback: Any = registry.fallback()  # a module, by name
+    fallback.ORIGINAL_SESSION = current
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -184,9 +184,8 @@ class Graph:
             if v.uses:
                 raise ValueError(f"cannot remove {node}: {v.name} still used")
             v.producer = None
-        for v in node.inputs + node.implicit_inputs:
-            if v is not None:
-                v.uses = [(n, i) for n, i in v.uses if n is not node]
+        for x in node.all_inputs():
+            x.uses = [(n, i) for n, i in x.uses if n is not node]
         self.nodes.remove(node)
 
     def replace_all_uses(self, old: Value, new: Value) -> None:
@@ -213,7 +212,7 @@ class Graph:
                 return candidate
 
     # ---- queries ----------------------------------------------------------------------
-    def is_constant(self, v: Value | None) -> bool:
+    def is_constant(self, v: Value | None) -> TypeGuard[Value]:
         """True for initializers that are not also (overridable) graph inputs."""
         return v is not None and v.name in self.initializers and v not in self.inputs
 

@@ -123,8 +123,9 @@ def body_graph(node: Node, graph: Graph, attr: str) -> Graph:
         v = graph.values.get(name)
         if v is None:
             raise _Refusal(f"{attr} reads {name!r}, which the enclosing graph lacks")
-        if graph.is_constant(v):
-            body.initializer.append(numpy_helper.from_array(graph.constant_value(v), name))
+        array = graph.constant_value(v)
+        if array is not None:
+            body.initializer.append(numpy_helper.from_array(array, name))
             continue
         _check_tensors([v], f"{attr} of {node.name!r}")
         body.input.append(helper.make_tensor_value_info(
@@ -195,8 +196,8 @@ def _static_trip(node: Node, graph: Graph) -> int | None:
     cond = node.inputs[1] if len(node.inputs) > 1 else None
     if m is None or m.size != 1 or int(m.reshape(())) < 1:
         return None
-    if cond is not None and not (graph.is_constant(cond) and bool(
-            graph.constant_value(cond).all())):
+    c = None if cond is None else graph.constant_value(cond)
+    if cond is not None and (c is None or not bool(c.all())):
         return None
     return int(m.reshape(()))
 
@@ -206,7 +207,8 @@ def _unrollable_work(node: Node, body: Graph, flags: Flags, why_not: WhyNot,
     """The body nodes to copy per iteration, or None when the body is not elementwise
     candidates only, has scan outputs or computes its condition."""
     n_carried = len(node.inputs) - 2
-    if len(body.outputs) != 1 + n_carried or len(node.outputs) != n_carried:
+    if len(body.outputs) != 1 + n_carried or len(node.outputs) != n_carried or \
+            any(v is None for v in node.inputs[2:]):  # an omitted carried value: malformed
         return None
     cond_in, cond_out = body.inputs[1], body.outputs[0]
     cond_node = cond_out.producer
@@ -232,7 +234,7 @@ def _unroll(graph: Graph, node: Node, body: Graph, work: list[Node], trip: int) 
         if known is None or not graph.is_constant(known):
             known = graph.add_initializer(graph.unique_name(f"{node.name}_{name}_"), array)
         outer[name] = known
-    carried = list(node.inputs[2:])
+    carried = [v for v in node.inputs[2:] if v is not None]  # none omitted: _unrollable_work
     index = graph.nodes.index(node)
     for k in range(trip):
         env = dict(outer)

@@ -83,7 +83,7 @@ class Cluster:
     nodes: list[Node]
     inputs: list[Value]
     outputs: list[Value]
-    fingerprint: str
+    fingerprint: Fingerprint | str  # the lazy Fingerprint, or (made elsewhere) its text
     shape_value_inputs: list[Value]
 
 
@@ -161,6 +161,11 @@ class _Analysis:
                          for n, d in zip(self.nodes, self.opdefs)]
         self.weight = [0 if s else (1 if d is None else d.cluster_weight)
                        for d, s in zip(self.opdefs, self.is_shape)]
+
+    def kind(self, i: int) -> str | None:
+        """Node i's op kind (ops.ELEMENTWISE, ...), None for an op not in the table."""
+        d = self.opdefs[i]
+        return None if d is None else d.kind
 
 
 # ---- 1. candidates ----------------------------------------------------------------------
@@ -287,13 +292,14 @@ def _saves_intermediate(an: _Analysis, members: list[int]) -> bool:
     graph_outputs = {v.name for v in an.graph.outputs}
     for i in members:
         node = an.nodes[i]
-        if an.weight[i] == 0 or an.opdefs[i].view or an.opdefs[i].kind == ops.LIBRARY:
+        d = an.opdefs[i]
+        if an.weight[i] == 0 or d is None or d.view or d.kind == ops.LIBRARY:
             continue
         for v in node.outputs:
             if v.name in an.static or v.name in graph_outputs or not v.uses:
                 continue
             users = [an.position[id(u)] for u, _ in v.uses]
-            if all(u in inside and an.opdefs[u].kind != ops.LIBRARY for u in users):
+            if all(u in inside and an.kind(u) != ops.LIBRARY for u in users):
                 return True
     return False
 
@@ -301,8 +307,8 @@ def _saves_intermediate(an: _Analysis, members: list[int]) -> bool:
 def _reduction_fed_by_elementwise(an: _Analysis, members: list[int]) -> bool:
     inside = set(members)
     for i in members:
-        if an.opdefs[i].kind in (ops.REDUCTION, ops.NORMALIZATION) and any(
-                p in inside and an.opdefs[p].kind == ops.ELEMENTWISE and an.weight[p]
+        if an.kind(i) in (ops.REDUCTION, ops.NORMALIZATION) and any(
+                p in inside and an.kind(p) == ops.ELEMENTWISE and an.weight[p]
                 for p in an.preds[i]):
             return True
     return False
@@ -431,8 +437,8 @@ def _shape_value_inputs(an: _Analysis, members: list[int], inputs: list[Value]) 
     for i in members:
         opdef = an.opdefs[i]
         node = an.nodes[i]
-        stack += [node.inputs[k] for k in opdef.shape_inputs
-                  if k < len(node.inputs) and node.inputs[k] is not None]
+        reads = () if opdef is None else opdef.shape_inputs
+        stack += [v for k, v in enumerate(node.inputs) if k in reads and v is not None]
     while stack:
         v = stack.pop()
         if v.name in seen or an.graph.is_constant(v):
@@ -440,9 +446,9 @@ def _shape_value_inputs(an: _Analysis, members: list[int], inputs: list[Value]) 
         seen.add(v.name)
         p = v.producer
         pos = None if p is None else an.position.get(id(p))
-        if pos is None or pos not in inside:
+        if p is None or pos is None or pos not in inside:
             found.add(v.name)
-        elif an.opdefs[pos] is None or not an.opdefs[pos].shape_of:  # Shape reads shapes only
+        elif (d := an.opdefs[pos]) is None or not d.shape_of:  # Shape reads shapes only
             stack += [w for w in p.inputs if w is not None]
     return [v for v in inputs if v.name in found]
 
@@ -474,7 +480,7 @@ def _array_digest(value: np.ndarray) -> bytes:
     if value.dtype.hasobject:  # strings: no buffer to read
         return hashlib.sha1(repr(value.tolist()).encode()).digest()
     dense = value if value.flags.c_contiguous else np.ascontiguousarray(value)
-    digest = hashlib.sha1(memoryview(dense).cast("B") if dense.size else b"").digest()
+    digest = hashlib.sha1(dense.data.cast("B") if dense.size else b"").digest()
     try:
         ref = weakref.ref(value, lambda _: _DIGESTS.pop(key, None))
     except TypeError:  # a subclass without weak references: not memoized

@@ -40,9 +40,9 @@ def bias_folds(graph: Graph, library: set[str], mode: str,
             continue
         a, b = node.inputs[0], node.inputs[1]
         y = node.outputs[0]
-        if (a is None or b is None or len(a.shape) < 2 or len(b.shape) != 2
-                or not graph.is_constant(b) or y.name in outputs
-                or y.dtype.name not in ("float32", "float64")):
+        if (a is None or not graph.is_constant(b) or a.shape is None or b.shape is None
+                or len(a.shape) < 2 or len(b.shape) != 2 or y.name in outputs
+                or y.dtype is None or y.dtype.name not in ("float32", "float64")):
             continue
         users = graph.consumers(y)
         if len(users) != 1 or len(y.uses) != 1:
@@ -51,10 +51,11 @@ def bias_folds(graph: Graph, library: set[str], mode: str,
         if add.op != "Add" or add.domain not in ("", "ai.onnx") or add.name in library:
             continue
         bias = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
-        if (bias is y or not graph.is_constant(bias) or tuple(bias.shape) != (b.shape[1],)
-                or bias.dtype != y.dtype or tuple(add.outputs[0].shape) != tuple(y.shape)):
-            continue
         out = add.outputs[0]
+        if (bias is y or not graph.is_constant(bias) or bias.shape is None
+                or out.shape is None or y.shape is None or tuple(bias.shape) != (b.shape[1],)
+                or bias.dtype != y.dtype or tuple(out.shape) != tuple(y.shape)):
+            continue
         if mode == "alone" and out.name not in outputs and not feeds_library(
                 graph, out, library, view_ops):
             continue

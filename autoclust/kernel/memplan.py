@@ -30,16 +30,16 @@ def plan_memory(program: kir.Program) -> kir.Program:
     temps = sorted((b for b in program.buffers if b.role == "temp" and b.id not in aliases),
                    key=lambda b: first.get(b.id, 0))
     slots: dict[int, int] = {}
-    for b in temps:
-        start = first.get(b.id, 0)
+    for buf in temps:
+        start = first.get(buf.id, 0)
         for s, free_after in enumerate(slot_free_after):
             if free_after < start:
-                slot_free_after[s] = last.get(b.id, start)
-                slots[b.id] = s
+                slot_free_after[s] = last.get(buf.id, start)
+                slots[buf.id] = s
                 break
         else:
-            slots[b.id] = len(slot_free_after)
-            slot_free_after.append(last.get(b.id, start))
+            slots[buf.id] = len(slot_free_after)
+            slot_free_after.append(last.get(buf.id, start))
     buffers = [dataclasses.replace(b, slot=slots.get(aliases.get(b.id, b.id), -1))
                for b in program.buffers]
     return dataclasses.replace(program, buffers=buffers)

@@ -7,7 +7,7 @@ ONNX domain), and com.microsoft Attention, which keeps onnxruntime's fused kerne
 type rule, so everything after it still clusters, and a NumPy reference for the plain
 forms, but no lowering. FusedMatMul lives with the library calls (autoclust/ops/library.py).
 
-Formulas follow onnxruntime's CPU kernels (checked against them in tests/test_contrib_ops.py):
+Formulas follow onnxruntime's CPU kernels (checked against them in tests/ops/test_contrib_ops.py):
 the Gelu family computes x * (...) so -inf gives NaN as there; the Skip norms' optional
 outputs are the row mean (0 for the simplified form, which has none), 1/sqrt(var + eps)
 and the sum input + skip + bias; mean and inv_std are float32 for float16 inputs.

@@ -6,7 +6,7 @@ DequantizeLinear -> float ops -> QuantizeLinear chain is one kernel reading and 
 bytes. Per-tensor and per-axis scales compile; blocked quantization (block_size) and the
 float8/int4 outputs stay in onnxruntime.
 
-Semantics are onnxruntime's CPU kernels (MLAS), checked in tests/test_quantize.py:
+Semantics are onnxruntime's CPU kernels (MLAS), checked in tests/ops/test_quantize.py:
 QuantizeLinear computes v = x / scale, clamps v to [qmin - zp, qmax - zp] with a NaN
 becoming the lower bound (x86 maxps), rounds half to even, then adds zp; DequantizeLinear
 computes (x - zp) in int32 and multiplies by the scale in float32.

@@ -43,7 +43,7 @@ def _made_by(v: Value | None, *op_names: str) -> Node | None:
 
 def _div_exact(graph: Graph, n: Node) -> Result:
     x, c = n.inputs[0], graph.constant_value(n.inputs[1])
-    if c is None or x.dtype is None or x.dtype.kind != "f" or c.size == 0:
+    if c is None or x is None or x.dtype is None or x.dtype.kind != "f" or c.size == 0:
         return None
     with np.errstate(all="ignore"):
         r = (1 / c).astype(c.dtype)
@@ -53,7 +53,8 @@ def _div_exact(graph: Graph, n: Node) -> Result:
 
 
 def _perm(n: Node) -> list[int] | None:
-    rank = n.inputs[0].rank
+    x = n.inputs[0]
+    rank = None if x is None else x.rank
     perm = n.attr("perm")
     if rank is None:
         return None
@@ -67,9 +68,11 @@ def _transpose_identity(graph: Graph, n: Node) -> Result:
 
 def _transpose_transpose(graph: Graph, n: Node) -> Result:
     inner = _made_by(n.inputs[0], "Transpose")
-    if inner is None or _perm(inner) is None or _perm(n) is None:
+    if inner is None:
         return None
     p1, p2 = _perm(inner), _perm(n)
+    if p1 is None or p2 is None:
+        return None
     composed = [p1[i] for i in p2]  # out[i] = y[p2[i]] = x[p1[p2[i]]]
     if composed == list(range(len(composed))):
         return inner.inputs[0]
@@ -79,9 +82,11 @@ def _transpose_transpose(graph: Graph, n: Node) -> Result:
 def _reshape_chain(graph: Graph, n: Node) -> Result:
     inner = _made_by(n.inputs[0], *VIEWS)
     out = n.outputs[0]
-    if inner is None or not out.is_static() or 0 in out.shape:
+    if inner is None or out.shape is None or not out.is_static() or 0 in out.shape:
         return None  # a 0 in a Reshape target means "copy", so keep those as they are
     x = inner.inputs[0]
+    if x is None:
+        return None
     if x.shape == out.shape:
         return x
     return ("Reshape", [x, new_constant(graph, np.array(out.shape, np.int64), "shape")], {})
@@ -125,8 +130,8 @@ def _scaled_matmul(graph: Graph, n: Node) -> Result:
     for mm, c in ((n.inputs[0], n.inputs[1]), (n.inputs[1], n.inputs[0])):
         p = None if mm is None else mm.producer
         value = graph.constant_value(c)
-        if (p is None or (p.op, p.domain) not in (("MatMul", ""), ("FusedMatMul",
-                                                                  "com.microsoft"))
+        if (mm is None or p is None
+                or (p.op, p.domain) not in (("MatMul", ""), ("FusedMatMul", "com.microsoft"))
                 or len(mm.uses) != 1 or mm in graph.outputs or value is None
                 or value.size != 1 or mm.dtype != np.float32 or value.dtype != np.float32
                 or p.attrs.get("alpha", 1.0) != 1.0):
@@ -139,7 +144,7 @@ def _scaled_matmul(graph: Graph, n: Node) -> Result:
 def _scaled_operand(graph: Graph, v: Value | None) -> tuple[Value, float] | None:
     """(x, c) when v = x * c (or x / c) for a float32 scalar constant c, read only here."""
     p = None if v is None else v.producer
-    if p is None or p.domain not in ("", "ai.onnx") or p.op not in ("Mul", "Div") or \
+    if v is None or p is None or p.domain not in ("", "ai.onnx") or p.op not in ("Mul", "Div") or \
             len(v.uses) != 1 or v in graph.outputs or v.dtype != np.float32:
         return None
     pairs = [(p.inputs[0], p.inputs[1])] + ([(p.inputs[1], p.inputs[0])] if p.op == "Mul"

@@ -214,9 +214,9 @@ def _edges(plan: Any, lay: Layout) -> list[tuple[tuple[int, int], tuple[int, int
 
 
 def _edge_svg(a: tuple[int, int], b: tuple[int, int]) -> str:
-    (x1, y1), (x2, y2) = _xy(a), _xy(b)
-    x1, x2 = x1 + NODE_W / 2, x2 + NODE_W / 2
-    y1, y2 = y1 + NODE_H, y2 - 2  # the arrowhead's tip touches the box
+    (ax, ay), (bx, by) = _xy(a), _xy(b)
+    x1, x2 = ax + NODE_W / 2, bx + NODE_W / 2
+    y1, y2 = ay + NODE_H, by - 2  # the arrowhead's tip touches the box
     bend = max(20, (y2 - y1) / 2)
     return (f'<path class="edge" d="M{x1},{y1} C{x1},{y1 + bend} {x2},{y2 - bend} {x2},{y2}" '
             f'marker-end="url(#arrow)"/>')

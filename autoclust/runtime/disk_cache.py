@@ -31,6 +31,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from types import ModuleType
 
 MAGIC = b"ACOBJ1\n"  # + sha256(object) + object: integrity only
 MAC_MAGIC = b"ACMAC1\n"  # + key id (8 bytes) + HMAC-SHA256 + object: authenticated
@@ -229,6 +230,7 @@ def locked(cache_dir: str, key: str) -> Iterator[None]:
     """Hold the build lock of `key` in `cache_dir` (an flock, released if the holder dies):
     the first process to miss an entry builds it, the others wait here and then load it.
     A no-op without a usable directory or where flock does not exist."""
+    fcntl: ModuleType | None
     try:
         import fcntl
     except ImportError:  # Windows: processes may build the same entry twice (harmless)
@@ -251,7 +253,7 @@ def locked(cache_dir: str, key: str) -> Iterator[None]:
             os.close(fd)  # releases the lock
 
 
-def _acquire(fcntl: object, fd: int) -> None:
+def _acquire(fcntl: ModuleType, fd: int) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return

@@ -367,7 +367,7 @@ class KernelEmitter:
             # NaN is replaced by the neutral value here, so neither operand can be NaN and
             # the call is truthfully `nnan`. Not a plain llvm.maxnum reduction: LLVM 22
             # vectorizes that with a NaN-checking scheme that drops elements for some trip
-            # counts (11, 14, 15 measured; tests/test_cpu_backend.py). The price: max/min
+            # counts (11, 14, 15 measured; tests/cpu/test_cpu_backend.py). The price: max/min
             # rows are not vectorized (softmax's max phase). Tried and rejected: sanitizing
             # with maxnum(x, -inf) instead of this select lets LLVM vectorize the nnan
             # reduction, but LLVM 22 then drops elements behind an Exp (the trip-count test
@@ -666,7 +666,7 @@ def build_module(kernels: list[kir.Kernel], fast_math: bool,
             # FMA-heavy streams where 512 bits measured 1.3-1.5x faster (GELU, the math
             # chain). Not on row kernels: there LLVM 22's loop vectorizer asserts ("VPlan
             # cost model and legacy cost model disagreed") and aborts the process, e.g. on a
-            # Softmax over rows of 75 (tests/test_cpu_backend.py). On every function of the
+            # Softmax over rows of 75 (tests/cpu/test_cpu_backend.py). On every function of the
             # kernel, since the body is inlined into its callers. llvmlite checks attribute
             # names against a fixed list, so the string attribute goes in directly.
             set.add(fn.attributes, f'"prefer-vector-width"="{VECTOR_BITS}"')

@@ -6,7 +6,7 @@ arithmetic, integer bit tricks on bitcasts, selects and the few intrinsics that 
 (fabs, rint, copysign, fmuladd, minnum, maxnum), so a fused elementwise loop becomes SIMD.
 
 Works on float, double and vectors of either. Special values (NaN, +-inf, +-0, denormals)
-follow libm. Measured max error (asserted in tests/test_mathlib.py), float32 over a sweep of
+follow libm. Measured max error (asserted in tests/cpu/test_mathlib.py), float32 over a sweep of
 every 997th bit pattern / float64 vs long double or mpmath:
 exp 1 / 0.88 ulp, log 1 / 0.74, tanh 1 / 1.26, sigmoid 2 / 1.98, erf 1 / 0.67, expm1 2 / 2.05,
 log1p 2 / 1.91, softplus 2. Composites (silu, mish, gelu_*) add their condition number.

@@ -10,7 +10,7 @@ C^T = Y^T @ X^T: cuBLAS's A is our Y, its B our X, with m = N, n = M and ldc = N
 
 A GemmCall holds everything cuBLAS's gemmStridedBatchedEx takes except pointers and
 types; `emulate` runs one in NumPy with cuBLAS's exact addressing, so tests check the
-planning on the host (tests/test_gpu_gemm.py).
+planning on the host (tests/gpu/test_gpu_gemm.py).
 """
 
 from __future__ import annotations

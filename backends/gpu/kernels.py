@@ -7,7 +7,7 @@ the grid and block sizes it emulates. Elementwise, vector and scan kernels run t
 CUDA loop structure over emulated (block, thread) pairs; row kernels emulate their lanes
 (per-lane partial results over the same strided loop, then a tree combine), since threads
 of a row communicate. What only CUDA runs -- the shuffle butterfly and the shared-memory
-step -- is checked by nvcc and, on a GPU, by tests/test_gpu.py.
+step -- is checked by nvcc and, on a GPU, by tests/gpu/test_gpu.py.
 
     warp-row softmax over rows of 7 (CUDA):
       for (row = warp id; row < nrows; row += warps in grid)

@@ -17,7 +17,7 @@ capture/replay logic -- while the kernels themselves run as their C rendering:
   interface); during a stream capture, launches, fills and copies are recorded into the
   "graph" instead of run, so a replay really re-executes them.
 
-Use through the `fake_cupy` fixture of tests/test_gpu_fake.py.
+Use through the `fake_cupy` fixture of tests/gpu/test_gpu_fake.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Clusters a 10,000-node chain of diamonds, each diamond passing through an op outside the
 table (so legality, the incremental cycle check, has real work), and prints the time.
-tests/test_clustering.py bounds it.
+tests/core/test_clustering.py bounds it.
 """
 
 from __future__ import annotations
