@@ -92,12 +92,13 @@ def symbolic_types(graph: Graph, inputs: list[Any], shape_value_index: list[int]
     """(input types with symbolic dims, the class pattern) for compiling these inputs'
     class; None when no dim can be symbolic."""
     names: dict[str, int] = {}  # symbol -> its value in this run
-    taken = set()
+    taken: set[str] = set()
     types, pattern = [], []
     for i, (v, x) in enumerate(zip(graph.inputs, inputs)):
         declared = v.shape if v.shape is not None and len(v.shape) == x.ndim \
             else (None,) * x.ndim
-        shape, dims = [], []
+        shape: list[Any] = []  # ints and Syms
+        dims: list[int | str] = []  # the pattern: a fixed size or a symbol's name
         for d, (decl, n) in enumerate(zip(declared, x.shape)):
             n = int(n)
             if isinstance(decl, int) or i in shape_value_index or \

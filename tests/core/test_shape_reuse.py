@@ -1,6 +1,6 @@
 """Compiled kernel code is reused across batch sizes: a kernel's code key abstracts its outer
 loop extent (backends.cpu.code_key), so a new batch size compiles nothing through LLVM, even
-with --symbolic_dims=0 (symbolic dims go further: tests/test_symbolic_dims.py).
+with --symbolic_dims=0 (symbolic dims go further: tests/core/test_symbolic_dims.py).
 Every result is checked against onnxruntime."""
 
 from __future__ import annotations
