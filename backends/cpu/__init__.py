@@ -24,6 +24,7 @@ from autoclust import ops, symbolic
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
+from autoclust.kernel.bounds import check_program
 from autoclust.kernel.passes import code_key, distinct_kernels
 from autoclust.registry import Policy
 from autoclust.report.lazy_dumps import LazyDumps
@@ -155,6 +156,8 @@ class Parametric:
         missing = [n for n in self.symbols if n not in env]
         if missing:
             raise ValueError(f"no value for symbolic dims {missing}")
+        # the bounds proof over this binding's sizes (lowering left it to the bindings)
+        check_program(symbolic.substitute(self.program, env))
         program = kir.instantiate(self.program, env)
         dims = {name: tuple(env[n] for n in self._dims[owner])
                 for name, (owner, _) in program.sharing.items() if owner in self._dims}
