@@ -34,6 +34,7 @@ import contextvars
 import dataclasses
 import math
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -393,10 +394,10 @@ def trial() -> Iterator[None]:
 
 def _caller() -> str:
     """file:line of the first frames outside this module (what made the decision)."""
-    f = sys._getframe(2)
+    f: types.FrameType | None = sys._getframe(2)
     while f is not None and f.f_code.co_filename == __file__:
         f = f.f_back
-    where = []
+    where: list[str] = []
     while f is not None and len(where) < TRACE_FRAMES:
         short = "/".join(f.f_code.co_filename.split("/")[-2:])
         where.append(f"{short}:{f.f_lineno} ({f.f_code.co_name})")

@@ -110,7 +110,7 @@ def structural(cls: type) -> type:
             return NotImplemented
         return all(_same_field(getattr(self, n), getattr(other, n)) for n in names)
 
-    cls.__eq__ = __eq__
+    setattr(cls, "__eq__", __eq__)  # noqa: B010 - mypy refuses assigning to a method
     return cls
 
 
