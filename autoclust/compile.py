@@ -24,10 +24,12 @@ after every pass and names the pass that broke it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.flags import Flags
 from autoclust.ir import Graph
 from autoclust.kernel import inject
@@ -60,6 +62,9 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
             dumps = lazy_dumps(exe)
         else:
             program = program_cache.load_or_lower(optimized, flags, backend, lower_graph)
+            if not symbolic.hold_at_hints(program.guards, input_types):
+                program = lower_graph(optimized, flags, backend)  # cached for another run
+            symbolic.assume(program.guards)
             exe = backend.compile(program, flags)
             dumps = lazy_dumps(exe)
             if ".kernels.txt" not in dumps:
@@ -70,15 +75,32 @@ def compile_cluster(graph: Graph, input_types: list[tuple[np.dtype, tuple[int, .
 
 
 def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
-    """An optimized concrete-shape graph -> the kernel IR Program a backend compiles (for
-    a backend whose policy asks, with attention fused into FusedAttention calls first)."""
+    """An optimized graph (concrete or symbolic shapes) -> the kernel IR Program a backend
+    compiles (for a backend whose policy asks, with attention fused into FusedAttention
+    calls first); the Program carries the guards its lowering decided on symbolic dims."""
     COUNTS["lowered"] += 1
     pol = policy(backend)
-    if pol.fused_attention and "fuse_attention" not in flags.disable_passes \
-            and any(n.op == "Softmax" for n in graph.nodes):
-        graph = fuse_attention(copy_graph(graph), pol.fused_attention)
-    program = attach_epilogues(fuse(graph, pol.fold_bias, pol.library_views),
-                               pol.library_epilogues)
-    program = collapse_loops(program)
-    prove_in_bounds(program)  # CompileError where an access may leave its buffer
-    return plan_memory(share_code(program))
+    with symbolic.recording() as rec:
+        if pol.fused_attention and "fuse_attention" not in flags.disable_passes \
+                and any(n.op == "Softmax" for n in graph.nodes):
+            graph = fuse_attention(copy_graph(graph), pol.fused_attention)
+        program = attach_epilogues(fuse(graph, pol.fold_bias, pol.library_views),
+                                   pol.library_epilogues)
+        program = collapse_loops(program)
+        # CompileError where an access may leave its buffer; with symbolic dims each
+        # binding proves its concrete program (kernel/bounds.py: interval arithmetic on ints)
+        if not symbolic.has_syms(program.buffers):
+            prove_in_bounds(program)
+        program = plan_memory(share_code(program))
+    return dataclasses.replace(program, guards=tuple(rec.guards))
+
+
+def compile_class(graph: Graph, input_types: list[tuple[np.dtype, tuple]],
+                  shape_values: dict[str, np.ndarray], flags: Flags, backend: Any
+                  ) -> tuple[Any, list[symbolic.Guard]]:
+    """compile_cluster for input types with symbolic dims (symbolic.Sym): the backend's
+    parametric executable (bind(dims) -> Executable) and the guards every decision of the
+    compile recorded, which define the shape class it serves."""
+    with symbolic.recording() as rec:
+        exe = compile_cluster(graph, input_types, shape_values, flags, backend)
+    return exe, list(rec.guards)

@@ -71,6 +71,9 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("verify_passes", bool, False, "run Graph.verify() after every pass (debug)"),
     FlagSpec("megamorphic_compiles", int, 10, "a cluster compiled more than this many times "
              "with fewer than 50 runs per compile falls back to onnxruntime"),
+    FlagSpec("symbolic_dims", bool, True, "compile a cluster once for every value of the "
+             "input dims the model leaves open (a sequence length): the code reads them at "
+             "run time; off, every new shape compiles again"),
     FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
              "always reassociate)", changes_code=True),
     FlagSpec("log", bool, False, "print one line per compile and fallback to stderr, and "

@@ -79,6 +79,10 @@ class Policy:
     fused_attention: int = 0
     # dtypes this backend's library calls take beyond the op table's (GPU: bfloat16 GEMMs)
     library_dtypes: frozenset = frozenset()
+    # compile() takes Programs whose dims may be symbolic (autoclust/symbolic.py) and
+    # returns an object whose bind(dims) gives the Executable for their values: one
+    # compile serves every sequence length of a shape class (runtime/shape_class.py).
+    symbolic_dims: bool = False
 
 
 _loaded: dict[str, ModuleType] = {}

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from autoclust import ops
+from autoclust import ops, symbolic
 from autoclust.errors import CompileError
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import inject, views
@@ -59,6 +59,7 @@ from autoclust.kernel.lowering import (
     Refuse,
     cast,
     const,
+    elements_of_constant,
     op,
 )
 
@@ -296,14 +297,18 @@ class NodeLowering(LowerCtx):
               column: tuple[int, int] | None = None) -> None:
         x, b = self.node.inputs[i], self.b
         const = b.graph.constant_value(x)
-        if const is not None:
-            values = const.reshape(-1)
+        # index ops over a constant sliced to a symbolic length: checked once, here
+        source = const if const is not None or b.is_buffer(x) or column is not None \
+            else elements_of_constant(b.graph, x)
+        if source is not None:
+            values = source.reshape(-1)
             if column is not None:
                 values = values[column[0]::column[1]]
             bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
-            if np.any(bad):
+            if np.any(bad) and const is not None:
                 self.refuse(f"constant input {x.name!r} fails its check: {message}")
-            return
+            if not np.any(bad):
+                return
         if not b.is_buffer(x):
             raise Refuse(x, f"{self.node.op} checks it before the kernel runs")
         check = kir.Check(b.fusion.buffer_of(x), kind, lo, hi, message, (self.node.name,),
@@ -618,18 +623,17 @@ class Fusion:
             raise Materialize(exc.value, str(exc)) from None
 
     def _loop_shape_hint(self, v: Value, g: Group) -> tuple[int, ...] | None:
-        # A root joins a kernel whose loop nest is its own shape (or, for a row kernel,
-        # whose outer dims are its shape: a per-row store).
-        b = g.builder
-        if tuple(v.shape) == b.shape:
-            return b.shape
-        if b.n_inner and tuple(v.shape) in (b.shape[:b.rank - b.n_inner],
-                                            b.shape[:b.rank - b.n_inner] + (1,) * b.n_inner):
+        # A root joins a kernel whose loop nest is its own shape (or a row kernel's outer
+        # dims: a per-row store); symbolic dims compare structurally (no guard).
+        b, shape = g.builder, tuple(v.shape)
+        outer = b.shape[:b.rank - b.n_inner]
+        if symbolic.same(shape, b.shape) or b.n_inner and (
+                symbolic.same(shape, outer) or symbolic.same(shape, outer + (1,) * b.n_inner)):
             return b.shape
         return None
 
     def _root_index(self, v: Value, b: KernelBuilder) -> Idx:
-        if tuple(v.shape) == b.shape:
+        if symbolic.same(tuple(v.shape), b.shape):
             return identity_index(b.shape)
         n_outer = b.rank - b.n_inner
         idx = [kir.unit(k, b.rank) for k in range(n_outer)]

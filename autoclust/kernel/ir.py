@@ -31,6 +31,8 @@ import dataclasses
 import math
 from typing import Any
 
+from autoclust.symbolic import is_sym, same, substitute
+
 # Primitive scalar ops and their arity. Compare ops yield bool; "cast" converts to the
 # Op's dtype with ONNX Cast semantics (float -> int32/int64: NaN and out-of-range give the
 # type's minimum, as onnxruntime on x86; narrower ints go through int32 and wrap);
@@ -86,6 +88,33 @@ def sum_start(red: Reduction) -> float:
     return -0.0 if red.scan == "inclusive" else 0.0
 
 
+def _same_field(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is tuple and type(b) is tuple:
+        return len(a) == len(b) and all(_same_field(x, y) for x, y in zip(a, b))
+    if is_sym(a) or is_sym(b):
+        return same(a, b)
+    return a == b
+
+
+def structural(cls: type) -> type:
+    """Make a frozen dataclass compare field by field structurally: a symbolic dim equals
+    only an identical one (symbolic.same), so comparing or looking up IR records never
+    records a guard (symbolic.py). The hash stays the dataclass's (Sym hashes are
+    structural too)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+
+    def __eq__(self, other: Any) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(_same_field(getattr(self, n), getattr(other, n)) for n in names)
+
+    setattr(cls, "__eq__", __eq__)  # noqa: B010 - mypy refuses assigning to a method
+    return cls
+
+
+@structural
 @dataclasses.dataclass(frozen=True)
 class Affine:
     """const + sum(coeffs[k] * i_k) over the loop indices i_k of a kernel."""
@@ -94,8 +123,9 @@ class Affine:
     coeffs: tuple[int, ...]
 
     def __str__(self) -> str:
-        terms = [f"{c}*i{k}" if c != 1 else f"i{k}" for k, c in enumerate(self.coeffs) if c]
-        if self.const or not terms:
+        terms = [f"{_factor(c)}*i{k}" if not same(c, 1) else f"i{k}"
+                 for k, c in enumerate(self.coeffs) if not same(c, 0)]
+        if not same(self.const, 0) or not terms:
             terms.append(str(self.const))
         return " + ".join(terms)
 
@@ -109,10 +139,16 @@ class Affine:
 
     def single(self) -> int | None:
         """The loop dim k when self is exactly i_k + const (coefficient 1), else None."""
-        moving = [k for k, c in enumerate(self.coeffs) if c]
-        if len(moving) == 1 and self.coeffs[moving[0]] == 1:
+        moving = [k for k, c in enumerate(self.coeffs) if not same(c, 0)]
+        if len(moving) == 1 and same(self.coeffs[moving[0]], 1):
             return moving[0]
         return None
+
+
+def _factor(c: Any) -> str:
+    """A coefficient as a factor: a symbolic sum in parentheses."""
+    text = str(c)
+    return f"({text})" if is_sym(c) and len(c.terms) > 1 else text
 
 
 def unit(k: int, rank: int) -> Affine:
@@ -124,6 +160,7 @@ def constant(value: int, rank: int) -> Affine:
     return Affine(value, (0,) * rank)
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Load:
     """buf[index + sum(expr * stride for expr, stride in dyn)].
@@ -142,12 +179,14 @@ class Load:
     dyn: tuple[tuple[Any, int], ...] = ()
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Const:
     value: Any  # a Python float, int or bool
     dtype: str
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Index:
     """The value of an affine index expression, as int64."""
@@ -156,6 +195,7 @@ class Index:
     dtype: str = "int64"
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Op:
     name: str
@@ -163,6 +203,7 @@ class Op:
     dtype: str
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Reduced:
     """The result of reduction phase `phase` of the enclosing kernel for this row (in a
@@ -175,6 +216,7 @@ class Reduced:
 Expr = Load | Const | Index | Op | Reduced
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Reduction:
     """A phase: kind over the inner dims; arg* kinds yield the int64 inner index.
@@ -190,6 +232,7 @@ class Reduction:
     reverse: bool = False
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Store:
     buf: int
@@ -198,6 +241,7 @@ class Store:
     per_row: bool = False
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Kernel:
     name: str
@@ -226,6 +270,7 @@ class Kernel:
         return any(d == 0 for d in self.shape[:len(self.shape) - self.n_inner])
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class View:
     """A library operand read or written in place inside a buffer: element (i_0, ...) of
@@ -243,6 +288,7 @@ class View:
         return f"view{list(self.shape)} strides {list(self.strides)} + {self.offset}"
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class LibraryCall:
     """A library op on buffers. `views` (empty, or one entry per input then per output)
@@ -269,6 +315,7 @@ class LibraryCall:
 
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Check:
     """Every element of integer buffer `buf` lies in [lo, hi] ("range") or is non-zero
@@ -288,6 +335,7 @@ class Check:
 Thunk = Kernel | LibraryCall | Check
 
 
+@structural
 @dataclasses.dataclass(frozen=True)
 class Buffer:
     id: int
@@ -317,6 +365,8 @@ class Program:
     aliases: dict[int, int] = dataclasses.field(default_factory=dict)
     # kernel name -> (name of the kernel whose code it runs, its buffers in that code's order)
     sharing: dict[str, tuple[str, tuple[int, ...]]] = dataclasses.field(default_factory=dict)
+    # decisions lowering made on symbolic dims (symbolic.Guard): where the Program is valid
+    guards: tuple = ()
 
 
 # ---- walking ------------------------------------------------------------------------------
@@ -515,12 +565,13 @@ def collapse(k: Kernel) -> Kernel:
         if groups:
             prev = groups[-1][-1]
             same_part = (prev >= len(shape) - n_inner) == inner
-            if same_part and all(a.coeffs[prev] == a.coeffs[d] * shape[d] for a in affs):
+            # structural (no guard on symbolic dims): not merging is always correct
+            if same_part and all(same(a.coeffs[prev], a.coeffs[d] * shape[d]) for a in affs):
                 groups[-1].append(d)
                 continue
         groups.append([d])
     n_outer_groups = sum(1 for g in groups if g[0] < len(shape) - n_inner)
-    new_shape = [int(_prod(shape[d] for d in g)) for g in groups]
+    new_shape = [_prod(shape[d] for d in g) for g in groups]
     keep = [i for i in range(len(groups)) if new_shape[i] != 1]
     new_inner = sum(1 for i in keep if i >= n_outer_groups)
 
@@ -545,3 +596,17 @@ def _prod(it) -> int:
     for x in it:
         n *= x
     return n
+
+
+# ---- symbolic dims ---------------------------------------------------------------------------
+
+def instantiate(program: Program, env: dict[str, int]) -> Program:
+    """`program` at concrete values of its symbolic dims, for running it: buffers, checks,
+    library calls and constants get ints; kernels only their loop extents (their code
+    reads the dims at run time, so their expressions stay symbolic)."""
+    memo: dict[int, Any] = {}
+    thunks = [dataclasses.replace(t, shape=substitute(t.shape, env, memo))
+              if isinstance(t, Kernel) else substitute(t, env, memo) for t in program.thunks]
+    return dataclasses.replace(program, buffers=substitute(program.buffers, env, memo),
+                               thunks=thunks,
+                               constants=substitute(program.constants, env, memo))

@@ -31,7 +31,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from autoclust.ir import Node, Value
+from autoclust import symbolic
+from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import ir as kir
 from autoclust.kernel.ir import Affine, Const, Expr, Op
 
@@ -106,7 +107,7 @@ class LowerCtx(abc.ABC):
         if not self.has(i):
             return None
         v = self.constant(i)
-        return None if v is None else [int(x) for x in np.asarray(v).reshape(-1)]
+        return None if v is None else symbolic.ints(v)  # symbolic dims stay Syms
 
     # ---- reading inputs -------------------------------------------------------------
     @abc.abstractmethod
@@ -205,6 +206,24 @@ class NeedRowDomain(Exception):
         self.value, self.shape, self.axes, self.scan = value, tuple(shape), sorted(axes), scan
 
 
+# Ops whose every output element is an element of input 0 (index chains of shape ops).
+ELEMENT_OF_INPUT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
+                              "Identity", "Expand", "Slice", "Gather", "GatherElements",
+                              "Tile"})
+
+
+def elements_of_constant(graph: Graph, v: Value) -> np.ndarray | None:
+    """The constant every element of v is taken from, when v is a chain of ELEMENT_OF_INPUT
+    ops over one: position ids sliced to a symbolic sequence length are checked once,
+    at compile time, instead of every run."""
+    while graph.constant_value(v) is None:
+        node = v.producer
+        if node is None or node.op not in ELEMENT_OF_INPUT or node.domain not in ("", "ai.onnx"):
+            return None
+        v = node.inputs[0]
+    return graph.constant_value(v)
+
+
 # ---- expression helpers -------------------------------------------------------------------
 
 # Storage dtypes whose values compute in float32 (a register holds the rounded value).
@@ -225,8 +244,8 @@ def const(value: Any, dtype: str) -> Const:
     """A scalar constant of `dtype` (Python bool, int or float)."""
     if dtype == "bool":
         return Const(bool(value), dtype)
-    if np.dtype(dtype).kind in "iu":
-        return Const(int(value), dtype)
+    if np.dtype(dtype).kind in "iu":  # a symbolic dim stays one (its value is read per run)
+        return Const(value if symbolic.is_sym(value) else int(value), dtype)
     return Const(float(value), dtype)
 
 
@@ -234,6 +253,8 @@ def cast(e: Expr, dtype: str) -> Expr:
     """e converted to dtype (ONNX Cast semantics); constants fold."""
     if e.dtype == dtype:
         return e
+    if isinstance(e, Const) and symbolic.is_sym(e.value):  # an integer from symbolic dims
+        return Const(e.value, dtype) if np.dtype(dtype).kind in "iu" else Op("cast", (e,), dtype)
     if isinstance(e, Const) and not (np.dtype(dtype).kind in "iu" and isinstance(e.value, float)):
         return const(np.array(e.value).astype(dtype).item(), dtype)
     return Op("cast", (e,), dtype)

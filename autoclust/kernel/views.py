@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
-from autoclust import ops
+from autoclust import ops, symbolic
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import ir as kir
 from autoclust.kernel.indexing import contiguous_strides
@@ -36,7 +34,6 @@ CHAIN_OPS = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"
 # Ops an operand may be read through in place: a chain op, or a Slice (one projection of
 # a sibling-fused GEMM's output, passes/siblings.py) picking a strided part of the buffer.
 READ_OPS = CHAIN_OPS | {"Slice"}
-MAX_INVERT = 1 << 24  # elements: the output view is found numerically (np.indices)
 
 Probe = Callable[[Value, Value | None], kir.Expr | None]
 
@@ -85,42 +82,72 @@ def input_view(x: Value, probe: Probe) -> tuple[int, kir.View] | None:
     e = probe(x, None)
     if not isinstance(e, kir.Load) or e.clamps or e.dyn:
         return None
-    if not all(isinstance(c, int) for c in e.index.coeffs):
+    if not all(symbolic.is_dim(c) for c in e.index.coeffs):
         return None
     return e.buf, kir.View(tuple(x.shape), tuple(e.index.coeffs), e.index.const)
 
 
 def output_view(v: Value, w: Value, probe: Probe) -> kir.View | None:
     """The view of result v inside w's buffer, when w is a rearrangement of v's elements
-    (each element of v lands at one element of w, and the landing places are strided)."""
+    (each element of v lands at one element of w, and the landing places are strided).
+
+    w's expression reads v at flat index sum(c_k * i_k) over w's loop dims. It is a
+    rearrangement when the c_k are the place values of a mixed radix over w's dims
+    (1, n_a, n_a*n_b, ...: each a product of the sizes below it). A dim l of v (place
+    value sv_l, size m_l) then lies inside one such digit k when c_k divides sv_l and
+    sv_l*m_l divides c_k*n_k: stepping it moves w's element by w's stride of dim k times
+    sv_l / c_k. Everything is exact polynomial arithmetic, so symbolic dims stay symbolic.
+    """
     w = same_order_source(w, v)
     if w is v:
         return kir.View(tuple(v.shape), contiguous_strides(tuple(v.shape)), 0)
     e = probe(w, v)
-    n = int(np.prod(w.shape, dtype=np.int64))
     if not isinstance(e, kir.Load) or e.clamps or e.dyn or not w.shape or not v.shape:
         return None
-    if n == 0 or n > MAX_INVERT or n != int(np.prod(v.shape, dtype=np.int64)):
+    n = symbolic.product(w.shape)
+    if not symbolic.same(e.index.const, 0) or not symbolic.same(n, symbolic.product(v.shape)):
         return None
-    idx = np.indices(w.shape, dtype=np.int64).reshape(len(w.shape), -1)
-    src = e.index.const + np.asarray(e.index.coeffs, np.int64) @ idx  # v's flat index
-    if src.min() < 0 or src.max() >= n:
+    digits = _digits(tuple(w.shape), e.index.coeffs)
+    if digits is None:
         return None
-    dest = np.full(n, -1, np.int64)
-    dest[src] = np.arange(n, dtype=np.int64)  # v's element -> its place in w's buffer
-    if (dest < 0).any():
-        return None  # two places of w read the same element of v: not a rearrangement
-    dv = dest.reshape(v.shape)
-    offset = int(dv.flat[0])
+    ws = contiguous_strides(tuple(w.shape))
     strides = []
-    for k, size in enumerate(v.shape):
-        step = tuple(1 if j == k and size > 1 else 0 for j in range(len(v.shape)))
-        strides.append(int(dv[step]) - offset if size > 1 else 0)
-    where = offset + np.tensordot(np.asarray(strides, np.int64),
-                                  np.indices(v.shape, dtype=np.int64), axes=1)
-    if not np.array_equal(where, dv):
-        return None
-    return kir.View(tuple(v.shape), tuple(strides), offset)
+    for sv, m in zip(contiguous_strides(tuple(v.shape)), v.shape):
+        if symbolic.same(m, 1):
+            strides.append(0)
+            continue
+        stride = None
+        for k, c in digits:
+            q = _quotient(sv, c)
+            if q is not None and _quotient(c * w.shape[k], sv * m) is not None:
+                stride = ws[k] * q
+                break
+        if stride is None:
+            return None
+        strides.append(stride)
+    return kir.View(tuple(v.shape), tuple(strides), 0)
+
+
+def _digits(shape: tuple, coeffs: tuple) -> list[tuple[int, object]] | None:
+    """[(dim k, place value c_k)] of w's dims (size > 1) as a mixed radix from the least
+    significant, or None when the coefficients are not one."""
+    left = [k for k, d in enumerate(shape) if not symbolic.same(d, 1)]
+    place, out = 1, []
+    while left:
+        k = next((k for k in left if symbolic.same(coeffs[k], place)), None)
+        if k is None:
+            return None
+        out.append((k, place))
+        place = place * shape[k]
+        left.remove(k)
+    return out
+
+
+def _quotient(a: object, b: object) -> object | None:
+    """a / b when b divides a exactly (as polynomials when symbolic), else None."""
+    if symbolic.is_sym(a) or symbolic.is_sym(b):
+        return symbolic.exact_quotient(a, b)
+    return a // b if b and a % b == 0 else None
 
 
 def is_plain(view: kir.View, buffer: kir.Buffer) -> bool:

@@ -31,6 +31,7 @@ from autoclust.ops.elementwise import (
     upcast,
 )
 from autoclust.ops.table import ELEMENTWISE, InferContext, TypeShape, register
+from autoclust.symbolic import is_dim
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -76,7 +77,7 @@ def _infer_prelu(ctx: InferContext) -> list[TypeShape]:
     x, s = ctx.shapes[0], ctx.shapes[1]
     if x is not None and s is not None:
         bad = len(s) > len(x) or any(
-            isinstance(sd, int) and isinstance(xd, int) and sd not in (1, xd)
+            is_dim(sd) and is_dim(xd) and sd not in (1, xd)
             for xd, sd in zip(x[len(x) - len(s):], s))
         if bad:
             raise ctx.fail(f"slope shape {s} does not broadcast to X shape {x}")

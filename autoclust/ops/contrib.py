@@ -38,6 +38,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
+from autoclust.symbolic import is_dim
 
 MS = "com.microsoft"
 F32 = np.dtype("float32")
@@ -63,7 +64,7 @@ def _infer_biased(ctx: InferContext) -> list[TypeShape]:
 
 
 def _differs(a: Any, b: Any) -> bool:
-    return isinstance(a, int) and isinstance(b, int) and a != b
+    return is_dim(a) and is_dim(b) and a != b
 
 
 def _biased_ref(fn: Callable[..., np.ndarray]) -> Callable[[Arrays, dict], list[np.ndarray]]:
@@ -304,7 +305,7 @@ def _infer_attention(ctx: InferContext) -> list[TypeShape]:
     v_hidden = None
     if sizes:
         v_hidden = int(sizes[2])
-    elif w is not None and isinstance(w[1], int):
+    elif w is not None and is_dim(w[1]):
         if w[1] % 3:
             raise ctx.fail(f"weights shape {list(w)}: last dim not divisible by 3 and no "
                            "qkv_hidden_sizes")
@@ -319,7 +320,7 @@ def _infer_attention(ctx: InferContext) -> list[TypeShape]:
     past = ctx.shapes[4] if ctx.has(4) else None
     if x is not None and v_hidden is not None and not sizes:
         total = x[1] if past is None else (
-            past[3] + x[1] if isinstance(past[3], int) and isinstance(x[1], int) else None)
+            past[3] + x[1] if is_dim(past[3]) and is_dim(x[1]) else None)
         present = (2, x[0], heads, total, v_hidden // heads)
     return [(ctx.dtypes[0], out), (ctx.dtypes[0], present)]
 

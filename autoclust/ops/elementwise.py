@@ -42,6 +42,7 @@ from autoclust.ops.table import (
     broadcast_shapes,
     register,
 )
+from autoclust.symbolic import is_dim
 
 F16 = np.dtype("float16")
 F32 = np.dtype("float32")
@@ -326,7 +327,7 @@ def _infer_clip(ctx: InferContext) -> list[TypeShape]:
     check_same_dtype(ctx, _present(ctx))
     for i in (1, 2):
         s = ctx.shapes[i] if ctx.has(i) else ()
-        if s is not None and any(isinstance(d, int) and d != 1 for d in s):
+        if s is not None and any(is_dim(d) and d != 1 for d in s):
             raise ctx.fail(f"input {i} (min/max) must be a scalar, got shape {s}")
     return [(ctx.dtypes[0], ctx.shapes[0])]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.errors import ShapeInferenceError
 from autoclust.ir import Dim, Graph, Node, Shape
 from autoclust.kernel.lowering import LowerCtx, const
@@ -31,6 +32,7 @@ from autoclust.ops.table import (
     register,
     same_as_input,
 )
+from autoclust.symbolic import is_dim
 
 # Slice bounds at or beyond this mean "to the end" (exporters write INT32/INT64 max).
 _BIG = 2**31 - 1
@@ -41,7 +43,7 @@ def _fail(op: str, message: str) -> ShapeInferenceError:
 
 
 def _ints(v: np.ndarray) -> list[int]:
-    return [int(x) for x in np.asarray(v).reshape(-1)]
+    return symbolic.ints(v)  # symbolic dims (Syms) stay symbolic
 
 
 def _dense(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -77,7 +79,7 @@ def _static_len(ctx: InferContext, i: int) -> int | None:
 def _same_dim(dims: list[Dim]) -> Dim:
     """The dim several inputs agree on: a known int wins over symbols."""
     for d in dims:
-        if isinstance(d, int):
+        if is_dim(d):
             return d
     syms = {d for d in dims if d is not None}
     return syms.pop() if len(syms) == 1 else (dims[0] if dims else None)
@@ -109,6 +111,9 @@ def _reshape_target(in_shape: tuple, spec: list[int], allowzero: bool, op: str =
 def _infer_minus_one(in_shape: tuple, out: list[Dim]) -> Dim:
     """The dim -1 stands for, when it follows from known ints and matching symbols."""
     known = [d for d in out if d != -1]
+    if all(symbolic.is_dim(d) for d in list(in_shape) + known):  # ints and Syms
+        total, rest = symbolic.product(in_shape), symbolic.product(known)
+        return None if rest == 0 or total % rest else total // rest
     in_syms = [d for d in in_shape if isinstance(d, str)]
     out_syms = [d for d in known if isinstance(d, str)]
     if None in in_shape or None in known:
@@ -117,8 +122,8 @@ def _infer_minus_one(in_shape: tuple, out: list[Dim]) -> Dim:
         if s not in in_syms:
             return None
         in_syms.remove(s)
-    in_int = dim_product([d for d in in_shape if isinstance(d, int)])
-    out_int = dim_product([d for d in known if isinstance(d, int)])
+    in_int = dim_product([d for d in in_shape if is_dim(d)])
+    out_int = dim_product([d for d in known if is_dim(d)])
     if len(in_syms) > 1 or out_int == 0 or in_int % out_int:
         return None
     ratio = in_int // out_int
@@ -207,11 +212,11 @@ def _squeeze_infer(ctx: InferContext) -> list[TypeShape]:
     except ShapeInferenceError as exc:
         raise _refail(ctx, exc) from None
     if axes is None:
-        if any(not isinstance(d, int) for d in x):
+        if any(not is_dim(d) for d in x):
             return [(ctx.dtypes[0], None)]  # a symbol may or may not be 1
         axes = [i for i, d in enumerate(x) if d == 1]
     for a in axes:
-        if isinstance(x[a], int) and x[a] != 1:
+        if is_dim(x[a]) and x[a] != 1:
             raise ctx.fail(f"cannot squeeze axis {a} of size {x[a]} in shape {x}")
     return [(ctx.dtypes[0], tuple(d for i, d in enumerate(x) if i not in axes))]
 
@@ -284,7 +289,7 @@ def _expand_infer(ctx: InferContext) -> list[TypeShape]:
         rank = max(len(x), n)
         padded = (None,) * (rank - len(x)) + tuple(x)
         # An input dim other than 1 survives whatever the shape says (it must be 1 or equal).
-        dims = tuple(d if isinstance(d, int) and d != 1 else None for d in padded)
+        dims = tuple(d if is_dim(d) and d != 1 else None for d in padded)
         return [(ctx.dtypes[0], dims)]
     if x is None:
         return [(ctx.dtypes[0], None)]

@@ -28,6 +28,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
+from autoclust.symbolic import is_dim
 
 _INDEX_TYPES = (np.dtype("int32"), np.dtype("int64"))
 _REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -290,12 +291,12 @@ def _depth_to_space_infer(ctx: InferContext) -> list[TypeShape]:
     if len(x) != 4:
         raise ctx.fail(f"input of shape {x} is not 4-D")
     n, c, h, w = x
-    if isinstance(c, int) and c % (b * b):
+    if is_dim(c) and c % (b * b):
         raise ctx.fail(f"channels {c} not divisible by blocksize^2 = {b * b}")
 
     def scale(d: Dim, f: int) -> Dim:
-        return d * f if isinstance(d, int) else None
-    c_out = c // (b * b) if isinstance(c, int) else None
+        return d * f if is_dim(d) else None
+    c_out = c // (b * b) if is_dim(c) else None
     return [(ctx.dtypes[0], (n, c_out, scale(h, b), scale(w, b)))]
 
 
@@ -317,11 +318,11 @@ def _space_to_depth_infer(ctx: InferContext) -> list[TypeShape]:
         raise ctx.fail(f"input of shape {x} is not 4-D")
     n, c, h, w = x
     for d in (h, w):
-        if isinstance(d, int) and d % b:
+        if is_dim(d) and d % b:
             raise ctx.fail(f"spatial dims of {x} not divisible by blocksize {b}")
-    c_out = c * b * b if isinstance(c, int) else None
-    h_out = h // b if isinstance(h, int) else None
-    w_out = w // b if isinstance(w, int) else None
+    c_out = c * b * b if is_dim(c) else None
+    h_out = h // b if is_dim(h) else None
+    w_out = w // b if is_dim(w) else None
     return [(ctx.dtypes[0], (n, c_out, h_out, w_out))]
 
 

@@ -27,6 +27,7 @@ from autoclust.ops.table import (
     broadcast_shapes,
     register,
 )
+from autoclust.symbolic import is_dim
 
 F32 = np.dtype("float32")
 MATMUL_TYPES = FLOAT_TYPES + tuple(np.dtype(t) for t in ("int32", "int64", "uint32", "uint64")) \
@@ -54,7 +55,7 @@ def _work(x: np.ndarray) -> np.ndarray:
 
 
 def _same_dim(a: Dim, b: Dim) -> bool:
-    return not (isinstance(a, int) and isinstance(b, int) and a != b)
+    return not (is_dim(a) and is_dim(b) and a != b)
 
 
 # ---- MatMul / Gemm --------------------------------------------------------------------------
@@ -187,7 +188,7 @@ def _infer_gemm(ctx: InferContext) -> list[TypeShape]:
             raise ctx.fail(f"C must have rank <= 2, got shape {c}")
         cc = (1,) * (2 - len(c)) + tuple(c)
         for got, want in zip(cc, (m, n)):
-            if isinstance(got, int) and got != 1 and not _same_dim(got, want):
+            if is_dim(got) and got != 1 and not _same_dim(got, want):
                 raise ctx.fail(f"C of shape {c} does not broadcast to ({m}, {n})")
     return [(ctx.dtypes[0], (m, n))]
 
@@ -224,7 +225,7 @@ def window_pads(in_dims: Sequence[Dim], kernel: Sequence[int], attrs: dict[str, 
     for i, d in enumerate(in_dims):
         span = (kernel[i] - 1) * dil[i] + 1
         pb, pe = (pads[i], pads[i + n]) if auto_pad == "NOTSET" else (0, 0)
-        if not isinstance(d, int):
+        if not is_dim(d):
             outs.append(None)
         elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             out = -(-d // strides[i])
@@ -302,14 +303,14 @@ def _infer_conv(ctx: InferContext) -> list[TypeShape]:
     if w is not None and not _same_dim(x[1], None if w[1] is None else _mul(w[1], group)):
         raise ctx.fail(f"input channels {x[1]} != weight channels {w[1]} * group {group}")
     m = None if w is None else w[0]
-    if isinstance(m, int) and m % group:
+    if is_dim(m) and m % group:
         raise ctx.fail(f"output channels {m} not divisible by group {group}")
     out, _, _ = window_pads(x[2:], kernel, ctx.attrs, pool=False)
     return [(ctx.dtypes[0], (x[0], m, *out))]
 
 
 def _mul(d: Dim, k: int) -> Dim:
-    return d * k if isinstance(d, int) else None
+    return d * k if is_dim(d) else None
 
 
 def _conv_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -352,7 +353,7 @@ def _convt_pads(in_dims: Sequence[Dim], kernel: Sequence[int], attrs: dict[str, 
     auto_pad, out_shape = attrs.get("auto_pad", "NOTSET"), attrs.get("output_shape")
     outs, begins, ends = [], [], []
     for i, d in enumerate(in_dims):
-        if not isinstance(d, int):
+        if not is_dim(d):
             outs.append(None)
             begins.append(0)
             ends.append(0)
@@ -577,7 +578,7 @@ def _infer_einsum(ctx: InferContext) -> list[TypeShape]:
             elif c in dims and not _same_dim(prev, d):
                 raise ctx.fail(f"label {c!r} has dims {prev} and {d}")
             else:
-                dims[c] = d if isinstance(d, int) or c not in dims else prev
+                dims[c] = d if is_dim(d) or c not in dims else prev
     missing = [c for c in out if c not in dims]
     if missing:
         raise ctx.fail(f"output labels {missing} of {ctx.attr('equation')!r} appear in no input")

@@ -25,6 +25,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
+from autoclust.symbolic import is_dim
 
 F32 = np.dtype("float32")
 _FLOATS = FLOAT_TYPES + (BFLOAT16,)
@@ -161,7 +162,7 @@ def _infer_layer_norm(ctx: InferContext) -> list[TypeShape]:
     else:
         axis = normalize_axis(int(ctx.attr("axis", -1)), len(shape), ctx)
         stat_shape = tuple(shape[:axis]) + (1,) * (len(shape) - axis)
-        if all(isinstance(d, int) for d in shape[axis:]):  # known (specialized): check
+        if all(is_dim(d) for d in shape[axis:]):  # known (specialized): check
             try:
                 _empty_rows(shape, axis)
             except InvalidInputError as exc:
@@ -389,12 +390,12 @@ def _infer_channel_norm(n_params: int) -> Callable[[InferContext], list[TypeShap
         c = None if shape is None else shape[1]
         for i in range(1, 1 + n_params):
             p = ctx.shapes[i]
-            bad = p is not None and (len(p) != 1 or isinstance(c, int) and
-                                     isinstance(p[0], int) and p[0] != c)
+            bad = p is not None and (len(p) != 1 or is_dim(c) and
+                                     is_dim(p[0]) and p[0] != c)
             if bad:
                 raise ctx.fail(f"input {i} has shape {p}, expected ({c},)")
         groups = ctx.attr("num_groups")
-        bad_groups = groups is None or groups <= 0 or (isinstance(c, int) and c % groups)
+        bad_groups = groups is None or groups <= 0 or (is_dim(c) and c % groups)
         if ctx.op == "GroupNormalization" and bad_groups:
             raise ctx.fail(f"num_groups={groups} does not divide channels {c}")
         return [(ctx.dtypes[0], shape)]

@@ -27,6 +27,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
+from autoclust.symbolic import is_dim
 
 F32 = np.dtype("float32")
 QUANT_TYPES = tuple(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
@@ -45,7 +46,7 @@ def _check_params(ctx: InferContext) -> None:
         raise ctx.fail(f"scale shape {list(scale)}: expected a scalar, [1] or [C] "
                        "(per-axis) without block_size")
     axis = normalize_axis(int(ctx.attr("axis", 1)), len(x), ctx)
-    if isinstance(scale[0], int) and isinstance(x[axis], int) and scale[0] != x[axis]:
+    if is_dim(scale[0]) and is_dim(x[axis]) and scale[0] != x[axis]:
         raise ctx.fail(f"scale shape {list(scale)} does not match input dim {axis} "
                        f"({x[axis]}) of shape {list(x)}")
     zp = ctx.shapes[2] if ctx.has(2) else None

@@ -45,6 +45,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
+from autoclust.symbolic import is_dim
 
 AXIS_TYPES = (np.dtype("int32"), np.dtype("int64"))
 
@@ -411,7 +412,7 @@ def _infer_topk(ctx: InferContext) -> list[TypeShape]:
     if k is not None:
         dim = int(k.ravel()[0])
         n = shape[axis]
-        if dim < 0 or (isinstance(n, int) and dim > n):
+        if dim < 0 or (is_dim(n) and dim > n):
             raise ctx.fail(f"K={dim} is out of range for axis {axis} of shape {shape}")
     out = tuple(dim if i == axis else d for i, d in enumerate(shape))
     return [(ctx.dtypes[0], out), (INT64, out)]

@@ -29,6 +29,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
+from autoclust.symbolic import is_sym, sym_array
 
 
 def _tensor_attr(value: Any) -> np.ndarray:
@@ -60,11 +61,15 @@ def _shape_infer(ctx: InferContext) -> list[TypeShape]:
 
 def _shape_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x = inputs[0]
-    return [np.array([x.shape[i] for i in _shape_range(attrs, x.ndim)], dtype=np.int64)]
+    dims = [x.shape[i] for i in _shape_range(attrs, x.ndim)]
+    if any(is_sym(d) for d in dims):  # symbolic dims (a compile for a shape class)
+        return [sym_array(dims)]
+    return [np.array(dims, dtype=np.int64)]
 
 
 def _size_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    return [np.array(inputs[0].size, dtype=np.int64)]
+    size = inputs[0].size
+    return [sym_array([size], ()) if is_sym(size) else np.array(size, dtype=np.int64)]
 
 
 # ---- ConstantOfShape, Range, EyeLike -----------------------------------------------------
@@ -101,6 +106,12 @@ def _constant_of_shape_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 def _range_count(start: np.ndarray, limit: np.ndarray, delta: np.ndarray) -> int:
     if delta == 0:
         raise ShapeInferenceError("(Range): delta is 0")
+    if any(is_sym(np.asarray(v).item()) for v in (start, limit, delta)):
+        # integer bounds from symbolic dims: ceil((limit - start) / delta) stays symbolic
+        start, limit, delta = (np.asarray(v).item() for v in (start, limit, delta))
+        if delta > 0:
+            return max((limit - start + delta - 1) // delta, 0)
+        return max((start - limit - delta - 1) // -delta, 0)
     # onnxruntime: ceil((limit - start) / delta) in double, the difference in the input type.
     return max(int(np.ceil(np.float64(limit - start) / np.float64(delta))), 0)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.errors import InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, const, op, select
@@ -35,6 +36,7 @@ from autoclust.ops.table import (
     normalize_axis,
 )
 from autoclust.ops.table import register as _register
+from autoclust.symbolic import is_dim
 
 # ---- Concat, Tile -------------------------------------------------------------------------
 
@@ -52,13 +54,13 @@ def _concat_infer(ctx: InferContext) -> list[TypeShape]:
     for k in range(rank):
         dims = [s[k] for s in shapes]
         if k != axis:
-            ints = {d for d in dims if isinstance(d, int)}
+            ints = {d for d in dims if is_dim(d)}
             if len(ints) > 1:
                 raise ctx.fail(f"inputs disagree on dim {k}: {shapes}")
             out.append(_same_dim(dims))
             continue
         nonzero = [d for d in dims if d != 0]
-        if all(isinstance(d, int) for d in dims):
+        if all(is_dim(d) for d in dims):
             out.append(sum(dims))
         else:
             out.append(nonzero[0] if len(nonzero) == 1 else None)
@@ -82,7 +84,7 @@ def _tile_infer(ctx: InferContext) -> list[TypeShape]:
     r = _ints(reps)
     if len(r) != len(x):
         raise ctx.fail(f"repeats {r} do not match rank of {x}")
-    dims = [d * k if isinstance(d, int) else (d if k == 1 else (0 if k == 0 else None))
+    dims = [d * k if is_dim(d) else (d if k == 1 else (0 if k == 0 else None))
             for d, k in zip(x, r)]
     return [(ctx.dtypes[0], tuple(dims))]
 
@@ -126,7 +128,7 @@ def _clamp_slice(dim: int, start: int, end: int, step: int) -> tuple[int, int, i
 
 
 def _slice_dim(dim: Dim, start: int, end: int, step: int) -> Dim:
-    if isinstance(dim, int):
+    if symbolic.is_dim(dim) and all(symbolic.is_dim(x) for x in (start, end)):
         return _clamp_slice(dim, start, end, step)[2]
     # Whole-axis slices (x[0:INT_MAX], x[::-1]) keep the symbol; anything else is unknown.
     if step == 1 and (start == 0 or start <= -_BIG - 1) and end >= _BIG:
@@ -175,12 +177,12 @@ def _slice_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 def _split_sizes(dim: Dim, split: list[int] | None, n: int | None) -> list[Dim]:
     if split is not None:
-        if isinstance(dim, int) and sum(split) != dim:
+        if is_dim(dim) and sum(split) != dim:
             raise _fail("Split", f"split {split} does not sum to dim {dim}")
         return list(split)
     if n is None or n <= 0:
         raise _fail("Split", "neither split nor num_outputs given")
-    if not isinstance(dim, int):
+    if not is_dim(dim):
         return [None] * n
     chunk = -(-dim // n)  # opset 18: equal chunks, the last one smaller
     sizes = [min(chunk, max(dim - i * chunk, 0)) for i in range(n)]
@@ -256,7 +258,7 @@ def _pad_infer(ctx: InferContext) -> list[TypeShape]:
         raise _refail(ctx, exc) from None
     out = []
     for d, (b, e) in zip(x, pairs):
-        if isinstance(d, int):
+        if is_dim(d):
             if d + b + e < 0:
                 raise ctx.invalid(f"pads {_ints(pads)} crop more than dim {len(out)} of "
                                   f"input {list(x)} holds", fail=True)

@@ -14,6 +14,7 @@ import numpy as np
 
 from autoclust.errors import InvalidInputError, InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Dim, Graph, Node, Shape
+from autoclust.symbolic import is_dim
 
 # Op kinds.
 ELEMENTWISE = "elementwise"
@@ -228,11 +229,11 @@ def broadcast_dims(a: Dim, b: Dim) -> Dim:
         return a
     if a == b:
         return a
-    if isinstance(a, int) and isinstance(b, int):
+    if is_dim(a) and is_dim(b):
         raise ShapeInferenceError(f"cannot broadcast dims {a} and {b}")
-    if isinstance(a, int):  # a is known and != 1: b must be a or 1 -> result a
+    if is_dim(a):  # a is known and != 1: b must be a or 1 -> result a
         return a
-    if isinstance(b, int):
+    if is_dim(b):
         return b
     return None  # two different symbols (or unknowns): either could be 1
 
@@ -261,7 +262,7 @@ def dim_product(dims: Sequence[Dim]) -> Dim:
     """Product of dims, None when any is not a known int."""
     out = 1
     for d in dims:
-        if not isinstance(d, int):
+        if not is_dim(d):
             return None
         out *= d
     return out
@@ -269,6 +270,8 @@ def dim_product(dims: Sequence[Dim]) -> Dim:
 
 def dense(a: np.ndarray) -> np.ndarray:
     """`a` as a C-contiguous array (np.ascontiguousarray would turn 0-d into 1-d)."""
+    if not isinstance(a, np.ndarray):  # an element taken from an object array of Syms
+        return np.asarray(a)
     return a if a.flags.c_contiguous else a.copy(order="C")
 
 

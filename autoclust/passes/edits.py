@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.ir import Graph, Node, Value, ValueCopier
 
 
@@ -61,7 +62,7 @@ def set_constant(graph: Graph, v: Value, array: np.ndarray) -> None:
     """Make the (producer-less) Value `v` an initializer holding `array`."""
     graph.initializers[v.name] = array
     graph.values[v.name] = v
-    v.dtype, v.shape = array.dtype, tuple(array.shape)
+    v.dtype, v.shape = symbolic.tensor_dtype(array), tuple(array.shape)
 
 
 def new_constant(graph: Graph, array: np.ndarray, base: str = "const") -> Value:

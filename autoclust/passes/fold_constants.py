@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoclust import ops
+from autoclust import ops, symbolic
 from autoclust.errors import AutoclustError
 from autoclust.ir import Graph, Node
 from autoclust.passes.edits import detach, set_constant
@@ -33,6 +33,8 @@ def _inputs_of(graph: Graph, node: Node, opdef: ops.OpDef, known: dict[str, np.n
     """Input arrays when every present input is known, else None."""
     if opdef.shape_of:
         v = node.inputs[0]
+        if v is not None and v.shape is not None and symbolic.has_syms(v.shape):
+            return [symbolic.ShapeOnly(v.shape, v.dtype)]  # Shape/Size read only .shape
         if v is not None and v.is_static():
             # A zero-strided view: Shape/Size read only .shape, so nothing is allocated.
             dtype = v.dtype if v.dtype is not None else np.dtype("float32")
@@ -67,13 +69,15 @@ def evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray] | None = Non
     arrays = _inputs_of(graph, node, opdef, known or {})
     if arrays is None:
         return None
-    input_size = 0 if opdef.shape_of else sum(a.size for a in arrays if a is not None)
+    input_size = 0 if opdef.shape_of else sum(int(a.size) for a in arrays if a is not None)
     may_grow = opdef.kind == ops.LIBRARY
     for v in node.outputs:
+        if v.shape is not None and symbolic.has_syms(v.shape):
+            return None  # its size depends on symbolic dims: computed at run time
         if v.is_static() and _too_big(int(np.prod(v.shape)), input_size, max_elements, may_grow):
             return None
-    try:
-        with np.errstate(all="ignore"):
+    try:  # a trial: a ref needing a concrete symbolic dim leaves the node (Pinned)
+        with np.errstate(all="ignore"), symbolic.trial():
             outs = [np.asarray(o, order="C") for o in opdef.ref(arrays, node.attrs)]
     except (ArithmeticError, IndexError, KeyError, TypeError, ValueError, AutoclustError):
         return None  # e.g. an out-of-range Gather index: leave it for run time to report
@@ -83,7 +87,8 @@ def evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray] | None = Non
     for o, v in zip(outs, node.outputs):
         if _too_big(o.size, input_size, max_elements, may_grow):
             return None
-        if (v.dtype is not None and o.dtype != v.dtype) or (v.is_static() and o.shape != v.shape):
+        dtype = np.dtype(np.int64) if symbolic.is_sym_array(o) else o.dtype
+        if (v.dtype is not None and dtype != v.dtype) or (v.is_static() and o.shape != v.shape):
             return None
     return outs
 

@@ -24,6 +24,7 @@ from autoclust.errors import InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Graph, Node, Shape, Value
 from autoclust.passes.edits import copy_graph, new_constant
 from autoclust.passes.fold_constants import SMALL_ELEMENTS, evaluate
+from autoclust.symbolic import is_dim, is_sym, tensor_dtype
 
 InputType = tuple[np.dtype, tuple[int, ...]]
 
@@ -57,7 +58,7 @@ def _bind_inputs(graph: Graph, input_types: list[InputType],
         raise ShapeInferenceError(f"shape_values name {unknown}, which are not inputs of "
                                   f"graph {graph.name}")
     for v, (dtype, shape) in zip(graph.inputs, input_types):
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(d if is_sym(d) else int(d) for d in shape)
         _check_declared(f"input {v.name!r}", v.dtype, v.shape, np.dtype(dtype), shape)
         v.dtype, v.shape = np.dtype(dtype), shape
         if v.name in shape_values:
@@ -69,7 +70,7 @@ def _bind_inputs(graph: Graph, input_types: list[InputType],
 
 
 def _loose(dtype: np.dtype | None, shape: Shape) -> bool:
-    return dtype is None or shape is None or not all(isinstance(d, int) for d in shape)
+    return dtype is None or shape is None or not all(is_dim(d) for d in shape)
 
 
 def _infer(graph: Graph, node: Node, known: dict[str, np.ndarray],
@@ -92,11 +93,12 @@ def _infer(graph: Graph, node: Node, known: dict[str, np.ndarray],
     for i, (v, (dtype, shape)) in enumerate(zip(node.outputs, types)):
         if outs is not None:
             a = outs[i]
-            if not _loose(dtype, shape) and (a.dtype != dtype or a.shape != tuple(shape)):
+            a_dtype = tensor_dtype(a)  # an object array of Syms is an int64 tensor
+            if not _loose(dtype, shape) and (a_dtype != dtype or a.shape != tuple(shape)):
                 raise ShapeInferenceError(
-                    f"{where} output {v.name!r}: the reference gives {a.dtype}{_dims(a.shape)}, "
+                    f"{where} output {v.name!r}: the reference gives {a_dtype}{_dims(a.shape)}, "
                     f"the infer rule {dtype}{_dims(shape)}")
-            dtype, shape = a.dtype, a.shape
+            dtype, shape = a_dtype, a.shape
             known[v.name] = a
         if _loose(dtype, shape):
             raise ShapeInferenceError(f"{where}: no concrete type for output {v.name!r} "

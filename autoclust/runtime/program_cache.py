@@ -78,7 +78,9 @@ def program_key(graph: Graph, flags: Flags, backend: Any) -> str:
         h.update(f"in {v.name} {v.type_str()}\n".encode())
     for name, arr in graph.initializers.items():
         h.update(f"const {name} {arr.dtype} {arr.shape}".encode())
-        if arr.dtype.kind not in "fc" or arr.nbytes <= KEY_VALUE_BYTES:
+        if arr.dtype == object:  # an int64 tensor of symbolic dims
+            h.update(f" = {arr.tolist()!r}".encode())
+        elif arr.dtype.kind not in "fc" or arr.nbytes <= KEY_VALUE_BYTES:
             h.update(b" = " + np.ascontiguousarray(arr).tobytes())
         h.update(b"\n")
     for n in graph.nodes:

@@ -10,6 +10,7 @@ stores outputs and drops values past their last use.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import sys
 import threading
@@ -20,13 +21,22 @@ from typing import Any
 import numpy as np
 
 from autoclust import registry
-from autoclust.errors import AutoclustError, InvalidInputError, NotCompilableError
+from autoclust.errors import (
+    AutoclustError,
+    CompileError,
+    InvalidInputError,
+    NotCompilableError,
+)
 from autoclust.flags import Flags
 from autoclust.ir import Graph
+from autoclust.runtime.shape_class import ShapeClass, symbolic_types
 
 # A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
 # fewer than this many times per compile.
 RUNS_PER_COMPILE = 50
+# Signatures bound from shape classes kept per cluster (the oldest goes: binding again is
+# cheap, and each binding holds its outputs).
+MAX_BINDINGS = 64
 # --async_compile: one background compiler thread per process (LLVM serializes compiles
 # behind its lock anyway, and fusion holds the GIL).
 _COMPILER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
@@ -62,6 +72,12 @@ class ClusterRunner:
         self.fallback: Any = None  # an onnxruntime Segment once the cluster falls back
         self.fallback_reason = ""
         self.signatures: list[tuple] = []
+        # shape classes (runtime/shape_class.py): one compile serves many signatures
+        self.classes: list[ShapeClass] = []
+        self.symbolic = flags.symbolic_dims and registry.policy(backend).symbolic_dims
+        self.symbolic_note = ""  # why this cluster compiles concrete shapes only
+        self.bindings = 0
+        self._bound: collections.deque = collections.deque()  # signatures bound, oldest first
         self._lock = threading.Lock()
         self._dumped_inputs = False
         self.pending: dict[tuple, concurrent.futures.Future] = {}  # --async_compile
@@ -87,7 +103,7 @@ class ClusterRunner:
         exe = self.route.get(key)
         if exe is None:
             if (self.flags.async_compile and not self.flags.must_compile
-                    and key not in self.cache):
+                    and key not in self.cache and not self._class_serves(inputs)):
                 return self._run_while_compiling(key, inputs)
             exe = self._place(key, inputs)
             if exe is None:
@@ -113,6 +129,8 @@ class ClusterRunner:
     def compiled(self, key: tuple, inputs: list[np.ndarray]) -> Any:
         """The executable for signature `key`, compiled now if needed (None: fell back)."""
         exe = self.cache.get(key)
+        if exe is None and self.classes:
+            exe = self._bind(key, inputs)  # a compiled shape class serves it: no compile
         return exe if exe is not None else self._compile(key, inputs)
 
     def onnxruntime_segment(self, quiet: bool = False) -> Any:
@@ -139,6 +157,42 @@ class ClusterRunner:
             self._fingerprint = program_key(self.graph, self.flags, self.backend)
         return self._fingerprint
 
+    def _bind(self, key: tuple, inputs: list[np.ndarray]) -> Any:
+        """The executable of the first shape class whose dims and guards accept these
+        inputs, bound to their dims (cached by signature); None when no class does."""
+        with self._lock:
+            exe = self.cache.get(key)
+            if exe is not None:
+                return exe
+            for cls in self.classes:
+                env = cls.match(inputs)
+                if isinstance(env, dict):
+                    t0 = time.perf_counter()
+                    try:
+                        exe = cls.exe.bind(env)
+                    except CompileError:  # these sizes fail the bounds proof: compile
+                        continue  # them concretely (the same error falls back, warned)
+                    self._keep_binding(key, exe)
+                    if self.flags.log:
+                        dims = ", ".join(f"{k} = {v}" for k, v in sorted(env.items()))
+                        print(f"autoclust: {self.name} runs the code compiled for "
+                              f"{cls.describe()} with {dims} (bound in "
+                              f"{(time.perf_counter() - t0) * 1e3:.1f} ms)", file=sys.stderr)
+                    return exe
+        return None
+
+    def _keep_binding(self, key: tuple, exe: Any) -> None:
+        self.bindings += 1
+        self.cache[key] = exe
+        self._bound.append(key)
+        if len(self._bound) > MAX_BINDINGS:
+            old = self._bound.popleft()
+            self.cache.pop(old, None)
+            self.route.pop(old, None)  # placed again (cheaply: bound again) if it returns
+
+    def _class_serves(self, inputs: list[np.ndarray]) -> bool:
+        return any(isinstance(c.match(inputs), dict) for c in self.classes)
+
     def _compile(self, key: tuple, inputs: list[np.ndarray]) -> Any:
         with self._lock:  # several threads meeting a new signature compile it once
             exe = self.cache.get(key)
@@ -164,7 +218,10 @@ class ClusterRunner:
                 self._fall_back(f"compile failed: {type(exc).__name__}: {exc}")
                 return None
             self.compiles += 1
-            self.cache[key] = exe
+            if getattr(exe, "shape_class", None) is not None:
+                self._keep_binding(key, exe)
+            else:
+                self.cache[key] = exe
             return exe
 
     def _host(self, inputs: list[Any]) -> list[Any]:
@@ -200,7 +257,14 @@ class ClusterRunner:
         if bar is not None:
             bar.start(self.name)
         t0 = time.perf_counter()
-        exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
+        exe, failed = self._compile_class(inputs, shape_values) if self.symbolic else (None, "")
+        if exe is None:
+            exe = compile_cluster(self.graph, types, shape_values, self.flags, self.backend)
+            if failed:  # concrete shapes compile where symbolic ones failed: stay concrete
+                self.symbolic = False
+                self.symbolic_note = f"symbolic dims failed, compiling concrete shapes: {failed}"
+                if self.flags.log:
+                    print(f"autoclust: {self.name}: {self.symbolic_note}", file=sys.stderr)
         if self.flags.log:
             message = compile_message(self.name, self.backend, exe, inputs,
                                       time.perf_counter() - t0)
@@ -213,6 +277,39 @@ class ClusterRunner:
         if self.dumper is not None:
             self.dumper.write_compile(self.name, getattr(exe, "dumps", {}))
         return exe
+
+    def _compile_class(self, inputs: list[np.ndarray], shape_values: dict[str, np.ndarray]
+                       ) -> tuple[Any, str]:
+        """(the executable of these inputs' shape class, their open dims symbolic, bound
+        to them; None when there is no open dim or the compile fails, and why it failed)."""
+        from autoclust.compile import compile_class
+        found = symbolic_types(self.graph, inputs, self.shape_value_index)
+        if found is None:
+            return None, ""
+        if self.flags.log and self.classes:
+            why = "; ".join(str(c.match(inputs)) for c in self.classes)
+            print(f"autoclust: {self.name}: no compiled shape class serves "
+                  f"{_signature_text(inputs)}: {why}", file=sys.stderr)
+        types, pattern = found
+        try:
+            exe, guards = compile_class(self.graph, types, shape_values, self.flags,
+                                        self.backend)
+            if not hasattr(exe, "bind"):  # every symbolic dim was pinned: one shape
+                exe = _Fixed(exe)
+            cls = ShapeClass(tuple(x.dtype for x in inputs), pattern,
+                             tuple((i, inputs[i].tobytes()) for i in self.shape_value_index),
+                             tuple(guards), exe)
+            env = cls.match(inputs)
+            if not isinstance(env, dict):
+                return None, f"the class does not serve the inputs it was compiled for: {env}"
+            self.classes.append(cls)
+            bound = exe.bind(env)
+            bound.shape_class = cls
+            return bound, ""
+        except (InvalidInputError, NotCompilableError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the concrete compile comes next
+            return None, f"{type(exc).__name__}: {exc}"
 
     def _is_megamorphic(self) -> bool:
         limit = self.flags.megamorphic_compiles
@@ -264,6 +361,18 @@ class ClusterRunner:
                           stacklevel=4)
 
 
+class _Fixed:
+    """A shape class's executable whose every symbolic dim was pinned: it serves one shape."""
+
+    def __init__(self, exe: Any):
+        self.exe = exe
+        self.num_kernels = getattr(exe, "num_kernels", 0)
+        self.dumps = getattr(exe, "dumps", {})
+
+    def bind(self, env: dict[str, int]) -> Any:
+        return self.exe
+
+
 def _nonfinite(x: np.ndarray) -> bool:
     return x.dtype.kind == "f" and x.size > 0 and not np.isfinite(x).all()
 
@@ -303,12 +412,19 @@ def value_ranges(names: list[str], arrays: list[np.ndarray]) -> str:
     return ", ".join(parts)
 
 
+def _signature_text(inputs: list[np.ndarray]) -> str:
+    return ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
+
+
 def compile_message(name: str, backend: Any, exe: Any, inputs: list[np.ndarray],
                     seconds: float) -> str:
     """The --log line of one compile (the interpreter interprets nodes, it has no kernels)."""
     from autoclust.text import plural
-    sig = ", ".join(f"{x.dtype}{list(x.shape)}" for x in inputs)
+    sig = _signature_text(inputs)
     count = getattr(exe, "num_kernels", 0)
+    cls = getattr(exe, "shape_class", None)
+    if cls is not None:
+        sig += f"; {cls.describe()}"
     if getattr(backend, "NAME", "") == "interpreter":
         return (f"autoclust: {name} ({sig}) will be interpreted: {plural(count, 'node')}, "
                 f"optimized in {seconds * 1e3:.0f} ms")

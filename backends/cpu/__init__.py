@@ -17,13 +17,14 @@ import dataclasses
 import os
 
 from autoclust.backends.cpu import choice, codegen, gemm, jit, library
-from autoclust.backends.cpu.executable import Executable
+from autoclust.backends.cpu.executable import Arena, Executable
 from llvmlite import ir
 
-from autoclust import ops
+from autoclust import ops, symbolic
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
+from autoclust.kernel.bounds import check_program
 from autoclust.kernel.passes import code_key, distinct_kernels
 from autoclust.registry import Policy
 from autoclust.report.lazy_dumps import LazyDumps
@@ -42,6 +43,7 @@ POLICY = Policy(
     fold_bias="alone",
     library_views=frozenset({"MatMul", "FusedMatMul"}),
     library_epilogues=frozenset({"MatMul", "FusedMatMul", "Gemm"}),
+    symbolic_dims=True,
 )
 # Kernels with at least this many loop iterations are split over `--threads` threads
 # (executable.Splitter: chunks of the outer loop claimed by the caller and helper threads),
@@ -52,7 +54,7 @@ MIN_CHUNK_WORK = 1 << 16
 COSTLY_WEIGHT = 2  # loop iterations one exp/tanh/erf/sigmoid/... costs (see split_work)
 COMPILE_COUNT = 0  # LLVM compiles in this process (a warm --cache_dir keeps it 0)
 
-__all__ = ["COMPILE_COUNT", "NAME", "POLICY", "Executable", "compile", "why_not"]
+__all__ = ["COMPILE_COUNT", "NAME", "POLICY", "Executable", "Parametric", "compile", "why_not"]
 
 
 def split_work(k: kir.Kernel) -> int:
@@ -77,23 +79,22 @@ def _threads(flags: Flags) -> int:
     return flags.threads if flags.threads > 0 else (os.cpu_count() or 1)
 
 
-def compile(program: kir.Program, flags: Flags) -> Executable:
-    """Render and compile a kernel IR Program into an Executable."""
+def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
+    """Render and compile a kernel IR Program into an Executable; a Program with symbolic
+    dims into a Parametric, whose bind(dims) gives an Executable for their values."""
     global COMPILE_COUNT
     threads = _threads(flags)
     choice.use_cache_dir(flags.cache_dir or None)  # measured GEMM choices live there too
     live = [k for k in kir.kernels(program.thunks) if not k.empty]
-    split: dict[str, int] = {}  # kernel -> its weighted work, for those split over threads
-    if threads > 1:
-        split = {k.name: w for k in live if (w := split_work(k)) >= PARALLEL_MIN_WORK
-                 and k.shape[0] > 1}
     used = {program.sharing[k.name][0] for k in live}
-    units = [_kernel_unit(k, flags) for k in distinct_kernels(program) if k.name in used]
+    kernels = [k for k in distinct_kernels(program) if k.name in used]
+    units = [_kernel_unit(k, flags) for k in kernels]
     buffers = {b.id: b for b in program.buffers}
     gemms = {}  # LibraryCall -> (function name, GemmSpec): small GEMMs run generated code
     for t in program.thunks:
         spec = gemm.spec_for(t, buffers) if isinstance(t, kir.LibraryCall) else None
-        if spec is not None:
+        # symbolic rows are a run-time range; other symbolic sizes need a library call
+        if spec is not None and not symbolic.has_syms(gemm.code_key(spec)):
             unit = _gemm_unit(spec)
             gemms[t] = (unit[0], spec)
             units.append(unit)
@@ -106,8 +107,78 @@ def compile(program: kir.Program, flags: Flags) -> Executable:
     if gemms:
         dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
             "".join(f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
-    return Executable(program, addrs, split, threads, engine, dumps, library,
-                      MIN_CHUNK_WORK, gemms, flags.check_bounds)
+    code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds)
+    if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
+        dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
+        return Parametric(program, code, dims)
+    return code.executable(program, {})
+
+
+@dataclasses.dataclass
+class Code:
+    """What a compile made: kernel and GEMM function addresses (kept alive by `engine`)."""
+
+    addrs: dict[str, int]
+    engine: object
+    dumps: LazyDumps
+    gemms: dict
+    threads: int
+    check_bounds: bool = False
+
+    def executable(self, program: kir.Program, env: dict[str, int],
+                   dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
+                   impls: dict[int, str] | None = None) -> Executable:
+        """An Executable of `program` (concrete: instantiated at `env`, the values of the
+        symbolic dims) running this code; `dims`: per kernel, the values its code reads."""
+        live = [k for k in kir.kernels(program.thunks) if not k.empty]
+        split: dict[str, int] = {}  # kernel -> its weighted work, for those split over threads
+        if self.threads > 1:
+            split = {k.name: w for k in live if (w := split_work(k)) >= PARALLEL_MIN_WORK
+                     and k.shape[0] > 1}
+        gemms = {t: (name, symbolic.substitute(spec, env))
+                 for t, (name, spec) in self.gemms.items()} if env else self.gemms
+        return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
+                          library, MIN_CHUNK_WORK, gemms, self.check_bounds, dims, arena,
+                          impls)
+
+
+class Parametric:
+    """A compiled Program with symbolic dims: one code for every value of the dims.
+
+    bind(dims) is the Executable for concrete values: the program's sizes, checks and
+    library calls instantiated (no lowering, no LLVM). Executables bound from one
+    Parametric share its temps' memory (grown to the largest binding) and run one at a
+    time. A library call keeps the implementation chosen at the first binding (the GEMM
+    choice is measured once per cluster, not per sequence length).
+    """
+
+    def __init__(self, program: kir.Program, code: Code, dims: dict[str, tuple[str, ...]]):
+        self.program = program
+        self.code = code
+        self.dumps = code.dumps
+        self.num_kernels = sum(1 for t in program.thunks if not isinstance(t, kir.Check))
+        self.symbols = sorted(symbolic.symbols_of(program.buffers) |
+                              {n for names in dims.values() for n in names})
+        self._dims = dims  # kernel code name -> the dims it reads, in order
+        self._arena = Arena()
+        self._first: Executable | None = None  # whose library choices later bindings take
+
+    def bind(self, env: dict[str, int]) -> Executable:
+        """The Executable for these values of the symbolic dims."""
+        missing = [n for n in self.symbols if n not in env]
+        if missing:
+            raise ValueError(f"no value for symbolic dims {missing}")
+        # the bounds proof over this binding's sizes (lowering left it to the bindings)
+        check_program(symbolic.substitute(self.program, env))
+        program = kir.instantiate(self.program, env)
+        dims = {name: tuple(env[n] for n in self._dims[owner])
+                for name, (owner, _) in program.sharing.items() if owner in self._dims}
+        impls = {} if self._first is None else \
+            {i: library.current_impl(fn) for i, fn in self._first.library_fns.items()}
+        exe = self.code.executable(program, env, dims, self._arena, impls)
+        if self._first is None:
+            self._first = exe
+        return exe
 
 
 Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol)

@@ -237,5 +237,6 @@ def in_place(fn: Callable, views: Sequence, n_in: int) -> Callable:
            [view_of(n_in + j, y) for j, y in enumerate(outputs)])
 
     run.impl = getattr(fn, "impl", "")  # type: ignore[attr-defined]
+    run.inner = fn  # type: ignore[attr-defined]  # its impl may switch (current_impl)
     run.note = getattr(fn, "note", "")  # type: ignore[attr-defined]
     return run

@@ -6,6 +6,12 @@ from `bufs` and calls `k.body` whose pointer arguments are noalias (vectorizatio
 it). Addresses are GEPs. Reductions accumulate in entry-block allocas (SROA turns them
 into registers) with the `reassoc` fast-math flag so the loop vectorizer can split them.
 
+Symbolic dims (autoclust/symbolic.py): an extent, index coefficient, clamp bound or integer
+constant may be a polynomial in named dims (`768*seq`). The kernel then reads each dim's
+value from `bufs` after its buffer pointers (in sorted name order: `code_dims`), computes
+the polynomials once in the entry block and uses them like constants, so one compiled
+function serves every value of the dims.
+
 Speed: divisions by a row's reduced values carry `arcp` (one reciprocal per row instead
 of a vdivps per element), every function prefers 512-bit
 vectors, and a row kernel whose store shares a transcendental with a reduction phase
@@ -14,6 +20,7 @@ vectors, and a row kernel whose store shares a transcendental with a reduction p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from autoclust.backends.cpu import mathops, vectorize
@@ -30,7 +37,9 @@ from autoclust.backends.cpu.llvm_types import (
 from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
 from llvmlite import ir
 
+from autoclust import symbolic
 from autoclust.kernel import ir as kir
+from autoclust.symbolic import same
 
 REDUCE_FLAGS = ("reassoc", "contract")
 VECTOR_BITS = 512
@@ -70,10 +79,14 @@ class KernelEmitter:
         self.bufs = sorted(_buffers_of(kernel))
         self.dtypes = _buffer_dtypes(kernel)
         self.math = mathops.MathOps(module)
+        self.dim_names = code_dims(kernel)
+        self.dims: dict = {}  # Sym terms -> its i64 value (computed in the entry block)
 
     def emit(self) -> None:
         k = self.kernel
-        argtys = [PTR] * (len(self.bufs) + self.check_bounds) + [I64, I64]
+        n_dims = len(self.dim_names)
+        n_ptrs = len(self.bufs) + self.check_bounds
+        argtys = [PTR] * n_ptrs + [I64] * n_dims + [I64, I64]
         body = ir.Function(self.module, ir.FunctionType(ir.VoidType(), argtys), f"{k.name}.body")
         for a in body.args[:len(self.bufs)]:
             a.add_attribute("noalias")
@@ -81,9 +94,11 @@ class KernelEmitter:
         self.ptr = dict(zip(self.bufs, body.args))
         if self.check_bounds:
             self.guard = body.args[len(self.bufs)]
+        dim_args = dict(zip(self.dim_names, body.args[n_ptrs:n_ptrs + n_dims]))
+        self._dim_values(dim_args)
         start, stop = body.args[-2], body.args[-1]
         n_outer = len(k.shape) - k.n_inner
-        ranges = [(start, stop)] + [(_i64(0), _i64(d)) for d in k.shape[1:n_outer]]
+        ranges = [(start, stop)] + [(_i64(0), self.int(d)) for d in k.shape[1:n_outer]]
         order = _loop_order(k)
         with for_nest(self.b, [ranges[d] for d in order], "o") as ivs:
             self.outer = [ivs[order.index(d)] for d in range(n_outer)]
@@ -100,13 +115,36 @@ class KernelEmitter:
         for buf in slots:
             slot = b.gep(fn.args[0], [_i64(buf)], inbounds=True, source_etype=PTR)
             ptrs.append(b.load(slot, typ=PTR))
+        # dims follow the buffer pointers (and the guard): executable.Executable._site
+        n_slots = max(self.bufs, default=-1) + 1 + self.check_bounds
+        for j in range(len(self.dim_names)):
+            slot = b.gep(fn.args[0], [_i64(n_slots + j)], inbounds=True, source_etype=PTR)
+            ptrs.append(b.load(slot, typ=I64))
         b.call(body, ptrs + [fn.args[1], fn.args[2]])
         b.ret_void()
+
+    def _dim_values(self, args: dict) -> None:
+        """Every symbolic int of the kernel, computed once in the entry block."""
+        b = self.b
+        for sym in symbolic.syms_in(_code_body(self.kernel)):
+            total = None
+            for mono, c in sym.terms:
+                term = _i64(c)
+                for name, p in mono:
+                    for _ in range(p):
+                        term = b.mul(term, args[name], flags=["nsw"])
+                total = term if total is None else b.add(total, term, flags=["nsw"])
+            self.dims[sym.terms] = total
+
+    def int(self, x) -> ir.Value:
+        """An i64 of an int or a symbolic dim."""
+        return self.dims[x.terms] if symbolic.is_sym(x) else _i64(x)
 
     # ---- loop structure ---------------------------------------------------------------
     def _row(self) -> None:
         k = self.kernel
-        inner_ranges = [(_i64(0), _i64(d)) for d in k.shape[len(k.shape) - k.n_inner:]]
+        self.inner_extents = k.shape[len(k.shape) - k.n_inner:]
+        inner_ranges = [(_i64(0), self.int(d)) for d in self.inner_extents]
         self.reduced: list[ir.Value] = []
         if k.scan:
             self._scan(inner_ranges)
@@ -146,7 +184,7 @@ class KernelEmitter:
         self.stash = {}
         with for_nest(b, inner_ranges, "s") as inner:
             if red.reverse and inner:
-                last = _i64(inner_ranges[0][1].constant - 1)
+                last = b.sub(inner_ranges[0][1], _i64(1), flags=["nsw"])
                 inner = [b.sub(last, inner[0], flags=["nsw"])] + inner[1:]
             self.iv = self.outer + inner
             self.memo = {}
@@ -187,7 +225,10 @@ class KernelEmitter:
         if red.kind not in ("max", "min") or red.dtype not in vectorize.FLOATS \
                 or red.expr.dtype != red.dtype:
             return False
-        if not inner_ranges or inner_ranges[-1][1].constant < 2:
+        if not inner_ranges:
+            return False
+        n = self.inner_extents[-1]
+        if not symbolic.is_sym(n) and n < 2:  # a symbolic row has at least 2 elements
             return False
         if any(key[0] == phase for key in self.stash):
             return False
@@ -197,7 +238,9 @@ class KernelEmitter:
         """Full chunks of v lanes, then the last v elements (overlapping: max/min are
         idempotent), into one vector accumulator; its lanes reduced after the row."""
         b = self.b
-        n = inner_ranges[-1][1].constant
+        n = self.inner_extents[-1]
+        if symbolic.is_sym(n):
+            return self._vector_reduction_symbolic(red, inner_ranges)
         v = vectorize.width(red.dtype, n)
         vty = ir.VectorType(COMPUTE[red.dtype], v)
         vx = vectorize.VectorExprs(self, v)
@@ -223,6 +266,44 @@ class KernelEmitter:
                 chunk(prefix, _i64(n - v))
         any_nan = vx.any_lane(b.load(seen))
         return self._nan_wins(any_nan, vx.horizontal(b.load(acc), red.kind))
+
+    def _vector_reduction_symbolic(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
+        """A max/min row of symbolic length n: full-width vector chunks and an overlapping
+        last chunk when n >= the vector width, the scalar loop otherwise (chosen per run)."""
+        b = self.b
+        n = inner_ranges[-1][1]
+        v = vectorize.lanes(red.dtype)
+        vty = ir.VectorType(COMPUTE[red.dtype], v)
+        vx = vectorize.VectorExprs(self, v)
+        init = ir.Constant(vty, _reduce_init(red.kind, red.dtype, vty.element).constant)
+        result = entry_alloca(b, COMPUTE[red.dtype], "vres")
+        name = "llvm.maxnum" if red.kind == "max" else "llvm.minnum"
+        with b.if_else(b.icmp_signed(">=", n, _i64(v))) as (wide, narrow):
+            with wide:
+                acc = entry_alloca(b, vty, "vacc")
+                b.store(init, acc)
+                seen = entry_alloca(b, ir.VectorType(ir.IntType(1), v), "vnan")
+                b.store(ir.Constant(seen.allocated_type, None), seen)
+
+                def chunk(prefix: list, start: ir.Value) -> None:
+                    self.iv = self.outer + prefix + [start]
+                    self.memo, vx.memo = {}, {}
+                    raw = vx.value(red.expr)
+                    b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", raw, raw)), seen)
+                    x = vx.intrinsic(name, [raw, init])  # NaN -> the neutral value
+                    b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
+
+                with for_nest(b, inner_ranges[:-1], "r") as prefix:
+                    full = b.sdiv(n, _i64(v))
+                    with for_nest(b, [(_i64(0), full)], "vr") as (t,):
+                        chunk(prefix, b.mul(t, _i64(v), flags=["nsw"]))
+                    with b.if_then(b.icmp_signed("!=", b.srem(n, _i64(v)), _i64(0))):
+                        chunk(prefix, b.sub(n, _i64(v), flags=["nsw"]))
+                any_nan = vx.any_lane(b.load(seen))
+                b.store(self._nan_wins(any_nan, vx.horizontal(b.load(acc), red.kind)), result)
+            with narrow:
+                b.store(self._scalar_reduction(red, inner_ranges, -1), result)
+        return b.load(result)
 
     def _scalar_reduction(self, red: kir.Reduction, inner_ranges: list,
                           phase: int) -> ir.Value:
@@ -264,7 +345,8 @@ class KernelEmitter:
 
     def _nan_first(self, red: kir.Reduction, inner_ranges: list, result: ir.Value) -> ir.Value:
         """onnxruntime: an arg* row's NaN is skipped unless it is the first element."""
-        nonempty = all(stop.constant > 0 for _, stop in inner_ranges)
+        # a symbolic extent is at least 2
+        nonempty = all(symbolic.is_sym(d) or d > 0 for d in self.inner_extents)
         if red.kind in NAN_FIRST_KINDS and is_float(red.expr.dtype) and nonempty:
             b = self.b
             self.iv = self.outer + [_i64(0)] * len(inner_ranges)
@@ -307,18 +389,19 @@ class KernelEmitter:
     def _address(self, buf: int, index: kir.Affine, clamps: tuple = (),
                  dyn: tuple = (), lanes: int = 1, store: bool = False) -> ir.Value:
         b = self.b
-        off = _i64(index.const)
+        off = self.int(index.const)
         ivs = list(self.iv)
         for d, lo, hi in clamps:  # branch-free: min(max(i_d, lo), hi)
-            v = b.select(b.icmp_signed("<", ivs[d], _i64(lo)), _i64(lo), ivs[d])
-            ivs[d] = b.select(b.icmp_signed(">", v, _i64(hi)), _i64(hi), v)
+            lo_v, hi_v = self.int(lo), self.int(hi)
+            v = b.select(b.icmp_signed("<", ivs[d], lo_v), lo_v, ivs[d])
+            ivs[d] = b.select(b.icmp_signed(">", v, hi_v), hi_v, v)
         for c, iv in zip(index.coeffs, ivs):
-            if c:
-                term = iv if c == 1 else b.mul(iv, _i64(c), flags=["nsw"])
+            if not same(c, 0):
+                term = iv if same(c, 1) else b.mul(iv, self.int(c), flags=["nsw"])
                 off = b.add(off, term, flags=["nsw"])
         for e, stride in dyn:  # data-dependent positions (gathers), clamped by the lowering
             pos = self.value(e)
-            term = pos if stride == 1 else b.mul(pos, _i64(stride), flags=["nsw"])
+            term = pos if same(stride, 1) else b.mul(pos, self.int(stride), flags=["nsw"])
             off = b.add(off, term, flags=["nsw"])
         if self.guard is not None:
             self._bounds(buf, off, lanes, store)
@@ -362,14 +445,16 @@ class KernelEmitter:
     def _value(self, e: kir.Expr) -> ir.Value:
         b = self.b
         if isinstance(e, kir.Const):
+            if symbolic.is_sym(e.value):  # an integer computed from symbolic dims
+                return self.math.cast(b, self.int(e.value), "int64", e.dtype)
             return constant(e.value, e.dtype)
         if isinstance(e, kir.Reduced):
             return self.reduced[e.phase]
         if isinstance(e, kir.Index):
-            off = _i64(e.index.const)
+            off = self.int(e.index.const)
             for c, iv in zip(e.index.coeffs, self.iv):
-                if c:
-                    off = b.add(off, b.mul(iv, _i64(c)))
+                if not same(c, 0):
+                    off = b.add(off, b.mul(iv, self.int(c)))
             return off
         if isinstance(e, kir.Load):
             v = b.load(self._address(e.buf, e.index, e.clamps, e.dyn), typ=STORAGE[e.dtype])
@@ -402,9 +487,10 @@ class KernelEmitter:
         if got is None:
             last = len(self.kernel.shape) - 1
             if isinstance(e, kir.Load):
-                got = e.index.coeffs[last] == 0 and all(self._invariant(x) for x, _ in e.dyn)
+                got = same(e.index.coeffs[last], 0) and \
+                    all(self._invariant(x) for x, _ in e.dyn)
             elif isinstance(e, kir.Index):
-                got = e.index.coeffs[last] == 0
+                got = same(e.index.coeffs[last], 0)
             elif isinstance(e, kir.Op):
                 got = all(self._invariant(a) for a in e.args)
             else:
@@ -445,7 +531,7 @@ def _loop_order(k: kir.Kernel) -> list[int]:
         [s.index for s in k.stores]
 
     def strided(d: int) -> int:
-        return sum(1 for a in indices if a.coeffs[d] not in (0, 1))
+        return sum(1 for a in indices if not (same(a.coeffs[d], 0) or same(a.coeffs[d], 1)))
 
     best = min(range(1, rank), key=lambda d: (strided(d), d != rank - 1))
     order.remove(best)
@@ -484,7 +570,7 @@ def _plan_stash(k: kir.Kernel, dtypes: dict[int, str]) -> dict:
     for pos, st in enumerate(k.stores):
         if (st.per_row or st.buf in loaded or dtypes[st.buf] not in ("float32", "float64")
                 or sum(1 for x in k.stores if x.buf == st.buf) > 1
-                or any(st.index.coeffs[d] == 0 for d in inner)):
+                or any(same(st.index.coeffs[d], 0) for d in inner)):
             continue
         found = _shared_costly(st.expr, phases, dtypes[st.buf])
         if found is not None:
@@ -534,6 +620,17 @@ def _reduce_init(kind: str, dtype: str, ty: ir.Type,
 
 def _i64(v: int) -> ir.Constant:
     return ir.Constant(I64, v)
+
+
+def code_dims(k: kir.Kernel) -> list[str]:
+    """The symbolic dims kernel k's code reads, in the order its `bufs` array holds them
+    after the buffer pointers."""
+    return sorted(symbolic.symbols_of(_code_body(k)))
+
+
+def _code_body(k: kir.Kernel) -> kir.Kernel:
+    """k without its outer extent: the caller's range, which the code does not read."""
+    return dataclasses.replace(k, shape=k.shape[1:]) if k.shape else k
 
 
 def _buffers_of(k: kir.Kernel) -> set[int]:

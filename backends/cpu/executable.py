@@ -185,19 +185,50 @@ def chunk_bounds(n0: int, work: int, threads: int, min_chunk_work: int) -> list[
     return [(a, b) for a, b in itertools.pairwise(edges) if b > a]
 
 
+class Arena:
+    """Memory-plan slots shared by the Executables bound from one compiled program with
+    symbolic dims (backends/cpu Parametric): each slot is grown to the largest binding's
+    need, and `generation` counts the growths (a binding re-points its temps after one).
+    Bindings sharing an arena run one at a time (`lock`)."""
+
+    def __init__(self):
+        self.slots: dict[int, np.ndarray] = {}
+        self.generation = 0
+        self.lock = threading.Lock()
+
+    def reserve(self, nbytes: dict[int, int]) -> None:
+        """Make every slot s hold at least nbytes[s] bytes."""
+        for s, n in nbytes.items():
+            have = self.slots.get(s)
+            if have is None or have.nbytes < n:
+                self.slots[s] = np.empty(max(n, 1), np.uint8)
+                self.generation += 1
+
+
 class Executable:
-    """run(inputs in graph.inputs order) -> outputs in graph.outputs order."""
+    """run(inputs in graph.inputs order) -> outputs in graph.outputs order.
+
+    A program with symbolic dims is bound to their values first (Parametric.bind): `dims`
+    gives, per kernel, the values its code reads after its buffer pointers; `arena` holds
+    the temps shared with the other bindings; `impls` the library implementation to
+    use per library thunk (by position), chosen by an earlier binding.
+    """
 
     def __init__(self, program: kir.Program, addrs: dict[str, int], parallel: dict[str, int],
                  threads: int, engine: object, dumps: dict[str, str], library: object = None,
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
-                 check_bounds: bool = False):
+                 check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
+                 arena: Arena | None = None, impls: dict[int, str] | None = None):
         self.program = program
         constants = program.constants
         self.engine = engine  # keeps the code alive
         self.dumps = dumps
         self.buffers = {b.id: b for b in program.buffers}
-        self._lock = threading.Lock()
+        self._arena = arena if arena is not None else Arena()
+        self._lock = self._arena.lock
+        self._dims = dims or {}
+        self._impls = impls or {}
+        self.library_fns: dict[int, Callable] = {}  # library thunk index -> its call
         self._ptrs = (ctypes.c_void_p * max(1, len(program.buffers)))()
         self._ptrs_addr = ctypes.addressof(self._ptrs)
         self._arrays: list[np.ndarray | None] = [None] * len(program.buffers)
@@ -219,11 +250,11 @@ class Executable:
         # (thunk, step) for `profile`: the same steps one by one, without the driver; a
         # library call's epilogue kernel, when run after the call, is a step of its own
         self._ungrouped: list[tuple[kir.Thunk, Native | Callable[[], None]]] = []
-        for t in program.thunks:
+        for i, t in enumerate(program.thunks):
             if isinstance(t, kir.LibraryCall) and t.epilogue is not None:
-                self._ungrouped += self._with_epilogue(t, addrs, parallel, threads)
+                self._ungrouped += self._with_epilogue(i, t, addrs, parallel, threads)
                 continue
-            step = self._step(t, addrs, parallel, threads)
+            step = self._step(i, t, addrs, parallel, threads)
             if step is not None:
                 self._ungrouped.append((t, step))
         self._steps = group_native([s for _, s in self._ungrouped], self._sites)
@@ -253,14 +284,21 @@ class Executable:
             if b.role == "temp":
                 nbytes = b.size * np.dtype(b.dtype).itemsize
                 slot_bytes[b.slot] = max(slot_bytes.get(b.slot, 0), nbytes)
-        self._slots = {s: np.empty(max(n, 1), np.uint8) for s, n in slot_bytes.items()}
+        self._slot_bytes = slot_bytes
+        self._arena.reserve(slot_bytes)
+        self._bind_temps()
+        for b in self.program.buffers:
+            if b.role == "const":
+                self._set(b.id, np.ascontiguousarray(constants[b.id]).reshape(b.shape))
+
+    def _bind_temps(self) -> None:
+        """Point the temps at their arena slots (again after the arena grew)."""
+        slots = self._arena.slots
         for b in self.program.buffers:
             if b.role == "temp":
                 nbytes = b.size * np.dtype(b.dtype).itemsize
-                arr = self._slots[b.slot][:nbytes].view(b.dtype).reshape(b.shape)
-                self._set(b.id, arr)
-            elif b.role == "const":
-                self._set(b.id, np.ascontiguousarray(constants[b.id]).reshape(b.shape))
+                self._set(b.id, slots[b.slot][:nbytes].view(b.dtype).reshape(b.shape))
+        self._generation = self._arena.generation
 
     def _set(self, bid: int, arr: np.ndarray) -> None:
         self._arrays[bid] = arr
@@ -269,32 +307,39 @@ class Executable:
         for site, j in self._site_slots.get(bid, ()):
             site[j] = addr
 
-    def _site(self, ids: tuple[int, ...], guard: np.ndarray | None = None) -> int:
+    def _site(self, ids: tuple[int, ...], guard: np.ndarray | None = None,
+              dims: tuple[int, ...] = ()) -> int:
         """Address of a pointer array holding buffers `ids` in order (kept current by _set),
-        then `guard`'s address when given (--check_bounds)."""
-        site = (ctypes.c_void_p * max(1, len(ids) + (guard is not None)))()
+        then `guard`'s address when given (--check_bounds), then the symbolic dims' values
+        the kernel's code reads (codegen.KernelEmitter._wrapper)."""
+        n = len(ids) + (guard is not None)
+        site = (ctypes.c_void_p * max(1, n + len(dims)))()
         for j, bid in enumerate(ids):
             site[j] = self._ptrs[bid]
             self._site_slots.setdefault(bid, []).append((site, j))
         if guard is not None:
             site[len(ids)] = guard.ctypes.data
+        for j, value in enumerate(dims):
+            site[n + j] = value
         self._sites.append(site)
         return ctypes.addressof(site)
 
     def _entry(self, name: str) -> tuple[str, int]:
-        """(function name, address of its pointer array) for kernel `name`."""
+        """(function name, address of its pointer array) for kernel `name`; a kernel
+        reading symbolic dims finds their values after its buffer pointers."""
         if name not in self._bindings:
             return name, self._ptrs_addr
         fn_name, ids = self._bindings[name]
+        dims = self._dims.get(name, ())
         if not self._check_bounds:
-            return fn_name, self._site(ids)
+            return fn_name, self._site(ids, None, dims)
         # one more slot: the guard array the checked code reports to (codegen._bounds)
         guard = np.zeros(GUARD_SIZES + len(ids), np.int64)
         guard[GUARD_SIZES:] = [self.buffers[b].size for b in ids]
         self._guards[name] = (ids, guard)
-        return fn_name, self._site(ids, guard)
+        return fn_name, self._site(ids, guard, dims)
 
-    def _step(self, t: kir.Thunk, addrs: dict[str, int], parallel: dict[str, int],
+    def _step(self, i: int, t: kir.Thunk, addrs: dict[str, int], parallel: dict[str, int],
               threads: int) -> Native | Callable[[], None] | None:
         if isinstance(t, kir.Kernel):
             if t.empty:
@@ -304,9 +349,9 @@ class Executable:
                                 parallel.get(t.name, t.work), t.name in parallel, threads)
         if isinstance(t, kir.Check):
             return self._check_step(t)
-        return self._call_step(t, addrs, threads)[0]
+        return self._call_step(i, t, addrs, threads)[0]
 
-    def _call_step(self, t: kir.LibraryCall, addrs: dict[str, int], threads: int,
+    def _call_step(self, i: int, t: kir.LibraryCall, addrs: dict[str, int], threads: int,
                    epilogue_run: Callable[[], None] | None = None
                    ) -> tuple[Native | Callable[[], None], bool]:
         """(step, whether it runs the call's epilogue too) of a library call."""
@@ -318,7 +363,8 @@ class Executable:
             return self._native(name, addrs[name], self._site(ids), spec.rows,
                                 int(spec.flops // 2), big, threads), False
         fn = self._library.make_call_for(t, self.program.buffers, threads, self._constants,
-                                         epilogue_run)
+                                         epilogue_run, impl=self._impls.get(i))
+        self.library_fns[i] = fn
         fused = getattr(fn, "fused", False)
         arrays = self._arrays
         ins = t.inputs + tuple(fn.extra) if fused else t.inputs
@@ -326,16 +372,16 @@ class Executable:
         return (lambda: fn([None if b is None else arrays[b] for b in ins],
                            [arrays[b] for b in outs])), fused
 
-    def _with_epilogue(self, t: kir.LibraryCall, addrs: dict[str, int],
+    def _with_epilogue(self, i: int, t: kir.LibraryCall, addrs: dict[str, int],
                        parallel: dict[str, int], threads: int) -> list[tuple]:
-        """(thunk, step) pairs of a call with an epilogue: the call running it (oneDNN
-        post-ops), or the call and then the epilogue kernel."""
+        """(thunk, step) pairs of a call with an epilogue (the i-th thunk): the call running
+        it (oneDNN post-ops), or the call and then the epilogue kernel."""
         k = t.epilogue
-        epi = self._step(k, addrs, parallel, threads)
+        epi = self._step(i, k, addrs, parallel, threads)
         probe = None
         if epi is not None and id(t) not in self._gemms:
             probe = self._probe(k, addrs, parallel, threads)
-        step, fused = self._call_step(t, addrs, threads, probe)
+        step, fused = self._call_step(i, t, addrs, threads, probe)
         if fused or epi is None:
             return [(t, step)]
         return [(t, step), (k, epi)]
@@ -347,11 +393,21 @@ class Executable:
         fn_name, ids = self._bindings.get(k.name, (k.name, tuple(range(len(self._arrays)))))
         arrays = [self._arrays[b] if self._arrays[b] is not None else
                   np.zeros(self.buffers[b].shape, self.buffers[b].dtype) for b in ids]
-        site = (ctypes.c_void_p * max(1, len(ids)))(*[_address(a) for a in arrays])
+        # the layout _site gives the kernel: buffers, the guard array (--check_bounds),
+        # then the symbolic dims' values its code reads
+        slots: list[int] = [_address(a) for a in arrays]
+        guard = None
+        if k.name in self._bindings:  # as _entry: else the whole pointer array, no more
+            if self._check_bounds:
+                guard = np.zeros(GUARD_SIZES + len(ids), np.int64)
+                guard[GUARD_SIZES:] = [self.buffers[b].size for b in ids]
+                slots.append(guard.ctypes.data)
+            slots += list(self._dims.get(k.name, ()))
+        site = (ctypes.c_void_p * max(1, len(slots)))(*slots)
         fn, addr = KERNEL_FN(addrs[fn_name]), ctypes.addressof(site)
         bounds = chunk_bounds(k.shape[0], parallel.get(k.name, k.work), threads,
                               self._min_chunk_work)
-        keep = (site, arrays)  # alive as long as the probe
+        keep = (site, arrays, guard)  # alive as long as the probe
 
         def probe() -> None:
             if k.name in parallel and len(bounds) > 1:
@@ -444,6 +500,8 @@ class Executable:
         --profile` prints this beside onnxruntime's own profile."""
         times: list[list[float]] = [[] for _ in self._ungrouped]
         with self._lock:
+            if self._generation != self._arena.generation:
+                self._bind_temps()
             for bid, x in zip(self.program.inputs, inputs):
                 self._bind_input(bid, x)
             self._bind_outputs()
@@ -479,6 +537,8 @@ class Executable:
         if self._fresh:
             return self._first_run(inputs)
         with self._lock:
+            if self._generation != self._arena.generation:
+                self._bind_temps()  # another binding grew the shared temps
             arrays, last = self._arrays, self._last_inputs
             for bid, x in zip(self._input_ids, inputs):
                 ref = last.get(bid)

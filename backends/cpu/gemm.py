@@ -56,7 +56,7 @@ class GemmSpec:
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.rows * self.n * self.k
+        return 2 * self.rows * self.n * self.k  # an int: rows may be a symbolic dim
 
 
 def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | None:

@@ -135,10 +135,13 @@ def supported(op: str, attrs: dict[str, Any]) -> str | None:
 def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | None],
               out_types: Sequence[TypeShape], threads: int = 0,
               constants: dict[int, np.ndarray] | None = None,
-              impl: str | None = None, layouts: tuple = ()) -> LibraryFn:
+              impl: str | None = None, layouts: tuple = (),
+              prefer: str | None = None) -> LibraryFn:
     """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy" or
     "onednn". layouts: element strides per operand (inputs, then outputs; None or absent:
-    C-contiguous) of the strided arrays the call will be given."""
+    C-contiguous) of the strided arrays the call will be given. `prefer`: the large-GEMM
+    implementation measured for another shape of the same call (a new sequence length of
+    a cluster with symbolic dims), taken instead of measuring again."""
     why = supported(op, attrs)
     if why is not None:
         raise UnsupportedOpError(why)
@@ -146,7 +149,7 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     out_types = [(np.dtype(t[0]), tuple(t[1])) for t in out_types]
     constants = dict(constants or {})
     if op == "Gemm" and len(in_types[0][1]) > 2:
-        return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl)
+        return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl, prefer)
     builders = _candidates(op, attrs, in_types, out_types, threads, constants)
     dnnl = gemm_choice.onednn_builder(op, attrs, in_types, out_types, threads, constants, layouts)
     if dnnl is not None:
@@ -163,7 +166,10 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
         if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
-            _DECISIONS[key] = gemm_choice.known(key, builders) or _DECISIONS[key]
+            if prefer in ("mlas", "onednn") and prefer in builders:
+                _DECISIONS[key] = (prefer, "measured for another shape of this call")
+            else:
+                _DECISIONS[key] = gemm_choice.known(key, builders) or _DECISIONS[key]
     choice, note = _DECISIONS[key]
     fn = _build(op, choice, builders, note)
     if fn.impl == "mlas" and "onednn" in builders and not note.startswith("measured"):
@@ -197,20 +203,23 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
-                    constants: dict[int, np.ndarray], impl: str | None) -> LibraryFn:
+                    constants: dict[int, np.ndarray], impl: str | None,
+                    prefer: str | None = None) -> LibraryFn:
     """Gemm whose A is [..., K] (a MatMul with its bias Add folded in): batch dims join M."""
     if attrs.get("transA", 0):
         raise UnsupportedOpError(f"Gemm with transA on a {len(in_types[0][1])}-D A")
     (da, sa), (dy, sy) = in_types[0], out_types[0]
     flat_in = [(da, (math.prod(sa[:-1]), sa[-1]))] + list(in_types[1:])
     fn = make_call("Gemm", attrs, flat_in, [(dy, (math.prod(sy[:-1]), sy[-1]))], threads,
-                   constants, impl)
+                   constants, impl, prefer=prefer)
     views = _ViewCache()
 
     def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
         fn([views.flat(inputs[0], 0), *inputs[1:]], [views.flat(outputs[0], 1)])
 
-    return LibraryFn("Gemm", fn.impl, run, f"{fn.note}, A flattened to {flat_in[0][1]}")
+    flat = LibraryFn("Gemm", fn.impl, run, f"{fn.note}, A flattened to {flat_in[0][1]}")
+    flat.inner = fn  # type: ignore[attr-defined]  # its impl may switch (current_impl)
+    return flat
 
 
 class _ViewCache:
@@ -231,8 +240,11 @@ class _ViewCache:
 
 def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads: int = 0,
                   constants: dict[int, np.ndarray] | None = None,
-                  epilogue_run: Callable[[], None] | None = None) -> LibraryFn:
-    """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value.
+                  epilogue_run: Callable[[], None] | None = None,
+                  impl: str | None = None) -> LibraryFn:
+    """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value. `impl`
+    (optional): the implementation an earlier binding of the same call chose (see
+    make_call's `prefer`).
 
     A call with an epilogue (thunk.epilogue) gets a LibraryFn with `fused` set when the
     epilogue runs inside it (oneDNN post-ops, measured faster than the library call
@@ -255,7 +267,7 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
               if b is not None and constants and b in constants}
     layouts = tuple(None if v is None else v.strides for v in thunk.views)
     fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
-                   layouts=layouts)
+                   layouts=layouts, prefer=impl)
     if thunk.epilogue is not None and epilogue_run is not None:
         fused = _fused(thunk, by_id, fn, epilogue_run, (in_types, out_types, threads, consts,
                                                         layouts))
@@ -329,6 +341,14 @@ def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:
                          attrs, node)
 
     return LibraryFn(thunk.op, "custom-numpy", run, op.name)
+
+
+def current_impl(fn: Callable) -> str:
+    """The implementation a call built by make_call_for runs now (a background measurement
+    may have switched it since)."""
+    while getattr(fn, "inner", None) is not None:
+        fn = fn.inner  # type: ignore[attr-defined]
+    return getattr(fn, "impl", "")
 
 
 def decisions() -> dict[tuple, tuple[str, str]]:

@@ -40,12 +40,19 @@ def test_first_run_and_new_shapes_run_in_onnxruntime_while_compiling(monkeypatch
     np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0],
                                rtol=1e-5, atol=1e-5)
     assert runner.stand_in_runs == 3 and runner.compiles == 1 and runner.runs == 1
-    bigger = zoo.feeds(model, dims={"batch": 3, "seq": 5})  # a new signature: again
+    # a new signature the compiled shape class serves (its dims are symbolic): bound at
+    # once, no compile and no stand-in
+    bigger = zoo.feeds(model, dims={"batch": 3, "seq": 5})
     np.testing.assert_allclose(sess.run(None, bigger)[0], _ort(model, bigger)[0],
+                               rtol=1e-5, atol=1e-5)
+    assert runner.stand_in_runs == 3 and runner.compiles == 1 and not runner.pending.get(
+        runner.signature([bigger[n] for n in runner.input_names]))
+    one = zoo.feeds(model, dims={"batch": 1, "seq": 1})  # size-1 dims: another class
+    np.testing.assert_allclose(sess.run(None, one)[0], _ort(model, one)[0],
                                rtol=1e-5, atol=1e-5)
     assert runner.stand_in_runs == 4
     sess._runtime.wait_compiles(60)
-    sess.run(None, bigger)
+    sess.run(None, one)
     assert runner.compiles == 2 and runner.stand_in_runs == 4
 
 

@@ -116,13 +116,23 @@ def entries(cache, suffix):
     return sorted(p.name for p in cache.iterdir() if p.name.endswith(suffix))
 
 
-def test_warm_cache_dir_lowers_and_compiles_nothing_and_new_length_compiles_no_llvm(tmp_path):
+def test_warm_cache_dir_lowers_and_compiles_nothing_and_new_length_compiles_nothing(tmp_path):
     cold = run_process(tmp_path, seqs=(8, 6))
     assert cold[0]["llvm"] >= 1 and cold[0]["lowered"] == 1 and cold[0]["hits"] == 0
-    # a new sequence length lowers its graph again, but its kernels' code is reused
+    # a new sequence length runs the code compiled for the symbolic seq: no lowering
+    assert cold[1]["llvm"] == cold[0]["llvm"] and cold[1]["lowered"] == 1
+    assert len(entries(tmp_path, ".prog")) == 1
+    warm = run_process(tmp_path, seqs=(8, 6))
+    assert [(r["llvm"], r["lowered"], r["hits"]) for r in warm] == [(0, 0, 1), (0, 0, 1)]
+
+
+def test_concrete_shapes_lower_each_length_and_reuse_kernel_code(tmp_path):
+    """--symbolic_dims=0: a new length lowers its graph again (its own entry), but its
+    kernels' code is reused."""
+    cold = run_process(tmp_path, seqs=(8, 6), extra="symbolic_dims=False")
     assert cold[1]["llvm"] == cold[0]["llvm"] and cold[1]["lowered"] == 2
     assert len(entries(tmp_path, ".prog")) == 2
-    warm = run_process(tmp_path, seqs=(8, 6))
+    warm = run_process(tmp_path, seqs=(8, 6), extra="symbolic_dims=False")
     assert [(r["llvm"], r["lowered"], r["hits"]) for r in warm] == [(0, 0, 1), (0, 0, 2)]
 
 
@@ -134,7 +144,10 @@ def test_cache_key_soundness_weights_constants_shapes_flags(tmp_path):
     first = entries(tmp_path, ".prog")
     other_weights = run_process(tmp_path, k=256, seed=2)
     assert other_weights[0]["hits"] == 1 and entries(tmp_path, ".prog") == first
-    for change in ({"scale": 0.25}, {"seqs": (5,)}, {"extra": "fast_math=True"}, {"k": 255}):
+    # seq 5 is another value of the symbolic seq: the same entry serves it
+    assert run_process(tmp_path, k=256, seqs=(5,))[0]["hits"] == 1
+    assert entries(tmp_path, ".prog") == first
+    for change in ({"scale": 0.25}, {"seqs": (1,)}, {"extra": "fast_math=True"}, {"k": 255}):
         before = entries(tmp_path, ".prog")
         row = run_process(tmp_path, **{"k": 256, **change})[0]
         assert row["hits"] == 0 and row["lowered"] == 1, change

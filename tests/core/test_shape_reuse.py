@@ -1,5 +1,6 @@
 """Compiled kernel code is reused across batch sizes: a kernel's code key abstracts its outer
-loop extent (backends.cpu.code_key), so a new batch size compiles nothing through LLVM.
+loop extent (backends.cpu.code_key), so a new batch size compiles nothing through LLVM, even
+with --symbolic_dims=0 (symbolic dims go further: tests/core/test_symbolic_dims.py).
 Every result is checked against onnxruntime."""
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
 
 
 def compiles_per_batch(model: onnx.ModelProto, make_feeds, batches=BATCHES,
-                       tol: float = 1e-5) -> list[int]:
+                       tol: float = 1e-5, **flags) -> list[int]:
     """LLVM compiles caused by each batch size's first run (outputs checked each time)."""
-    sess = autoclust.InferenceSession(model, threads=1, min_cluster_size=1)
+    sess = autoclust.InferenceSession(model, threads=1, min_cluster_size=1, **flags)
     counts = []
     for b in batches:
         feeds = make_feeds(b)
@@ -118,16 +119,20 @@ def test_zoo_bert_encoder_new_batch_sizes_compile_nothing():
     assert counts[1:] == [0, 0], counts
 
 
-def test_stride_depending_on_batch_recompiles():
-    """Transpose [batch, 29] -> [29, batch]: the store's stride is the batch, kept in the key."""
+@pytest.mark.parametrize("symbolic", [False, True])
+def test_stride_depending_on_batch(symbolic):
+    """Transpose [batch, 29] -> [29, batch]: the store's stride is the batch. Concrete
+    shapes (--symbolic_dims=0) keep it in the code key: a new batch recompiles; with
+    symbolic dims the code reads it at run time: nothing compiles."""
     model = parse("""
         <ir_version: 10, opset_import: ["" : 18]>
         g (float[batch, 29] x) => (float[29, batch] y) {
             t = Transpose <perm = [1, 0]> (x)
             y = Sigmoid(t)
         }""")
-    counts = compiles_per_batch(model, lambda b: {"x": _normal(b, 29)}, batches=(31, 37))
-    assert counts[1] == 1, counts
+    counts = compiles_per_batch(model, lambda b: {"x": _normal(b, 29)}, batches=(31, 37),
+                                symbolic_dims=symbolic)
+    assert counts[1] == (0 if symbolic else 1), counts
 
 
 def _kernels(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[kir.Kernel]:
