@@ -38,7 +38,8 @@ def code_key(k: kir.Kernel) -> str:
     """
     k = dataclasses.replace(k, name="", nodes=())
     if len(k.shape) > k.n_inner:  # collapse() guarantees an outer dim; be safe otherwise
-        k = dataclasses.replace(k, shape=("n0",) + k.shape[1:])
+        # a placeholder name for the outer extent, only ever repr'd
+        k = dataclasses.replace(k, shape=("n0",) + k.shape[1:])  # type: ignore[arg-type]
     return repr(k)
 
 

@@ -147,7 +147,8 @@ class Trial:
                  clock: Callable[[], float] = time.perf_counter,
                  settled: Callable[[], bool] | None = None):
         self.name, self.signature = name, signature
-        self.exe, self._segment, self.ort = exe, segment, None
+        self.exe, self._segment = exe, segment
+        self.ort: Any = None  # onnxruntime's side, built at the first measured run
         self.budget, self._done, self.clock = budget, done, clock
         self.settled = settled or (lambda: True)
         self.compiled_s: list[float] = []
@@ -223,8 +224,9 @@ class Trial:
 
     def _finish(self, verdict: tuple[str, str] | None = None, note: str = "") -> None:
         if verdict is None:
-            verdict = decide(self.compiled_s, self.ort_s, final=True)
-            verdict = (verdict[0], f"{note}; {verdict[1]}")
+            final = decide(self.compiled_s, self.ort_s, final=True)
+            assert final is not None  # final=True always decides
+            verdict = (final[0], f"{note}; {final[1]}")
         winner, reason = verdict
         measured = bool(self.compiled_s)
         decision = Decision(

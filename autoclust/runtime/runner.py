@@ -89,7 +89,7 @@ class ClusterRunner:
         self._to_host = backend.to_host if registry.policy(backend).device_memory else None
 
     def signature(self, inputs: list[np.ndarray]) -> tuple:
-        key = tuple([(x.dtype, x.shape) for x in inputs])  # a list: faster than a genexpr
+        key: tuple = tuple([(x.dtype, x.shape) for x in inputs])  # list: faster than genexpr
         if self.shape_value_index:
             key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
         return key
@@ -97,7 +97,7 @@ class ClusterRunner:
     def run(self, inputs: list[np.ndarray], run_options: Any = None) -> list[np.ndarray]:
         if self.fallback is not None:
             return self.fallback.run(inputs, run_options)
-        key = tuple([(x.dtype, x.shape) for x in inputs])  # self.signature, inlined
+        key: tuple = tuple([(x.dtype, x.shape) for x in inputs])  # self.signature, inlined
         if self.shape_value_index:
             key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
         exe = self.route.get(key)
@@ -106,7 +106,8 @@ class ClusterRunner:
                     and key not in self.cache and not self._class_serves(inputs)):
                 return self._run_while_compiling(key, inputs)
             exe = self._place(key, inputs)
-            if exe is None:
+            if exe is None:  # _place handed the signature back to onnxruntime
+                assert self.fallback is not None
                 return self.fallback.run(self._host(inputs), run_options)
         self.runs += 1
         outs = exe.run(inputs)
@@ -471,6 +472,7 @@ class Runtime:
             sub = self.graph.extract(step.nodes, name=step.name)
             if not sub.outputs:
                 continue  # dead nodes (e.g. a Shape nobody reads): nothing to compute
+            runner: Any  # ClusterRunner, ControlFlowRunner, HostRunner or SegmentRunner
             if isinstance(step, Cluster):
                 runner = ClusterRunner(step, sub, flags, backend, options, dumper)
             elif isinstance(step, ControlFlow):  # an If/Loop/Scan with clustered bodies
