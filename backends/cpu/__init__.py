@@ -90,13 +90,15 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
     kernels = [k for k in distinct_kernels(program) if k.name in used]
     units = [_kernel_unit(k, flags) for k in kernels]
     buffers = {b.id: b for b in program.buffers}
-    gemms = {}  # LibraryCall -> (function name, GemmSpec): small GEMMs run generated code
-    for t in program.thunks:
+    # thunk index -> (function name, GemmSpec): small GEMMs run generated code (by index:
+    # a binding's instantiated thunks are new objects where they hold symbolic dims)
+    gemms = {}
+    for i, t in enumerate(program.thunks):
         spec = gemm.spec_for(t, buffers) if isinstance(t, kir.LibraryCall) else None
         # symbolic rows are a run-time range; other symbolic sizes need a library call
         if spec is not None and not symbolic.has_syms(gemm.code_key(spec)):
             unit = _gemm_unit(spec)
-            gemms[t] = (unit[0], spec)
+            gemms[i] = (unit[0], spec)
             units.append(unit)
     dumps = LazyDumps()  # texts made when read (--dump_to, tests)
     engine, addrs = None, {}
@@ -106,7 +108,8 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
         COMPILE_COUNT += jit.COUNTS["compiles"] - before
     if gemms:
         dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
-            "".join(f"  {', '.join(t.nodes)}: {spec}\n" for t, (_, spec) in gemms.items())
+            "".join(f"  {', '.join(program.thunks[i].nodes)}: {spec}\n"
+                    for i, (_, spec) in gemms.items())
     code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds)
     if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
         dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
@@ -135,8 +138,8 @@ class Code:
         if self.threads > 1:
             split = {k.name: w for k in live if (w := split_work(k)) >= PARALLEL_MIN_WORK
                      and k.shape[0] > 1}
-        gemms = {t: (name, symbolic.substitute(spec, env))
-                 for t, (name, spec) in self.gemms.items()} if env else self.gemms
+        gemms = {i: (name, symbolic.substitute(spec, env))
+                 for i, (name, spec) in self.gemms.items()} if env else self.gemms
         return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
                           library, MIN_CHUNK_WORK, gemms, self.check_bounds, dims, arena,
                           impls)

@@ -246,7 +246,7 @@ class Executable:
         self._constants = constants
         self._min_chunk_work = min_chunk_work
         self.split: set[str] = set()  # kernels split over threads (names)
-        self._gemms = {id(t): g for t, g in (gemms or {}).items()}
+        self._gemms = dict(gemms or {})  # thunk index -> (function name, GemmSpec)
         # (thunk, step) for `profile`: the same steps one by one, without the driver; a
         # library call's epilogue kernel, when run after the call, is a step of its own
         self._ungrouped: list[tuple[kir.Thunk, Native | Callable[[], None]]] = []
@@ -355,7 +355,7 @@ class Executable:
                    epilogue_run: Callable[[], None] | None = None
                    ) -> tuple[Native | Callable[[], None], bool]:
         """(step, whether it runs the call's epilogue too) of a library call."""
-        gemm = self._gemms.get(id(t))
+        gemm = self._gemms.get(i)
         if gemm is not None:  # a generated GEMM: a native kernel over output rows
             name, spec = gemm
             ids = tuple(b for b in t.inputs if b is not None) + t.outputs
@@ -379,7 +379,7 @@ class Executable:
         k = t.epilogue
         epi = self._step(i, k, addrs, parallel, threads)
         probe = None
-        if epi is not None and id(t) not in self._gemms:
+        if epi is not None and i not in self._gemms:
             probe = self._probe(k, addrs, parallel, threads)
         step, fused = self._call_step(i, t, addrs, threads, probe)
         if fused or epi is None:

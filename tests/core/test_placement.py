@@ -1,7 +1,8 @@
 """Copy-aware placement (autoclust/clustering/placement.py) on a device-memory backend, without a GPU.
 
-Device "gpu-sim" (tests/support/gpu_sim_backend.py) has the GPU's policy, so Conv runs in
-onnxruntime on the host and clusters in (simulated) device memory, with every copy
+Device "gpu-sim" (tests/support/gpu_sim_backend.py) has the GPU's policy, with Conv left
+to onnxruntime on the host (as on a GPU where onnxruntime's Conv wins its timing:
+backends/gpu/conv.py), and clusters in (simulated) device memory, with every copy
 counted. A cluster between two Convs costs two copies per run; it goes back to
 onnxruntime when its host kernels would touch fewer than HOST_TRAFFIC_PER_COPY tensors per
 copy, and stays on the device otherwise. Outputs are checked against onnxruntime and the
@@ -10,18 +11,19 @@ copies a run makes are counted.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from support import gpu_sim_backend  # noqa: F401 - registered below as device "gpu-sim"
+from support import gpu_sim_backend  # registered below as device "gpu-sim"
 from support.gpu_render import needs_cc
 
 import autoclust
-from autoclust import registry
+from autoclust import ops, registry
 from autoclust.clustering import placement
-from autoclust.errors import NotCompilableError
 from autoclust.runtime import transfers
 
 pytestmark = needs_cc  # the C rendering runs through the host C compiler
@@ -33,6 +35,9 @@ X = RNG.standard_normal((1, 4, 6, 6)).astype(np.float32)
 @pytest.fixture(autouse=True)
 def sim_device(monkeypatch):
     monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
+    host_conv = dataclasses.replace(gpu_sim_backend.POLICY,
+                                    leave_to_onnxruntime=ops.in_group("WINDOW"))
+    monkeypatch.setattr(gpu_sim_backend, "POLICY", host_conv)
 
 
 def _const(name: str, shape: tuple) -> onnx.TensorProto:
@@ -75,9 +80,10 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {i.name: (X if i.name == "x" else X[:, ::-1].copy()) for i in model.graph.input}
 
 
-def _check(model: onnx.ModelProto, device: str = "gpu-sim") -> autoclust.InferenceSession:
+def _check(model: onnx.ModelProto, device: str = "gpu-sim",
+           **flags: bool) -> autoclust.InferenceSession:
     """Run on `device` (every cluster kept however small) against onnxruntime."""
-    sess = autoclust.InferenceSession(model, device=device, min_cluster_size=1)
+    sess = autoclust.InferenceSession(model, device=device, min_cluster_size=1, **flags)
     feeds = _feeds(model)
     want = ort.InferenceSession(model.SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -145,9 +151,11 @@ def test_host_backends_and_must_compile_ignore_copies():
     model = conv_sandwich(["Mul", "Add", "Relu"])
     cpu = _check(model, device="cpu")  # no device memory: nothing to copy
     assert _sizes(cpu) == [3]
-    with pytest.raises(NotCompilableError, match="Conv needs cuDNN"):
-        autoclust.InferenceSession(model, device="gpu-sim", min_cluster_size=1,
-                                   must_compile=True)
+    # must_compile compiles everything the device can (its Conv too: the preference for
+    # onnxruntime is a placement choice), whatever the copies
+    dev = _check(model, device="gpu-sim", must_compile=True)
+    assert _sizes(dev) == [5]
+    assert [c.value for c in transfers.plan_copies(dev.plan)] == ["x", "y"]  # in and out
 
 
 def test_a_refused_conv_keeps_its_epilogues_in_onnxruntime():
