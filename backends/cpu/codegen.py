@@ -235,13 +235,29 @@ class KernelEmitter:
         return vectorize.supported(red.expr, len(self.kernel.shape) - 1)
 
     def _vector_reduction(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
-        """Full chunks of v lanes, then the last v elements (overlapping: max/min are
-        idempotent), into one vector accumulator; its lanes reduced after the row."""
+        """A max/min row in chunks of v lanes (see _vector_chunks); a row of symbolic length
+        takes them when it is at least v long, the scalar loop otherwise (chosen per run)."""
         b = self.b
         n = self.inner_extents[-1]
-        if symbolic.is_sym(n):
-            return self._vector_reduction_symbolic(red, inner_ranges)
-        v = vectorize.width(red.dtype, n)
+        if not symbolic.is_sym(n):
+            return self._vector_chunks(red, inner_ranges, vectorize.width(red.dtype, n), n)
+        n = inner_ranges[-1][1]
+        v = vectorize.lanes(red.dtype)
+        result = entry_alloca(b, COMPUTE[red.dtype], "vres")
+        with b.if_else(b.icmp_signed(">=", n, _i64(v))) as (wide, narrow):
+            with wide:
+                b.store(self._vector_chunks(red, inner_ranges, v, n), result)
+            with narrow:
+                b.store(self._scalar_reduction(red, inner_ranges, -1), result)
+        return b.load(result)
+
+    def _vector_chunks(self, red: kir.Reduction, inner_ranges: list, v: int,
+                       n: int | ir.Value) -> ir.Value:
+        """Full chunks of v lanes over a row of n >= v elements (an int, or the run-time
+        value of a symbolic length), then the last v elements (overlapping: max/min are
+        idempotent), into one vector accumulator; its lanes reduced after the row, a NaN
+        anywhere in the row winning."""
+        b = self.b
         vty = ir.VectorType(COMPUTE[red.dtype], v)
         vx = vectorize.VectorExprs(self, v)
         init = ir.Constant(vty, _reduce_init(red.kind, red.dtype, vty.element).constant)
@@ -260,50 +276,17 @@ class KernelEmitter:
             b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
 
         with for_nest(b, inner_ranges[:-1], "r") as prefix:
-            with for_nest(b, [(_i64(0), _i64(n // v))], "vr") as (t,):
+            full = _i64(n // v) if isinstance(n, int) else b.sdiv(n, _i64(v))
+            with for_nest(b, [(_i64(0), full)], "vr") as (t,):
                 chunk(prefix, b.mul(t, _i64(v), flags=["nsw"]))
-            if n % v:
-                chunk(prefix, _i64(n - v))
+            if isinstance(n, int):
+                if n % v:
+                    chunk(prefix, _i64(n - v))
+            else:
+                with b.if_then(b.icmp_signed("!=", b.srem(n, _i64(v)), _i64(0))):
+                    chunk(prefix, b.sub(n, _i64(v), flags=["nsw"]))
         any_nan = vx.any_lane(b.load(seen))
         return self._nan_wins(any_nan, vx.horizontal(b.load(acc), red.kind))
-
-    def _vector_reduction_symbolic(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
-        """A max/min row of symbolic length n: full-width vector chunks and an overlapping
-        last chunk when n >= the vector width, the scalar loop otherwise (chosen per run)."""
-        b = self.b
-        n = inner_ranges[-1][1]
-        v = vectorize.lanes(red.dtype)
-        vty = ir.VectorType(COMPUTE[red.dtype], v)
-        vx = vectorize.VectorExprs(self, v)
-        init = ir.Constant(vty, _reduce_init(red.kind, red.dtype, vty.element).constant)
-        result = entry_alloca(b, COMPUTE[red.dtype], "vres")
-        name = "llvm.maxnum" if red.kind == "max" else "llvm.minnum"
-        with b.if_else(b.icmp_signed(">=", n, _i64(v))) as (wide, narrow):
-            with wide:
-                acc = entry_alloca(b, vty, "vacc")
-                b.store(init, acc)
-                seen = entry_alloca(b, ir.VectorType(ir.IntType(1), v), "vnan")
-                b.store(ir.Constant(seen.allocated_type, None), seen)
-
-                def chunk(prefix: list, start: ir.Value) -> None:
-                    self.iv = self.outer + prefix + [start]
-                    self.memo, vx.memo = {}, {}
-                    raw = vx.value(red.expr)
-                    b.store(b.or_(b.load(seen), b.fcmp_unordered("uno", raw, raw)), seen)
-                    x = vx.intrinsic(name, [raw, init])  # NaN -> the neutral value
-                    b.store(vx.intrinsic(name, [b.load(acc), x], ("nnan",)), acc)
-
-                with for_nest(b, inner_ranges[:-1], "r") as prefix:
-                    full = b.sdiv(n, _i64(v))
-                    with for_nest(b, [(_i64(0), full)], "vr") as (t,):
-                        chunk(prefix, b.mul(t, _i64(v), flags=["nsw"]))
-                    with b.if_then(b.icmp_signed("!=", b.srem(n, _i64(v)), _i64(0))):
-                        chunk(prefix, b.sub(n, _i64(v), flags=["nsw"]))
-                any_nan = vx.any_lane(b.load(seen))
-                b.store(self._nan_wins(any_nan, vx.horizontal(b.load(acc), red.kind)), result)
-            with narrow:
-                b.store(self._scalar_reduction(red, inner_ranges, -1), result)
-        return b.load(result)
 
     def _scalar_reduction(self, red: kir.Reduction, inner_ranges: list,
                           phase: int) -> ir.Value:
