@@ -61,6 +61,10 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape})"
 
 
+# at most this many signatures called directly (each holds an executable)
+MAX_DIRECT = 64
+
+
 class _InputSpec:
     """What a feed must look like: dtype, rank and the fixed dims (None = free)."""
 
@@ -141,17 +145,22 @@ class _FastFeeds:
             s.name: (s.dtype, set()) for s in required if s.dtype is not None}
         self.enabled = len(self.seen) == self.count
 
-    def known(self, feed: Any) -> bool:
-        """Whether `feed` matches signatures validated before (cheap: no allocation)."""
+    def key(self, feed: Any) -> tuple | None:
+        """The shapes of `feed` in the inputs' order when it matches signatures validated
+        before (run()'s key for its direct calls), else None (cheap: one tuple)."""
         if type(feed) is not dict or len(feed) != self.count or not self.enabled:
-            return False
-        seen = self.seen
-        for name, x in feed.items():
-            entry = seen.get(name)
-            if (entry is None or type(x) is not np.ndarray or x.dtype != entry[0]
-                    or x.shape not in entry[1]):
-                return False
-        return True
+            return None
+        shapes = []
+        for name, (dtype, valid) in self.seen.items():
+            x = feed.get(name)
+            if type(x) is not np.ndarray or x.dtype != dtype or x.shape not in valid:
+                return None
+            shapes.append(x.shape)
+        return tuple(shapes)
+
+    def known(self, feed: Any) -> bool:
+        """Whether `feed` matches signatures validated before."""
+        return self.key(feed) is not None
 
     def learn(self, feed: dict[str, Any]) -> None:
         """Remember the shapes of a feed that has just passed _validate."""
@@ -229,9 +238,12 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             ort_backend.direct_run(self._ort)
         self._fast = _FastFeeds(self._input_specs) \
             if (host_plan or self._ort_run is not None) and self._mover is None else None
-        # (input names, shapes) -> onnxruntime's run over the whole model, for signatures
-        # measured placement handed back whole: run() calls it as --auto_jit=0 would
+        # feed shapes (_FastFeeds.key) -> what serves that signature, called by run() with
+        # (output names, feed, None) in place of the plan: onnxruntime's run over the whole
+        # model for signatures measured placement handed back whole (as --auto_jit=0
+        # would), or a one-step plan's settled executable (Runtime.direct)
         self._direct: dict[tuple, Any] = {}
+        self._one_step = host_plan and self._runtime._single is not None
         whole = getattr(self._runtime, "whole", None)
         if whole is not None and self._fast is not None:
             whole.on_handed_back = self._hand_back
@@ -346,20 +358,22 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         """
         fast = self._fast
         try:
-            if (fast is not None and run_options is None and output_device == "cpu"
-                    and fast.known(input_feed)):
+            key = fast.key(input_feed) if (fast is not None and run_options is None
+                                           and output_device == "cpu") else None
+            if key is not None:  # a signature validated before
                 if output_names:
                     self._check_output_names(output_names)
                 else:
                     output_names = self._output_names
                 if self._runtime is None:
                     return self._ort_run(output_names, input_feed, None)
-                if self._direct:
-                    direct = self._direct.get((tuple(input_feed),
-                                               tuple([x.shape for x in input_feed.values()])))
-                    if direct is not None:
-                        return direct(output_names, input_feed, None)
-                return self._runtime.run_outputs(input_feed, output_names)
+                direct = self._direct.get(key)
+                if direct is not None:
+                    return direct(output_names, input_feed, None)
+                outs = self._runtime.run_outputs(input_feed, output_names)
+                if self._one_step and len(self._direct) < MAX_DIRECT:
+                    self._settle(key, input_feed)
+                return outs
             return self._run(output_names, input_feed, run_options, output_device)
         except InvalidInputError as exc:  # from compiled checks too (an index out of range,
             # an integer division by zero): also onnxruntime's InvalidArgument (its Fail for
@@ -395,12 +409,21 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         outs = [env[n] for n in names]
         return outs if to_device is None else [to_device(o) for o in outs]
 
+    def _settle(self, key: tuple, feed: dict[str, np.ndarray]) -> None:
+        """After a fast-path run of a one-step plan: once its executable serves this
+        signature for good, run() calls it directly (skipping the plan's two layers)."""
+        direct = self._runtime.direct(feed)
+        if direct is not None:
+            self._direct[key] = direct
+
     def _hand_back(self, key: tuple, segment: Any) -> None:
         """Measured placement handed the plan back for signature `key` (the feeds' names,
         then (dtype, shape) per feed): run() calls `segment`'s onnxruntime directly."""
         if not segment.ort_values:  # bfloat16 & co. go through OrtValues: the long way
-            shapes = tuple(shape for _, shape in key[1:])
-            self._direct[(key[0], shapes)] = ort_backend.direct_run(segment.session)
+            shape_of = {name: shape for name, (_, shape) in zip(key[0], key[1:])}
+            assert self._fast is not None  # handed back only where run() has a fast path
+            shapes = tuple(shape_of[name] for name in self._fast.seen)
+            self._direct[shapes] = ort_backend.direct_run(segment.session)
 
     def _check_output_names(self, output_names: list[str]) -> None:
         for n in output_names:

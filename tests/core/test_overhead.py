@@ -214,6 +214,51 @@ def test_same_input_object_reshaped_in_place(model, warm):
     assert_like_ort(model, warm.run(None, feed), feed)
 
 
+def test_one_step_plan_calls_its_settled_executable_directly(model):
+    """Once a one-cluster plan's executable serves a signature for good, run() calls it
+    directly (Runtime.direct): answers stay onnxruntime's for every output order, the
+    cluster's run count still grows (the megamorphic guard reads it), and a cluster that
+    falls back afterwards is served by onnxruntime, not by the executable it dropped."""
+    sess = autoclust.InferenceSession(model, autotune=False)
+    runner = sess._runtime.runners[0]
+    feed = feeds(seed=30)
+    sess.run(None, feed)  # validated, compiled
+    assert not sess._direct
+    sess.run(None, feed)  # the fast path settles the signature
+    assert list(sess._direct) == [((2, 4), ())]
+    runs = runner.runs
+    for names in (None, ["y2", "y1"], ["y2"]):
+        feed = feeds(seed=31)
+        assert_like_ort(model, sess.run(names, feed), feed, names)
+    assert runner.runs == runs + 3
+    with pytest.warns(RuntimeWarning, match="falls back"):
+        runner._fall_back("a test")
+    calls = []
+    run = runner.fallback.run
+    runner.fallback.run = lambda inputs, options=None: calls.append(1) or run(inputs, options)
+    assert_like_ort(model, sess.run(None, feed), feed)
+    assert calls == [1] and runner.runs == runs + 3
+
+
+def test_direct_calls_wait_for_measured_placement(model):
+    """With measured placement on, a signature is called directly only once its Trial has
+    decided for the executable; onnxruntime's wins never take that path."""
+    sess = autoclust.InferenceSession(model)
+    runner = sess._runtime.runners[0]
+    feed = feeds(seed=32)
+    for _ in range(60):
+        assert_like_ort(model, sess.run(None, feed), feed)
+        key = runner.signature([feed["x"], feed["s"]])
+        if runner.route.get(key) is runner.cache.get(key):
+            break
+        assert not sess._direct  # a Trial (or onnxruntime) serves it: no direct call
+    if runner.route.get(key) is runner.cache.get(key):
+        sess.run(None, feed)
+        assert len(sess._direct) == 1
+    else:
+        assert not sess._direct
+
+
 def test_multi_step_plan_second_shape():
     """mixed_dynamic (clusters around an onnxruntime segment): other batch sizes and the
     committed one again, through the fast path, equal onnxruntime."""
