@@ -26,9 +26,11 @@ from autoclust.errors import (
     CompileError,
     InvalidInputError,
     NotCompilableError,
+    ShapeInferenceError,
 )
 from autoclust.flags import Flags
 from autoclust.ir import Graph
+from autoclust.runtime.numerics import first_nonfinite, nonfinite, value_ranges
 from autoclust.runtime.shape_class import ShapeClass, symbolic_types
 
 # A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
@@ -223,6 +225,8 @@ class ClusterRunner:
                 self.signatures.pop()  # and keep compiling the cluster for good ones
                 raise
             except Exception as exc:  # a compile failure must never break the run
+                if isinstance(exc, ShapeInferenceError):
+                    self._check_with_onnxruntime(inputs, exc)  # raises for bad inputs
                 if self.flags.must_compile:
                     raise NotCompilableError(f"{self.name} failed to compile: "
                                              f"{type(exc).__name__}: {exc}") from exc
@@ -234,6 +238,24 @@ class ClusterRunner:
             else:
                 self.cache[key] = exe
             return exe
+
+    def _check_with_onnxruntime(self, inputs: list[np.ndarray], exc: Exception) -> None:
+        """A shape rule rejected these inputs (dims that disagree with each other, as a
+        mask one token shorter than its ids): when onnxruntime rejects them too, they are
+        bad input, not a compile failure; raise InvalidInputError naming the cluster and
+        the rule, and keep the cluster compiled for good inputs. Returns when onnxruntime
+        runs them (our rule is wrong: the caller falls back, warned)."""
+        segment = self.onnxruntime_segment(quiet=True)
+        if segment is None:
+            return
+        try:
+            segment.run(self._host(inputs))
+        except Exception as ort_exc:  # onnxruntime's own error, quoted
+            self.signatures.pop()
+            shapes = ", ".join(f"{n} {list(x.shape)}" for n, x in zip(self.input_names, inputs))
+            raise InvalidInputError(
+                f"{self.name}: the inputs' shapes disagree ({shapes}): {exc}; onnxruntime: "
+                f"{str(ort_exc).strip()[:300]}") from ort_exc
 
     def _host(self, inputs: list[Any]) -> list[Any]:
         """inputs as host arrays (device values copied back) for onnxruntime and dumps."""
@@ -361,7 +383,7 @@ class ClusterRunner:
             output_names=self.output_names, external=external)
 
     def _check_numerics(self, inputs: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        bad = [name for name, x in zip(self.output_names, outs) if _nonfinite(x)]
+        bad = [name for name, x in zip(self.output_names, outs) if nonfinite(x)]
         if bad:  # only now pay for locating the node and summarizing the inputs
             inputs = self._host(inputs)
             what = f"output {bad[0]!r} has" if len(bad) == 1 else \
@@ -382,45 +404,6 @@ class _Fixed:
 
     def bind(self, env: dict[str, int]) -> Any:
         return self.exe
-
-
-def _nonfinite(x: np.ndarray) -> bool:
-    return x.dtype.kind == "f" and x.size > 0 and not np.isfinite(x).all()
-
-
-def first_nonfinite(graph: Graph, inputs: list[np.ndarray]) -> str:
-    """Which node makes the first NaN/inf: the graph re-run node by node with the references."""
-    from autoclust import ops
-    env = {**graph.initializers, **{v.name: x for v, x in zip(graph.inputs, inputs)}}
-    first = "an input has it"
-    with np.errstate(all="ignore"):
-        for node in graph.nodes:
-            args = [None if v is None else env[v.name] for v in node.inputs]
-            for v, r in zip(node.outputs, ops.run_ref(node, args)):
-                env[v.name] = r = np.asarray(r)
-                if first.startswith("an input") and _nonfinite(r):
-                    fed = any(_nonfinite(a) for a in args if a is not None)
-                    first = (f"first made by node {node.name!r} ({node.op}) output {v.name!r} "
-                             f"from {'NaN/inf' if fed else 'finite'} inputs")
-    if not any(_nonfinite(env[v.name]) for v in graph.outputs):
-        return "the op references give finite outputs from these inputs: the compiled code " \
-            "made the NaN/inf"
-    return first
-
-
-def value_ranges(names: list[str], arrays: list[np.ndarray]) -> str:
-    """min/max (of the finite values) and NaN and inf counts of each array."""
-    parts = []
-    for name, x in zip(names, arrays):
-        text = f"{name} {x.dtype}{list(x.shape)}"
-        if x.size and x.dtype.kind in "fiub":
-            finite = x[np.isfinite(x)] if x.dtype.kind == "f" else x
-            if finite.size:
-                text += f" min {finite.min():.4g} max {finite.max():.4g}"
-            if x.dtype.kind == "f":
-                text += f" NaN {int(np.isnan(x).sum())} inf {int(np.isinf(x).sum())}"
-        parts.append(text)
-    return ", ".join(parts)
 
 
 def _signature_text(inputs: list[np.ndarray]) -> str:

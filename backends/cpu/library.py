@@ -77,6 +77,7 @@ MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
 SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
 POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
 OPSET = 18
+FUSED = "onednn+post-ops"  # the impl of a call that runs its epilogue too
 CONTRIB = ("FusedMatMul",)  # ops of onnxruntime's com.microsoft domain
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
@@ -266,20 +267,26 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
     consts = {i: constants[b] for i, b in enumerate(thunk.inputs)
               if b is not None and constants and b in constants}
     layouts = tuple(None if v is None else v.strides for v in thunk.views)
+    # an earlier binding's choice: whether its epilogue ran as post-ops too (not measured
+    # again for this shape: a new sequence length's first run would pay ~0.1-0.25 s a call)
+    fused_before = None if impl is None else impl == FUSED
     fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
-                   layouts=layouts, prefer=impl)
+                   layouts=layouts, prefer="onednn" if fused_before else impl)
     if thunk.epilogue is not None and epilogue_run is not None:
         fused = _fused(thunk, by_id, fn, epilogue_run, (in_types, out_types, threads, consts,
-                                                        layouts))
+                                                        layouts), fused_before)
         if fused is not None:
             return fused
     return gemm_choice.in_place(fn, thunk.views, n_in) if thunk.views else fn
 
 
 def _fused(thunk: kir.LibraryCall, by_id: dict[int, kir.Buffer], plain: LibraryFn,
-           epilogue_run: Callable[[], None], call: tuple) -> LibraryFn | None:
+           epilogue_run: Callable[[], None], call: tuple,
+           fused_before: bool | None = None) -> LibraryFn | None:
     """The call with its epilogue as oneDNN post-ops, when they express it and measure
-    faster than `plain` then the epilogue kernel; else None (`plain.note` says why)."""
+    faster than `plain` then the epilogue kernel (`fused_before`: what was measured for
+    another shape of this call, taken instead of measuring); else None (`plain.note` says
+    why)."""
     in_types, out_types, threads, consts, layouts = call
     if any(v is not None for v in thunk.views):
         # strided operands with post-ops gave wrong results (the ONNX node case
@@ -306,32 +313,45 @@ def _fused(thunk: kir.LibraryCall, by_id: dict[int, kir.Buffer], plain: LibraryF
            tuple(sorted(consts)), tuple(layouts), tuple(steps), plain.impl,
            epilogue.kernel_key(thunk.epilogue))
 
-    def then_kernel() -> RunFn:
-        # the same implementation with its weights prepacked now (plain's may still be
-        # prepacking in the background: timing it would favour oneDNN)
-        same = make_call(thunk.op, attrs, in_types, out_types, threads, consts, plain.impl,
-                         layouts)
-
-        def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-            same(inputs[:n_in], outputs)
-            epilogue_run()
-        return run
-
+    if key not in _DECISIONS and fused_before is not None:
+        _DECISIONS[key] = ("onednn post-ops" if fused_before else f"{plain.impl} then kernel",
+                           "as measured for another shape of this call")
     if key not in _DECISIONS:
         _DECISIONS[key] = gemm_choice.measure(
-            key, {f"{plain.impl} then kernel": then_kernel, "onednn post-ops": build},
+            key, {f"{plain.impl} then kernel": _then_kernel(thunk, plain, epilogue_run, call),
+                  "onednn post-ops": build},
             list(in_types) + extra_types, out_types,
             out_layouts[:n_in] + (None,) * (len(extra) + 1) if layouts else (), consts)
     choice, note = _DECISIONS[key]
     if choice != "onednn post-ops":
         plain.note += f"; epilogue after the call: {note}"
         return None
-    fn = LibraryFn(thunk.op, "onednn+post-ops", build(),
+    fn = LibraryFn(thunk.op, FUSED, build(),
                    f"{note}; post-ops {', '.join(s.kind for s in steps)}")
     fn.switch(fn.impl, fn._current[0], fn.note)  # strided outputs written in place
     fn.fused, fn.extra, fn.dest = True, extra, (dest,)
     views = tuple(thunk.views[:n_in]) + (None,) * (len(extra) + 1) if thunk.views else ()
     return gemm_choice.in_place(fn, views, n_in + len(extra)) if views else fn
+
+
+def _then_kernel(thunk: kir.LibraryCall, plain: LibraryFn, epilogue_run: Callable[[], None],
+                 call: tuple) -> Callable[[], RunFn]:
+    """A builder of the unfused side of _fused's measurement: the call, then the epilogue
+    kernel."""
+    in_types, out_types, threads, consts, layouts = call
+
+    def build() -> RunFn:
+        # the same implementation with its weights prepacked now (plain's may still be
+        # prepacking in the background: timing it would favour oneDNN)
+        same = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
+                         plain.impl, layouts)
+        n_in = len(in_types)
+
+        def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
+            same(inputs[:n_in], outputs)
+            epilogue_run()
+        return run
+    return build
 
 
 def _custom_call(op: custom.CustomOp, thunk: kir.LibraryCall) -> LibraryFn:

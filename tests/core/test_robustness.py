@@ -247,6 +247,54 @@ def test_compile_exception_falls_back_and_warns_once(monkeypatch):
     assert sess.stats()["clusters"][0]["fallback"].startswith("compile failed")
 
 
+def _mask_model():
+    """ids[1, s], mask[1, s] -> tanh(ids * mask) + ids: both inputs must have one length."""
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, "s"]) for n in ("ids", "mask")]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "s"])
+    return make_model([helper.make_node("Mul", ["ids", "mask"], ["a"]),
+                       helper.make_node("Tanh", ["a"], ["b"]),
+                       helper.make_node("Add", ["b", "ids"], ["y"])], vi, [y])
+
+
+def test_inputs_whose_dims_disagree_raise_and_keep_the_cluster():
+    """A mask one token shorter than its ids: onnxruntime rejects the feed, so the run raises
+    InvalidInputError naming the cluster, both shapes and the node, with no fallback
+    warning; the cluster stays compiled and serves the next good feed."""
+    model = _mask_model()
+    sess = session(model, device="cpu")
+    ones = np.ones((1, 9), np.float32)
+    sess.run(None, {"ids": ones, "mask": ones})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback warning would fail here
+        with pytest.raises(InvalidInputError,
+                           match=r"disagree \(ids \[1, 9\], mask \[1, 8\]\).*Mul"):
+            sess.run(None, {"ids": ones, "mask": ones[:, :8]})
+    runner = sess._runtime.runners[0]
+    assert runner.fallback is None
+    feed = {"ids": np.arange(7, dtype=np.float32)[None], "mask": np.full((1, 7), 0.5, np.float32)}
+    np.testing.assert_allclose(sess.run(None, feed)[0], ort_run(model, feed)[0], rtol=1e-6)
+    assert runner.fallback is None and runner.signature(list(feed.values())) in runner.cache
+
+
+def test_a_shape_rule_onnxruntime_disagrees_with_falls_back(monkeypatch):
+    """A shape rule that rejects inputs onnxruntime runs is our bug, not bad input: the
+    cluster falls back with one warning and onnxruntime's answer."""
+    from autoclust import compile as compile_module
+    from autoclust.errors import ShapeInferenceError
+
+    def wrong_rule(*args, **kwargs):
+        raise ShapeInferenceError("injected: a wrong shape rule")
+
+    monkeypatch.setattr(compile_module, "compile_cluster", wrong_rule)
+    monkeypatch.setattr(compile_module, "compile_class", wrong_rule)
+    model = _mask_model()
+    sess = session(model, device="cpu")
+    feed = {"ids": np.ones((1, 5), np.float32), "mask": np.full((1, 5), 2.0, np.float32)}
+    with pytest.warns(RuntimeWarning, match="falls back.*injected"):
+        got = sess.run(None, feed)
+    np.testing.assert_allclose(got[0], ort_run(model, feed)[0], rtol=1e-6)
+
+
 def _unwritable(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
