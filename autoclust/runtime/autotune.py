@@ -265,6 +265,7 @@ class Placement:
         self.budget = Budget(flags.autotune_budget_ms)
         self.decisions: list[Decision] = []
         self.latest: dict[str, Decision] = {}  # cluster name -> its last decision
+        self.by_class: dict[int, Decision] = {}  # id(ShapeClass) -> its measured decision
         self.clock = clock
         self._lock = threading.Lock()
 
@@ -284,14 +285,16 @@ class Placement:
         if exe is None:
             return None
         reason = runner.unmeasurable()
+        # a signature bound to a shape class that has been measured (another sequence
+        # length of the same compile) takes that decision: measuring it again would cost a
+        # new length's first run ~0.5 s (an onnxruntime session, then the pairs)
+        cls = getattr(exe, "shape_class", None)
+        same_class = self.by_class.get(id(cls)) if cls is not None else None
+        if reason is None and same_class is not None:
+            return self._inherit(runner, sig, same_class, exe, "the same shape class")
         last = self.latest.get(runner.name)
         if reason is None and self.budget.left_ms() <= 0 and last is not None:
-            self._record(Decision(runner.name, sig, last.winner, f"as measured for "
-                                  f"{last.signature} (measuring budget spent)",
-                                  source="inherited"))
-            if last.winner == ONNXRUNTIME:
-                return runner.onnxruntime_segment(quiet=True) or exe
-            return exe
+            return self._inherit(runner, sig, last, exe, "measuring budget spent")
         if reason is None and self.budget.left_ms() <= 0:
             reason = "measuring budget spent"
         if reason is not None:
@@ -301,11 +304,22 @@ class Placement:
         def done(decision: Decision, winner: Any) -> None:
             runner.route[key] = winner
             self._record(decision)
+            if cls is not None:
+                self.by_class[id(cls)] = decision  # classes live as long as their runner
             if entry:
                 store(self.flags.cache_dir, entry, decision)
 
         return Trial(runner.name, sig, exe, runner.onnxruntime_segment, self.budget, done,
                      self.clock, getattr(exe, "settled", None))
+
+    def _inherit(self, runner: Any, sig: str, earlier: Decision, exe: Any, why: str) -> Any:
+        """What serves `sig` as `earlier` decided for another signature (recorded)."""
+        self._record(Decision(runner.name, sig, earlier.winner,
+                              f"as measured for {earlier.signature} ({why})",
+                              source="inherited"))
+        if earlier.winner == ONNXRUNTIME:
+            return runner.onnxruntime_segment(quiet=True) or exe
+        return exe
 
     def _entry(self, runner: Any, key: tuple) -> str:
         if not self.flags.cache_dir:

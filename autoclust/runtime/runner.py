@@ -185,6 +185,7 @@ class ClusterRunner:
                         exe = cls.exe.bind(env)
                     except CompileError:  # these sizes fail the bounds proof: compile
                         continue  # them concretely (the same error falls back, warned)
+                    exe.shape_class = cls  # measured placement decides per class
                     self._keep_binding(key, exe)
                     if self.flags.log:
                         dims = ", ".join(f"{k} = {v}" for k, v in sorted(env.items()))

@@ -204,7 +204,8 @@ def test_flags_keep_everything_compiled(monkeypatch, flags):
 def test_budget_spent_inherits_the_last_decision(monkeypatch):
     _inject(monkeypatch, compiled_ms=5.0, ort_ms=2.0)
     model = zoo.build("mlp_gelu")
-    sess = autoclust.InferenceSession(model)
+    # concrete shapes: a new batch size is a compile of its own, not a shape class's
+    sess = autoclust.InferenceSession(model, symbolic_dims=False)
     feeds = zoo.feeds(model)
     _run_until_decided(sess, feeds)
     sess._runtime.placement.budget.spent_ms = 1e9  # no budget left for the next signature
@@ -214,6 +215,29 @@ def test_budget_spent_inherits_the_last_decision(monkeypatch):
     second = sess.explain(as_json=True)["placement"][1]
     assert second["source"] == "inherited" and second["winner"] == ONNXRUNTIME
     assert "measuring budget spent" in second["reason"]
+
+
+@pytest.mark.parametrize("compiled_ms, winner", [(5.0, ONNXRUNTIME), (1.0, COMPILED)])
+def test_a_new_length_takes_its_shape_class_decision(monkeypatch, compiled_ms, winner):
+    """A signature bound to a shape class measured before (a new batch size of the same
+    compile) takes that decision without a Trial: no pairs, no onnxruntime session built
+    for it; its outputs are onnxruntime's either way."""
+    _inject(monkeypatch, compiled_ms=compiled_ms, ort_ms=2.0)
+    model, feeds, sess = _session()
+    _run_until_decided(sess, feeds)
+    runner = sess._runtime.compiled_clusters()[0]
+    assert len(runner.classes) == 1 and sess.plan.placement[0].winner == winner
+    name = sess.get_inputs()[0].name
+    other = {name: np.concatenate([feeds[name]] * 3)}
+    want = ort.InferenceSession(model.SerializeToString()).run(None, other)
+    got = sess.run(None, other)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    second = sess.explain(as_json=True)["placement"][1]
+    assert second["source"] == "inherited" and second["winner"] == winner
+    assert "the same shape class" in second["reason"] and second["pairs"] == 0
+    target = runner.route[runner.signature(list(other.values()))]
+    assert not isinstance(target, autotune.Trial)
+    assert (target is runner.onnxruntime_segment()) == (winner == ONNXRUNTIME)
 
 
 def test_log_shows_decision_and_budget(monkeypatch, capsys):

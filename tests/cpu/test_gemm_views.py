@@ -176,6 +176,38 @@ def test_onednn_epilogues(epilogue):
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
 
 
+@needs_dnnl
+def test_primitives_share_the_packing_of_one_weights_array():
+    """Two primitives packing the same weights array into the same layout (two sequence
+    lengths of one binding) share one packed copy; a different array packs its own, a
+    packing goes with its last primitive, and every result is a @ w."""
+    import gc
+    w = RNG.standard_normal((256, 512)).astype(np.float32)
+
+    def matmul(rows, weights):
+        a = RNG.standard_normal((rows, 256)).astype(np.float32)
+        y = np.empty((rows, 512), np.float32)
+        mm = onednn.Matmul(onednn.Operand(a.shape), onednn.Operand(weights.shape),
+                           onednn.Operand(y.shape), weights=weights, threads=2)
+        mm([a, y])
+        np.testing.assert_allclose(y, a @ weights, rtol=1e-4, atol=1e-3)
+        return mm
+
+    first, second = matmul(128, w), matmul(96, w)
+    assert second._packed[0] is first._packed[0]
+    other = matmul(96, w.copy())
+    assert other._packed[0] is not first._packed[0]
+    import weakref
+    packed = weakref.ref(first._packed[0])
+    del first, second
+    gc.collect()
+    assert packed() is None  # the cache did not keep it
+    matmul(64, w)  # packs again, and is right
+    del w
+    gc.collect()
+    assert not any(owner() is None for owner, _ in onednn._PACKINGS.values())
+
+
 def test_empty_and_one_dimensional_gemms_fall_back():
     a, b = np.zeros((0, 8), np.float32), RNG.standard_normal((8, 4)).astype(np.float32)
     fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
