@@ -246,6 +246,8 @@ class ClusterRunner:
         bad input, not a compile failure; raise InvalidInputError naming the cluster and
         the rule, and keep the cluster compiled for good inputs. Returns when onnxruntime
         runs them (our rule is wrong: the caller falls back, warned)."""
+        if self.unmeasurable() is not None:
+            return  # a custom op: no onnxruntime to ask (its host runtime has our rules)
         segment = self.onnxruntime_segment(quiet=True)
         if segment is None:
             return
