@@ -92,6 +92,20 @@ def test_profile_mlp_gelu_end_to_end():
     assert "slowest 3 of 5" in text
 
 
+def test_profile_counts_a_sibling_gemm_as_gemm(tmp_path):
+    """The joined Q/K/V GEMM (a thunk named after its sibling group, a node the graph does
+    not hold) is a GEMM in the categories and the floor ratio, not "elementwise" (it was:
+    BERT-base's floor ratio read 1.50 instead of 1.10)."""
+    model = zoo.build("bert_encoder", hidden=256, heads=4, layers=1, inter=1024)
+    path = tmp_path / "bert.onnx"
+    onnx.save(model, str(path))
+    p = bench_profile.profile(str(path), zoo.feeds(model, {"batch": 1, "seq": 64}), threads=1,
+                              rounds=1, block=2, flags="--autotune=false")
+    joined = [t for t in p["thunks"] if any(n.startswith("siblings") for n in t["nodes"])]
+    assert joined and all(t["category"] == "gemm" for t in joined), joined
+    assert all(set(t["ops"]) <= {"Gemm", "MatMul"} for t in joined), joined
+
+
 def test_profile_shows_onnxruntime_segments():
     path = _path("mixed_dynamic")
     p = bench_profile.profile(path, zoo.feeds(onnx.load(path)), threads=1, rounds=1, block=2)

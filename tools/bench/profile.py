@@ -177,7 +177,9 @@ def _thunk_rows(exe: Any, step_no: int, op_of: dict[str, str], rec: Recorder
     shapes = {b.id: list(b.shape) for b in exe.program.buffers}
     rows, steps = [], []
     for j, (t, step) in enumerate(exe._ungrouped):
-        ops_ = [op_of.get(n, "?") for n in t.nodes]
+        # a node the graph does not hold (a sibling-GEMM group's made-up name) counts as
+        # the thunk's own op: the joined Q/K/V GEMM is a GEMM, not "elementwise"
+        ops_ = [op_of.get(n, getattr(t, "op", "?")) for n in t.nodes]
         kind, what = _describe(t, step, exe, shapes)
         key = ("thunk", step_no, j)
         steps.append(rec.wrap(key, _callable(step)))
