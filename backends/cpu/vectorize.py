@@ -160,6 +160,12 @@ class VectorExprs:
         name = f"llvm.vector.reduce.f{kind}.v{self.v}{elem}"
         return self._call(name, ty, [acc], ("nnan",))
 
+    def horizontal_sum(self, start: ir.Value, acc: ir.Value, fastmath: tuple) -> ir.Value:
+        """start plus the sum of acc's lanes (llvm.vector.reduce.fadd; reassoc: a tree)."""
+        elem = "f64" if isinstance(start.type, ir.DoubleType) else "f32"
+        return self._call(f"llvm.vector.reduce.fadd.v{self.v}{elem}", start.type,
+                          [start, acc], fastmath)
+
     def _call(self, name: str, ret: ir.Type, args: list[ir.Value],
               fastmath: tuple) -> ir.Value:
         module = self.b.module

@@ -172,6 +172,33 @@ def test_masked_softmax_max_phase_is_vector_code(n, lanes):
     assert "llvm.maxnum.f32" not in text
 
 
+SUM_LENGTHS = [15, 16, 17, 31, 32, 33, 75, 100, 750]
+
+
+@pytest.mark.parametrize("n", SUM_LENGTHS)
+@pytest.mark.parametrize("elem", [F32, F64])
+def test_softmax_sum_phase_matches_onnxruntime(n, elem):
+    """Softmax's sum phase (exp stashed in the output row) as full-width vector chunks and
+    a scalar tail: every special row (NaN anywhere, +-inf, -0.0, all -inf, half +inf),
+    huge, tiny and denormal values, against onnxruntime."""
+    dtype = np.float32 if elem == F32 else np.float64
+    x = np.concatenate([special_rows(n, dtype),
+                        np.full((1, n), 1e20, dtype), np.full((1, n), 1e-40, dtype),
+                        np.random.default_rng(n).standard_normal((5, n)).astype(dtype) * 30])
+    got, want = run_both(model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                               [("x", elem, list(x.shape))], [("y", elem)]), {"x": x})
+    assert_same(got, want, rtol=1e-5 if elem == F32 else 1e-12, atol=1e-7)
+
+
+@pytest.mark.parametrize("n,vector", [(750, True), (16, True), (15, False)])
+def test_softmax_sum_phase_is_vector_code(n, vector):
+    """Rows of at least one full 512-bit vector sum in 16-lane chunks (the exp stored as
+    vectors); shorter rows stay with the loop vectorizer."""
+    text = llvm_ir(model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                         [("x", F32, [8, n])], [("y", F32)]))
+    assert bool(re.search(r"llvm\.vector\.reduce\.fadd\.v16f32", text)) == vector
+
+
 def gather_model(n_uses: int) -> onnx.ModelProto:
     """One embedding Gather whose result feeds n_uses LayerNorm-like row kernels, each also
     reading the running sum: the gather is recomputed in each of them."""
