@@ -226,7 +226,7 @@ class KernelEmitter:
         of a fixed length of at least 16, stored along the row: emitted as full-width
         vector code (_vector_sum). Left to LLVM's loop vectorizer, it took 256-bit vectors
         interleaved four times and ran at half the speed of onnxruntime's softmax."""
-        stashed = [st for key, (_, st) in self.stash.items() if key[0] == phase]
+        stashed = [st for _, st in self._stashed(phase)]
         if red.kind != "sum" or red.dtype not in ("float32", "float64") or not stashed \
                 or red.expr.dtype != red.dtype or not inner_ranges or red.scan:
             return False
@@ -245,28 +245,23 @@ class KernelEmitter:
         vx = vectorize.VectorExprs(self, v)
         acc = entry_alloca(b, ir.VectorType(ty, v), "vsum")
         b.store(ir.Constant(acc.allocated_type, [-0.0] * v), acc)  # -0.0 + x == x
-        tail = entry_alloca(b, ty, "tail")
-        b.store(_reduce_init("sum", red.dtype, ty, red), tail)
-        stash = [v_ for key, v_ in self.stash.items() if key[0] == phase]
-        with for_nest(b, inner_ranges[:-1], "r") as prefix:
-            with for_nest(b, [(_i64(0), _i64(n // v))], "vr") as (t,):
-                self.iv = self.outer + prefix + [b.mul(t, _i64(v), flags=["nsw"])]
-                self.memo, vx.memo = {}, {}
-                x = vx.value(red.expr)
-                for sub, st in stash:  # element alignment, as vectorize's loads
-                    b.store(vx.value(sub), self._address(st.buf, st.index, lanes=v,
-                                                         store=True),
-                            align=4 if red.dtype == "float32" else 8)
-                b.store(b.fadd(b.load(acc), x, flags=REDUCE_FLAGS), acc)
-            if n % v:
-                with for_nest(b, [(_i64(n - n % v), _i64(n))], "vt") as (i,):
-                    self.iv = self.outer + prefix + [i]
-                    self.memo = {}
-                    x = self.value(red.expr)
-                    for sub, st in stash:
-                        b.store(self.value(sub), self._address(st.buf, st.index, store=True))
-                    b.store(b.fadd(b.load(tail), x, flags=REDUCE_FLAGS), tail)
-        return vx.horizontal_sum(b.load(tail), b.load(acc), REDUCE_FLAGS)
+        with for_nest(b, inner_ranges[:-1] + [(_i64(0), _i64(n // v))], "vr") as inner:
+            self.iv = self.outer + inner[:-1] + [b.mul(inner[-1], _i64(v), flags=["nsw"])]
+            self.memo, vx.memo = {}, {}
+            x = vx.value(red.expr)
+            for sub, st in self._stashed(phase):  # element alignment, as vectorize's loads
+                b.store(vx.value(sub), self._address(st.buf, st.index, lanes=v, store=True),
+                        align=4 if red.dtype == "float32" else 8)
+            b.store(b.fadd(b.load(acc), x, flags=REDUCE_FLAGS), acc)
+        # the last n % v elements of every row: the scalar phase over them (its start value
+        # when there are none)
+        tail = self._scalar_reduction(red, inner_ranges[:-1] + [(_i64(n - n % v), _i64(n))],
+                                      phase) if n % v else _reduce_init("sum", red.dtype, ty, red)
+        return vx.horizontal_sum(tail, b.load(acc), REDUCE_FLAGS)
+
+    def _stashed(self, phase: int) -> list[tuple]:
+        """(subexpression, store) pairs the reduction phase writes as it goes (_plan_stash)."""
+        return [pair for key, pair in self.stash.items() if key[0] == phase]
 
     def _vector_phase(self, red: kir.Reduction, inner_ranges: list, phase: int) -> bool:
         """Float max/min phases over rows of at least 2 elements, with a simple expression
@@ -279,7 +274,7 @@ class KernelEmitter:
         n = self.inner_extents[-1]
         if not symbolic.is_sym(n) and n < 2:  # a symbolic row has at least 2 elements
             return False
-        if any(key[0] == phase for key in self.stash):
+        if self._stashed(phase):
             return False
         return vectorize.supported(red.expr, len(self.kernel.shape) - 1)
 
@@ -355,7 +350,7 @@ class KernelEmitter:
             self.iv = self.outer + inner
             self.memo = {}
             x = self.value(red.expr)
-            for sub, st in (v for key, v in self.stash.items() if key[0] == phase):
+            for sub, st in self._stashed(phase):
                 b.store(self.value(sub), self._address(st.buf, st.index, store=True))
             old = b.load(acc)
             if seen is not None:
