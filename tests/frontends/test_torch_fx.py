@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from autoclust.importers.torch import fx as torch_fx
 from autoclust.importers.torch import run as torch_run
 from support import paths
+from support.torch_dynamo import fresh_dynamo  # noqa: F401 - autouse, every test
 from torch import _dynamo, nn
 
 from autoclust.errors import FlagError
@@ -146,12 +147,6 @@ def block_inputs(name: str, batch: int = 2, seq: int = 8, d: int = 32, heads: in
 
 # ---- helpers -------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    _dynamo.reset()
-    torch_fx.reset()
-    yield
-    _dynamo.reset()
 
 
 def counts(fn):

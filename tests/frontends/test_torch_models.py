@@ -18,17 +18,12 @@ import numpy as np
 from autoclust.importers.torch import freeze
 from autoclust.importers.torch import fx as torch_fx
 from autoclust.tools.bench import torch_models
-from torch import _dynamo, nn
+from support.torch_dynamo import fresh_dynamo  # noqa: F401 - autouse, every test
+from torch import nn
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    _dynamo.reset()
-    torch_fx.reset()
-    yield
-    _dynamo.reset()
 
 
 # name -> (kernels of its one cluster, ATen nodes folded to constants, frozen tensors);
