@@ -29,6 +29,11 @@ from autoclust.kernel import ir as kir
 # propagate any NaN through cstyle.combine.
 NAN_FIRST_KINDS = ("argmax", "argmin", "argmax_last", "argmin_last")
 FULL_MASK = "0xffffffffu"
+# Row kernels keep the row's values that several phases read (LayerNorm's x: the mean, the
+# variance and the store) in registers: one sweep of loads, all in flight at once, instead
+# of one sweep per phase (the later ones hit L1/L2 at best). Up to this many stashed
+# elements per thread; 0 turns the stash off.
+STASH_LIMIT = 32
 TOKENS = {"cuda": ("threadIdx.x", "blockIdx.x", "blockDim.x", "gridDim.x"),
           "c": ("ac_tid", "ac_bid", "ac_block", "ac_grid")}
 
@@ -50,6 +55,8 @@ class KernelWriter:
         self.lines: list[str] = []
         self.vector_types: set[tuple[str, int]] = set()
         self._scopes = 0
+        self.stash: dict[kir.Load, str] = {}  # row kernels: stashed load -> its array
+        self.per_lane = 0                     # ... and each lane's elements of a row
 
     # ---- small pieces ------------------------------------------------------------------
     def emitter(self, indent: str, ivs: list[str], reduced: list[str],
@@ -248,6 +255,7 @@ class KernelWriter:
             self._grid_loop_head("row", self._first_item(), "nrows")
         outer = [f"i{d}" for d in range(self.n_outer)]
         self.decompose("row", list(k.shape[:self.n_outer]), outer, "    ")
+        self._stash_row(outer)
         reduced: list[str] = []
         for p, red in enumerate(k.reductions):
             reduced.append(self._phase(p, red, outer, reduced))
@@ -281,13 +289,87 @@ class KernelWriter:
 
     def _inner_loop(self, lane: str, lanes: int, outer: list[str], reduced: list[str],
                     indent: str) -> tuple[cstyle.ExprEmitter, str]:
-        """Open `for (j = lane; j < R; j += lanes)` with the inner indices decomposed."""
+        """Open `for (j = lane; j < R; j += lanes)` with the inner indices decomposed.
+
+        With a stash, the CUDA loop counts a lane's elements instead (t = 0 .. per_lane,
+        unrolled): the stash arrays are then indexed by constants and stay in registers.
+        The C target keeps the j loop and finds element j's slot from j."""
         inner = list(self.k.shape[self.n_outer:])
-        step = "j++" if lanes == 1 else f"j += {lanes}"
-        self.lines.append(f"{indent}for ({self.ix} j = {lane}; j < {prod(inner)}; {step}) {{")
+        n = prod(inner)
+        if self.stash and self.cuda:
+            self.lines.append(f"{indent}#pragma unroll")
+            self.lines.append(f"{indent}for (int t = 0; t < {self.per_lane}; t++) {{")
+            self.lines.append(f"{indent}  const {self.ix} j = ({self.ix}){lane} + "
+                              f"({self.ix})t * {lanes};")
+            self.lines.append(f"{indent}  if (j >= {n}) break;")
+        else:
+            step = "j++" if lanes == 1 else f"j += {lanes}"
+            self.lines.append(f"{indent}for ({self.ix} j = {lane}; j < {n}; {step}) {{")
         names = [f"i{self.n_outer + d}" for d in range(len(inner))]
         self.decompose("j", inner, names, indent + "  ")
-        return self.emitter(indent + "  ", outer + names, reduced), "j"
+        return self.emitter(indent + "  ", outer + names, reduced, self._stashed_value), "j"
+
+    def _stashed_value(self, e: kir.Load) -> str | None:
+        """The register (CUDA) or array slot (C) holding load e's value at element j."""
+        name = self.stash.get(e)
+        if name is None:
+            return None
+        if self.cuda:
+            return f"{name}[t]"
+        lanes = self.launch.lanes
+        return f"{name}[(j % {lanes}) * {self.per_lane} + j / {lanes}]"
+
+    def _stash_plan(self) -> list[kir.Load]:
+        """The loads worth stashing: read along the row by two or more of the phases and
+        element stores, as many as fit STASH_LIMIT elements per thread."""
+        k, launch = self.k, self.launch
+        n = prod(list(k.shape[self.n_outer:]))
+        if launch.strategy not in ("warp-row", "block-row") or n == 0:
+            return []
+        per_lane = -(-n // launch.lanes)
+        uses: dict[kir.Load, int] = {}
+        sites = [r.expr for r in k.reductions] + [s.expr for s in k.stores if not s.per_row]
+        for site in sites:
+            for e in {e for e in kir.walk([site]) if isinstance(e, kir.Load)}:
+                along = any(e.index.coeffs[d] for d in range(self.n_outer, len(k.shape)))
+                if along and not e.dyn:
+                    uses[e] = uses.get(e, 0) + 1
+        shared = sorted((e for e, c in uses.items() if c >= 2), key=lambda e: (-uses[e],
+                                                                               repr(e)))
+        return shared[:STASH_LIMIT // per_lane]
+
+    def _stash_row(self, outer: list[str]) -> None:
+        """Load the stashed values of the current row, each lane its elements j = lane +
+        t * lanes (C: every emulated lane in turn, into slot lane * per_lane + t)."""
+        loads = self._stash_plan()
+        self.stash = {}
+        if not loads:
+            return
+        k, lanes = self.k, self.launch.lanes
+        inner = list(k.shape[self.n_outer:])
+        n = prod(inner)
+        self.per_lane = per = -(-n // lanes)
+        names = [f"i{self.n_outer + d}" for d in range(len(inner))]
+        size = per if self.cuda else per * lanes
+        for m, e in enumerate(loads):
+            self.lines.append(f"    {cstyle.compute(e.dtype)} st{m}[{size}];")
+        if self.cuda:
+            self.lines.append("    #pragma unroll")
+            indent = "    "
+        else:
+            self.lines.append(f"    for (unsigned lane = 0; lane < {lanes}u; lane++)")
+            indent = "    "
+        self.lines.append(f"{indent}for (int t = 0; t < {per}; t++) {{")
+        self.lines.append(f"{indent}  const {self.ix} j = ({self.ix})lane + ({self.ix})t * "
+                          f"{lanes};")
+        self.lines.append(f"{indent}  if (j >= {n}) break;")
+        self.decompose("j", inner, names, indent + "  ")
+        em = self.emitter(indent + "  ", outer + names, [])
+        slot = "t" if self.cuda else f"lane * {per} + t"
+        for m, e in enumerate(loads):
+            self.lines.append(f"{indent}  st{m}[{slot}] = {em.value(e)};")
+        self.lines.append(f"{indent}}}")
+        self.stash = {e: f"st{m}" for m, e in enumerate(loads)}
 
     def _accumulate(self, red: kir.Reduction, acc: str, x: str, pos: str, indent: str) -> None:
         if red.kind.startswith("arg"):

@@ -11,7 +11,6 @@ and its CUDA compiles for sm_90 without spills. The CPU backend never sees it.
 from __future__ import annotations
 
 import re
-import subprocess
 
 import ml_dtypes
 import numpy as np
@@ -23,7 +22,7 @@ from autoclust.backends.gpu import attention, source
 from autoclust.importers.onnx import import_model
 from autoclust.models import zoo
 from onnx import TensorProto, helper
-from support.gpu_render import NVCC, needs_cc, needs_nvcc
+from support.gpu_render import needs_cc, needs_nvcc, ptxas_report
 
 import autoclust
 from autoclust import flags as flags_mod
@@ -411,14 +410,7 @@ def test_cuda_of_the_attention_kernel_compiles_without_spills(tmp_path):
     from autoclust.backends.gpu import prelude
     text = prelude.prelude("cuda") + "".join(
         attention.render(s, "cuda", attention.symbol(s)) for s in specs)
-    path = tmp_path / "attn.cu"
-    path.write_text(text)
-    from autoclust.tools.aot import NVCC_OPTIONS
-    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", *NVCC_OPTIONS, "-Xptxas", "-v",
-                           str(path), "-o", str(tmp_path / "attn.cubin")],
-                          capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    info = proc.stdout + proc.stderr
+    info = ptxas_report(text, tmp_path, "attn")
     assert info.count("0 bytes spill stores, 0 bytes spill loads") == len(specs), info
     smem = [int(x) for x in re.findall(r"(\d+) bytes smem", info)]
     assert smem and max(smem) <= 48 * 1024  # static shared memory, no opt-in needed

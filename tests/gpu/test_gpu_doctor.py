@@ -101,7 +101,7 @@ def test_first_light_end_to_end_on_the_stand_in(fake, tmp_path, monkeypatch):
     pytest -m gpu, both benchmarks) through a python that installs the stand-in, at smoke
     sizes; every check passes, and what comes back fits the device tool's eight files."""
     from autoclust.tools.debug import first_light
-    monkeypatch.setattr(first_light, "_attention_timing", lambda: {"skipped": "stand-in"})
+    monkeypatch.setattr(first_light, "ATTENTION_SHAPE", (1, 2, 40, 16))
     monkeypatch.setattr(first_light, "PYTHON", STANDIN_PYTHON)
     monkeypatch.setattr(first_light, "PYTEST_ARGS",
                         ["-m", "gpu", "tests/gpu/test_gpu.py", "-k", "denormals"])
@@ -118,6 +118,8 @@ def test_first_light_end_to_end_on_the_stand_in(fake, tmp_path, monkeypatch):
     assert results["split_row_bits"]["identical_bits"]
     assert results["gemm"]["rel_err"]["float32_tf32"] > 10 * results["gemm"]["rel_err"]["float32"]
     assert {r["fused"] for r in results["attention"]["checks"].values()} == {1}
+    timing = results["attention"]["timing"]
+    assert timing["kernels"] == 1 and timing["autoclust_ms"] > 0 and timing["session_ms"] > 0
     assert set(results["zoo"]["models"]) >= {"bert_encoder", "llama_block", "resnet_block"}
     log = (tmp_path / "pytest_gpu.log").read_text()
     assert re.search(r"\b1 passed\b", log) and " failed" not in log, log[-2000:]

@@ -30,6 +30,7 @@ from support.gpu_render import (
     module_ptx,
     needs_cc,
     needs_nvcc,
+    ptxas_report,
 )
 
 from autoclust import flags as flags_mod
@@ -224,3 +225,50 @@ def test_rendering_imports_no_cupy():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=paths.REPO, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+# ---- row kernels keep what several phases read in registers -----------------------------
+
+STASH_CASES = [  # (op, shape, attrs, strategy, elements per lane)
+    ("LayerNormalization", (64, 1000), {"axis": -1}, "block-row", 4),
+    ("LayerNormalization", (4096, 1024), {"axis": -1}, "warp-row", 32),
+    ("Softmax", (4096, 512), {"axis": -1}, "warp-row", 16),
+]
+
+
+def _row_kernel(op, shape):
+    inputs = [rand(shape)] + ([rand(shape[-1:]), rand(shape[-1:])]
+                              if op == "LayerNormalization" else [])
+    return _kernel(op, inputs, {"axis": -1})
+
+
+@pytest.mark.parametrize("op,shape,attrs,strategy,per_lane", STASH_CASES)
+def test_row_kernels_read_the_row_once(op, shape, attrs, strategy, per_lane, monkeypatch):
+    """x is read by every phase and the store: with the stash the CUDA kernel has one
+    global read of x (the prologue), the phases read registers indexed by the unrolled
+    loop's constant t; without it, one read per phase. (The C rendering of the same stash
+    runs under every strategy in test_c_rendering_matches_onnxruntime.)"""
+    from autoclust.backends.gpu import kernels
+    k = _row_kernel(op, shape)
+    chosen = launch.choose(k, shape[0])
+    assert chosen.strategy == strategy
+    text = kernels.render_kernel(k, chosen, "cuda", "k")[0]
+    assert text.count("b0[") == 1, text
+    assert f"float st0[{per_lane}];" in text and text.count("st0[t]") >= 3
+    assert "#pragma unroll" in text
+    monkeypatch.setattr(kernels, "STASH_LIMIT", 0)
+    plain = kernels.render_kernel(k, chosen, "cuda", "k")[0]
+    assert "st0" not in plain and plain.count("b0[") >= 3
+
+
+@needs_nvcc
+def test_stashed_row_kernels_compile_without_spills(tmp_path):
+    from autoclust.backends.gpu import kernels, prelude
+    texts = []
+    for n, (op, shape, _, _, _) in enumerate(STASH_CASES):
+        k = _row_kernel(op, shape)
+        texts.append(kernels.render_kernel(k, launch.choose(k, shape[0]), "cuda", f"k{n}")[0])
+    info = ptxas_report(prelude.prelude("cuda") + "".join(texts), tmp_path, "rows")
+    assert info.count("0 bytes spill stores, 0 bytes spill loads") == len(texts), info
+    # the stash is in registers, not local memory
+    assert info.count("0 bytes stack frame") == len(texts), info

@@ -171,6 +171,19 @@ def nvcc_ptx(paths: list[str], out_dir: str) -> None:
     assert proc.returncode == 0, proc.stderr[-6000:]
 
 
+def ptxas_report(text: str, tmp_path, name: str) -> str:
+    """ptxas's -v report (registers, spills, stack frame, shared memory per kernel) of
+    CUDA source `text` compiled to an sm_90 cubin with the backend's NVRTC options."""
+    from autoclust.tools.aot import NVCC_OPTIONS
+    path = tmp_path / f"{name}.cu"
+    path.write_text(text)
+    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", *NVCC_OPTIONS, "-Xptxas", "-v",
+                           str(path), "-o", str(tmp_path / f"{name}.cubin")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
+
+
 def module_ptx(parts: list, tmp_path, name: str) -> str:
     """The PTX of rendered programs `parts` as one module (one nvcc call); every kernel
     must be an entry of it."""

@@ -12,8 +12,10 @@ Two tables, written to OUT/bench_gpu.{json,md}:
   counting bytes read and written). Kernel time is measured with CUDA events around
   back-to-back launches of the cluster's executable; bytes are the inputs plus outputs
   (the least any implementation moves). Targets (issue 9): >= 85% elementwise, >= 80% rows.
-- transformers: BERT-base, GPT-2 (12 layers) and a LLaMA-like model (8 layers, hidden
-  2048, GQA) built by `transformers` with random weights (no download), exported with
+- transformers: BERT-base, GPT-2 (12 layers), a LLaMA-like model (8 layers, hidden 2048,
+  GQA) and ViT-base (224x224), tuned for; Qwen2 (8 layers, hidden 1024, GQA) and a T5
+  encoder (t5-small's shape), held out (never looked at while tuning: report them apart);
+  all built by `transformers` with random weights (no download), exported with
   torch.onnx, run by autoclust (device="gpu", CuPy inputs, outputs left on the device)
   against torch eager and torch.compile on the same module (attention "eager" everywhere,
   so all three compute the same graph), float32 and float16. Wall time per run with the
@@ -43,7 +45,8 @@ KERNELS = {
     "layernorm": ("layernorm", {"d": 1024}, {"batch": 64, "seq": 1024}, False),
     "rmsnorm_gate": ("rmsnorm_gate", {"d": 4096}, {"n": 16384}, False),
 }
-TRANSFORMERS = ("bert", "gpt2", "llama")
+TRANSFORMERS = ("bert", "gpt2", "llama", "vit", "qwen2", "t5")
+HELD_OUT = ("qwen2", "t5")
 COPY_BYTES = 1 << 30
 # --small (a smoke run: the stand-in's tests, a first look): every feed dim capped so that
 # a case moves about a MiB; the fractions then measure launch overhead, not bandwidth
@@ -140,10 +143,20 @@ def build_torch(case: str, dtype: str) -> tuple[Any, dict[str, Any]]:
     import torch
     import transformers as tf
     torch.manual_seed(0)
+    batch, seq = 8, 128
     if case == "bert":
-        cfg, cls, batch, seq = tf.BertConfig(), tf.BertModel, 8, 128
+        cfg, cls = tf.BertConfig(), tf.BertModel
     elif case == "gpt2":
-        cfg, cls, batch, seq = tf.GPT2Config(), tf.GPT2Model, 8, 128
+        cfg, cls = tf.GPT2Config(), tf.GPT2Model
+    elif case == "vit":
+        cfg, cls = tf.ViTConfig(), tf.ViTModel
+    elif case == "qwen2":
+        cfg = tf.Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                             num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)
+        cls, batch, seq = tf.Qwen2Model, 4, 256
+    elif case == "t5":
+        cfg = tf.T5Config(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8)
+        cls = tf.T5EncoderModel
     else:
         cfg = tf.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
                              num_attention_heads=16, num_key_value_heads=4)
@@ -153,14 +166,19 @@ def build_torch(case: str, dtype: str) -> tuple[Any, dict[str, Any]]:
     model = model.eval().cuda()
     if dtype == "float16":
         model = model.half()
+    if case == "vit":
+        size = cfg.image_size
+        pixels = torch.randn((batch, 3, size, size), device="cuda",
+                             dtype=torch.float16 if dtype == "float16" else torch.float32)
+        return model, {"pixel_values": pixels}
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
     mask = torch.ones((batch, seq), dtype=torch.int64, device="cuda")
     return model, {"input_ids": ids, "attention_mask": mask}
 
 
-def hidden_state_module(model: Any) -> Any:
-    """model wrapped as forward(input_ids, attention_mask) -> last_hidden_state (a tensor,
-    which both torch.onnx and torch.compile take)."""
+def hidden_state_module(model: Any, inputs: dict[str, Any]) -> Any:
+    """model wrapped as forward(*inputs) -> last_hidden_state (a tensor, which both
+    torch.onnx and torch.compile take): (input_ids, attention_mask) or (pixel_values,)."""
     import torch
 
     class Hidden(torch.nn.Module):
@@ -172,14 +190,22 @@ def hidden_state_module(model: Any) -> Any:
             return self.inner(input_ids=input_ids,
                               attention_mask=attention_mask).last_hidden_state
 
-    return Hidden(model).eval()
+    class Pixels(torch.nn.Module):
+        def __init__(self, inner: Any):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixel_values: Any) -> Any:
+            return self.inner(pixel_values=pixel_values).last_hidden_state
+
+    return (Pixels if "pixel_values" in inputs else Hidden)(model).eval()
 
 
 def export(module: Any, inputs: dict[str, Any], path: str) -> float:
     """torch.onnx.export (dynamo, else TorchScript at opset 17); seconds taken."""
     import onnx
     import torch
-    args = (inputs["input_ids"], inputs["attention_mask"])
+    args = tuple(inputs.values())
     t0 = time.perf_counter()
     try:
         torch.onnx.export(module, args, path, dynamo=True, input_names=list(inputs),
@@ -199,7 +225,7 @@ def transformer_case(case: str, dtype: str, repeat: int, workdir: str) -> dict[s
     import autoclust
     cp = _cp()
     module, inputs = build_torch(case, dtype)
-    wrapped = hidden_state_module(module)
+    wrapped = hidden_state_module(module, inputs)
     path = os.path.join(workdir, f"{case}_{dtype}.onnx")
     export_s = export(wrapped, inputs, path)
     feeds = {k: cp.from_dlpack(v) for k, v in inputs.items()}
@@ -224,7 +250,7 @@ def transformer_case(case: str, dtype: str, repeat: int, workdir: str) -> dict[s
     return {"case": case, "dtype": dtype, "autoclust_ms": ms, "eager_ms": eager_ms,
             "compile_ms": compiled_ms, "vs_eager": eager_ms / ms, "vs_compile": compiled_ms / ms,
             "autoclust_compile_s": compile_s, "torch_compile_s": torch_compile_s,
-            "export_s": export_s, "max_abs_err": err,
+            "export_s": export_s, "max_abs_err": err, "held_out": case in HELD_OUT,
             "kernels": [k for c in stats for k in c["kernels"]],
             "unclustered_nodes": len(sess.plan.reasons) if sess.plan else 0}
 
@@ -254,7 +280,8 @@ def markdown(info: Any, kernels: list[dict], models: list[dict]) -> str:
             if "error" in r:
                 lines.append(f"| {r['case']} | {r['dtype']} | error: {r['error']} ||||||||")
                 continue
-            lines.append(f"| {r['case']} | {r['dtype']} | {r['autoclust_ms']:.2f} | "
+            name = f"{r['case']} (held out)" if r.get("held_out") else r["case"]
+            lines.append(f"| {name} | {r['dtype']} | {r['autoclust_ms']:.2f} | "
                          f"{r['eager_ms']:.2f} | {r['compile_ms']:.2f} | "
                          f"**{r['vs_eager']:.2f}x** | **{r['vs_compile']:.2f}x** | "
                          f"{r['autoclust_compile_s']:.1f} | {r['torch_compile_s']:.1f} | "
@@ -294,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="autoclust bench --device gpu",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--device", default="gpu", choices=["gpu"])
-    p.add_argument("--cases", default="kernels,bert,gpt2,llama",
-                   help="'kernels', kernel case names, and/or bert,gpt2,llama")
+    p.add_argument("--cases", default="kernels,bert,gpt2,llama,vit,qwen2,t5",
+                   help="'kernels', kernel case names, and/or "
+                        "bert,gpt2,llama,vit (tuned for), qwen2,t5 (held out)")
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--out", default="bench_out")
