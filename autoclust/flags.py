@@ -57,6 +57,9 @@ SPECS: tuple[FlagSpec, ...] = (
              "(refused otherwise: its entries are code that every process using it runs)"),
     FlagSpec("threads", int, 0, "threads for compiled kernels and onnxruntime; 0 means "
              "onnxruntime's default (all cores)", changes_code=True),
+    FlagSpec("cpu_helpers", str, "native", "helper threads of CPU kernels split over "
+             "--threads: native (pthreads, futex; Linux x86-64, else python) or python",
+             choices=("native", "python")),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),

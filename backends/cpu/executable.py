@@ -6,12 +6,15 @@ the GIL). Temps live in slots allocated once; outputs are fresh arrays every run
 thunks (index ranges, integer divisors) run in NumPy before the kernels that rely on them
 and raise InvalidInputError naming the node.
 
-Large kernels are split over threads by `Splitter`: the outer loop is cut into chunks that
-the calling thread and `threads - 1` helper threads claim from a shared counter. The
-caller never waits for a helper to start, only for chunks a helper has already claimed.
-Measured on the loaded 2-core build machine, a libgomp region cost 4-8 ms per kernel
-because its end barrier waits until the OS schedules the second thread; the claim-based
-split costs the caller ~10 us and degrades to one thread when no core is free.
+Large kernels are split over threads: the outer loop is cut into chunks that the calling
+thread and `threads - 1` helper threads claim from a shared counter -- native helpers
+(pool.py; the split is then one more step of the native driver) where the platform
+allows, else `Splitter`'s Python helpers (`--cpu_helpers=python`). The caller never waits
+for a helper to start, only for chunks a helper has already claimed. Measured on the
+loaded 2-core build machine, a libgomp region cost 4-8 ms per kernel because its end
+barrier waits until the OS schedules the second thread; the claim-based split costs the
+caller ~10 us through Python helpers (two wake-ups: their queue, then the GIL) and a few
+microseconds through native ones, and degrades to one thread when no core is free.
 Consecutive native steps (unsplit kernels and generated GEMMs) run through one call of
 a small native driver, so a small cluster costs one ctypes call, not one per kernel.
 """
@@ -30,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+from autoclust.backends.cpu import pool
 from autoclust.backends.cpu.codegen import GUARD_SIZES
 
 from autoclust.errors import InvalidInputError, OutOfBoundsError
@@ -218,8 +222,10 @@ class Executable:
                  threads: int, engine: object, dumps: dict[str, str], library: object = None,
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
                  check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
-                 arena: Arena | None = None, impls: dict[int, str] | None = None):
+                 arena: Arena | None = None, impls: dict[int, str] | None = None,
+                 helpers: str = "native"):
         self.program = program
+        self._helpers = helpers  # --cpu_helpers: native (pool.py) or python (Splitter)
         constants = program.constants
         self.engine = engine  # keeps the code alive
         self.dumps = dumps
@@ -409,8 +415,15 @@ class Executable:
                               self._min_chunk_work)
         keep = (site, arrays, guard)  # alive as long as the probe
 
-        def probe() -> None:
-            if k.name in parallel and len(bounds) > 1:
+        native = pool.get(threads) if (k.name in parallel and len(bounds) > 1
+                                        and self._helpers == "native") else None
+        flat = np.array(bounds, np.int64).reshape(-1)
+        keep = (*keep, flat)
+
+        def probe() -> None:  # split as the executable's own step will be
+            if native is not None:
+                native.run(addrs[fn_name], addr, flat)
+            elif k.name in parallel and len(bounds) > 1:
                 splitter(threads).run(fn, addr, bounds)
             else:
                 fn(addr, 0, k.shape[0])
@@ -424,6 +437,11 @@ class Executable:
         bounds = chunk_bounds(n0, work, threads, self._min_chunk_work)
         if split and len(bounds) > 1:
             self.split.add(name)
+            native = pool.get(threads) if self._helpers == "native" else None
+            if native is not None:  # a driver step like any other: ac_pool_step(job, 0, 0)
+                job, arr = native.job(addr, bufs, bounds)
+                self._sites.extend((job, arr))
+                return Native(native.step_address, job.ctypes.data, 0, 0, work)
             fn = KERNEL_FN(addr)
             run = splitter(threads).run
             return lambda: run(fn, bufs, bounds)

@@ -34,6 +34,7 @@ def target_machine() -> llvm.TargetMachine:
         if tm is None:
             llvm.initialize_native_target()
             llvm.initialize_native_asmprinter()
+            llvm.initialize_native_asmparser()  # inline asm (backends/cpu/pool.py's futex)
             llvm.load_library_permanently(ctypes.util.find_library("m"))
             tm = _new_target_machine()
             _state["tm"] = tm

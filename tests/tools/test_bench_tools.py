@@ -288,3 +288,29 @@ def test_floor_ratio_from_categories():
     assert fl["autoclust"]["floor_ratio"] == pytest.approx(10.0 / 9.0)
     assert fl["onnxruntime"]["rest_ms"] == pytest.approx(3.0)
     assert "| onnxruntime | 12.000 | 9.000 | 3.000 | 1.33 |" in bench_profile.floor_table(fl)
+
+
+def test_ab_times_both_flag_settings_in_one_process(tmp_path, capsys, monkeypatch):
+    """Four sessions made A, B, B, A; each side's median over its rounds; a / b their
+    ratio. The sessions really carry their side's flags."""
+    from autoclust.tools.bench import ab
+    model = onnx.load(_path("mlp_gelu"))
+    made: list[str] = []
+    real = timing.autoclust_session
+
+    def session(m, threads, flags=""):
+        made.append(flags)
+        return real(m, threads, flags)
+
+    monkeypatch.setattr(timing, "autoclust_session", session)
+    r = ab.ab(_path("mlp_gelu"), zoo.feeds(model), "--cpu_helpers=python", "", rounds=2,
+              block=2, threads=2)
+    assert made == ["--cpu_helpers=python", "", "", "--cpu_helpers=python"]
+    assert r["a_ms"] > 0 and r["b_ms"] > 0
+    assert r["a_over_b"] == pytest.approx(r["a_ms"] / r["b_ms"])
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, **zoo.feeds(model))
+    assert ab.main([_path("mlp_gelu"), "--feeds", str(feeds), "--a=--fast_math=true",
+                    "--rounds", "1", "--block", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["a"] == "--fast_math=true" and out["b"] == "" and out["rounds"] == 1

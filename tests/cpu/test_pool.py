@@ -1,0 +1,171 @@
+"""The native helper-thread pool (backends/cpu/pool.py): every chunk runs exactly once per
+run, whoever claims it; the caller never waits for a helper that has not started; callers
+in several threads at once; the native driver's step form; and split kernels of a compiled
+cluster going through it, against onnxruntime."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from autoclust.backends.cpu import executable, jit, pool
+
+from autoclust.runtime import disk_cache as cache
+
+pytestmark = pytest.mark.skipif(not pool.supported(), reason="native pool: Linux x86-64 only")
+
+# a[i] += i + 1 for i in [start, stop): after R runs a[i] == R * (i + 1) exactly when every
+# chunk ran once per run (a chunk run twice or never shows)
+FILL = """
+define void @fill(ptr noalias %a, i64 %start, i64 %stop) {
+entry:
+  br label %head
+head:
+  %i = phi i64 [ %start, %entry ], [ %i1, %body ]
+  %more = icmp slt i64 %i, %stop
+  br i1 %more, label %body, label %done
+body:
+  %p = getelementptr i64, ptr %a, i64 %i
+  %v = load i64, ptr %p
+  %w = add i64 %i, 1
+  %v1 = add i64 %v, %w
+  store i64 %v1, ptr %p
+  %i1 = add i64 %i, 1
+  br label %head
+done:
+  ret void
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def fill() -> int:
+    jit.target_machine()
+    obj, _, _ = jit.kernel_object(cache.make_key(FILL, jit.version_key()), lambda: FILL, "",
+                                  False)
+    engine, addrs = jit.load_object(obj, ["fill"])
+    fill.engine = engine  # type: ignore[attr-defined]  # the code lives with its engine
+    return addrs["fill"]
+
+
+def _bounds(n: int, chunks: int) -> np.ndarray:
+    edges = [n * i // chunks for i in range(chunks + 1)]
+    return np.array([(edges[i], edges[i + 1]) for i in range(chunks)], np.int64)
+
+
+@pytest.fixture(scope="module")
+def pools() -> dict[int, pool.NativePool]:
+    """Pools by helper count; 0: nobody else claims, the caller runs every chunk (a
+    helper that never starts costs nothing but its share)."""
+    return {0: pool.NativePool(0), 1: pool.get(2), 3: pool.NativePool(3)}
+
+
+@pytest.mark.parametrize("helpers", [0, 1, 3])
+@pytest.mark.parametrize("chunks", [1, 2, 3, 8, 64, 1000])
+def test_every_chunk_runs_once_per_run(fill, pools, helpers, chunks):
+    p = pools[helpers]
+    n, runs = 20_000, 300
+    a = np.zeros(n, np.int64)
+    bounds = _bounds(n, chunks)
+    for _ in range(runs):
+        p.run(fill, a.ctypes.data, bounds)
+    np.testing.assert_array_equal(a, runs * (np.arange(n) + 1))
+
+
+@pytest.mark.parametrize("helpers", [1, 3])
+def test_the_caller_returns_after_every_chunk(fill, pools, helpers):
+    """What the helpers claimed is done when run() returns, every time."""
+    p = pools[helpers]
+    n = 200_000
+    a = np.zeros(n, np.int64)
+    want = np.arange(n) + 1
+    bounds = _bounds(n, 2 * (helpers + 1))
+    late = 0
+    for r in range(1, 201):
+        p.run(fill, a.ctypes.data, bounds)
+        late += not np.array_equal(a, r * want)
+    assert late == 0
+
+
+def test_callers_in_several_threads(fill):
+    """A caller that finds the pool busy runs its chunks alone; nobody's chunks are lost or
+    run twice, and nothing hangs."""
+    p = pool.get(2)
+    n, runs = 5_000, 400
+    arrays = [np.zeros(n, np.int64) for _ in range(4)]
+    bounds = _bounds(n, 8)
+    errors: list[BaseException] = []
+
+    def caller(a):
+        try:
+            for _ in range(runs):
+                p.run(fill, a.ctypes.data, bounds)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(a,)) for a in arrays]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a caller hung"
+    assert not errors
+    for a in arrays:
+        np.testing.assert_array_equal(a, runs * (np.arange(n) + 1))
+
+
+def test_the_driver_runs_pool_steps_between_plain_ones(fill):
+    """ac_pool_step(job, 0, 0) is a native step: one driver call runs a plain kernel, a
+    split one and another plain one in order."""
+    p = pool.get(2)
+    n = 10_000
+    a = np.zeros(n, np.int64)
+    job, arr = p.job(fill, a.ctypes.data, [tuple(b) for b in _bounds(n, 8)])
+    plain = executable.Native(fill, a.ctypes.data, 0, n, 1 << 20)
+    split = executable.Native(p.step_address, job.ctypes.data, 0, 0, 1 << 20)
+    keep: list = []
+    steps = executable.group_native([plain, split, plain], keep)
+    assert len(steps) == 1
+    for _ in range(50):
+        steps[0]()
+    np.testing.assert_array_equal(a, 150 * (np.arange(n) + 1))
+    assert arr.size == 16
+
+
+def test_job_refuses_chunk_counts_it_cannot_encode(fill):
+    p = pool.get(2)
+    with pytest.raises(ValueError, match="chunks"):
+        p.job(fill, 0, [])
+    with pytest.raises(ValueError, match="chunks"):
+        p.run(fill, 0, np.zeros((pool.MAX_CHUNKS, 2), np.int64))
+
+
+SPLIT_MODEL = """
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[N] x) => (float[N] y) {
+            a = Mul(x, x)
+            b = Erf(a)
+            y = Sub(b, x)
+        }
+    """
+
+
+@pytest.mark.parametrize("helpers", ["native", "python"])
+def test_compiled_split_kernels_take_the_chosen_helpers(helpers):
+    """--cpu_helpers=native: each split kernel is a pool step of the driver; python: a
+    Splitter call. Both give onnxruntime's answers."""
+    from support.chains import compile_model, model_from_text
+    model = model_from_text(SPLIT_MODEL)
+    x = np.random.default_rng(3).standard_normal(1 << 19).astype(np.float32)
+    exe, args = compile_model(model, {"x": x}, threads=2, cpu_helpers=helpers)
+    assert exe.split
+    steps = [s for _, s in exe._ungrouped if isinstance(s, executable.Native)]
+    pooled = any(s.fn == pool.get(2).step_address for s in steps)
+    assert pooled == (helpers == "native")
+    for _ in range(20):
+        y = exe.run(args)[0]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]
+                                ).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
