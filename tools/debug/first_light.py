@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="",
                    help="bench_models' cases (default bert,gpt2; see autoclust bench --device "
                         "gpu --help)")
+    p.add_argument("--reduce-overhead", action="store_true",
+                   help="bench_models also times torch.compile(mode='reduce-overhead')")
     p.add_argument("--budget", type=float, default=480.0,
                    help="seconds for all the steps (default 480: the device tool's call "
                         "limit is 600)")
@@ -417,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     if args.models:
         BENCH_MODEL_ARGS[1] = args.models
+    if args.reduce_overhead:
+        BENCH_MODEL_ARGS.append("--reduce-overhead")
     stacks = os.path.join(args.out, "hang_stacks.log")
     with open(stacks, "w") as hang:  # a kernel that never returns leaves its stacks here
         faulthandler.dump_traceback_later(args.budget + 60, exit=True, file=hang)
