@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 from onnx import helper
 
+from autoclust import symbolic
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Shape
 from autoclust.kernel.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
@@ -125,8 +126,13 @@ def upcast(x: Array) -> Array:
 
 
 def finish(y: Any, dtype: np.dtype) -> Array:
-    """The result as an array of the output dtype (float -> int as onnxruntime casts)."""
+    """The result as an array of the output dtype (float -> int as onnxruntime casts).
+
+    An int64 result holding symbolic dims (`1 + seq`, from a shape chain) stays an object
+    array of Syms whichever operand brought them: casting would pin the dim."""
     y = np.asarray(y)
+    if y.dtype == object and np.dtype(dtype) == np.int64 and symbolic.is_sym_array(y):
+        return y
     return y.astype(dtype, copy=False) if y.dtype == dtype else cast_array(y, dtype)
 
 

@@ -184,3 +184,41 @@ def test_gather_along_a_symbolic_dim_binds_new_lengths():
         llvm = cpu.COMPILE_COUNT if llvm is None else llvm
     (runner,) = sess._runtime.compiled_clusters()
     assert runner.compiles == 1 and len(runner.classes) == 1 and cpu.COMPILE_COUNT == llvm
+
+
+def test_a_shape_chain_with_the_symbol_second_stays_symbolic():
+    """GPT-2's dynamo export slices its position ids with ends = Reshape(1 + seq): Add(1,
+    seq) with the symbolic dim as its *second* operand cast the Sym to int64 (pinning
+    nothing, failing the symbolic compile: every length compiled through LLVM, ~0.5 s a
+    new length on GPT-2). It stays symbolic now, and new lengths only bind."""
+    model = parse("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[batch, seq] x) => (float[batch, seq] y) {
+            shape = Shape <start = 1, end = 2> (x)
+            n = Squeeze(shape)
+            one = Constant <value = int64 {1}> ()
+            zero = Constant <value = int64 {0}> ()
+            n1 = Add(one, n)
+            minus1 = Constant <value = int64[1] {-1}> ()
+            end = Reshape(n1, minus1)
+            r = Range(zero, n1, one)
+            rf = Cast <to = 1> (r)
+            zero1 = Constant <value = int64[1] {0}> ()
+            row = Unsqueeze(rf, zero1)
+            start = Constant <value = int64[1] {1}> ()
+            axis = Constant <value = int64[1] {-1}> ()
+            pos = Slice(row, start, end, axis)
+            y = Add(x, pos)
+        }""")
+    sess = autoclust.InferenceSession(model, threads=1, min_cluster_size=1, autotune=False)
+    ref = ort_session(model)
+    rng = np.random.default_rng(6)
+    llvm = None
+    for seq in (12, 5, 30, 7):
+        feeds = {"x": rng.standard_normal((2, seq)).astype(np.float32)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0],
+                                   rtol=1e-6, atol=1e-6)
+        llvm = cpu.COMPILE_COUNT if llvm is None else llvm
+    (runner,) = sess._runtime.compiled_clusters()
+    assert runner.symbolic, runner.symbolic_note
+    assert runner.compiles == 1 and len(runner.classes) == 1 and cpu.COMPILE_COUNT == llvm
