@@ -19,7 +19,9 @@ the materialized values ("roots") in topological order:
    an intermediate graph output).
 4. An inlined value read by several kernels is materialized when recomputing it would
    repeat a reduction or more than RECOMPUTE_LIMIT cost units (its ops, plus LOAD_COST
-   per tensor it reads).
+   per tensor it reads); so is a value one kernel recomputes BROADCAST_RECOMPUTE or more
+   times per element when it holds a transcendental op (rotary cos/sin tables). The
+   rules and constants live in recompute.py.
 A root with no elements needs no kernel. Library ops (MatMul, Conv, ...) become
 LibraryCalls; with the backend's `fold_bias` policy a MatMul and its constant bias Add
 become one Gemm call.
@@ -36,7 +38,7 @@ import numpy as np
 from autoclust import ops, symbolic
 from autoclust.errors import CompileError
 from autoclust.ir import Graph, Node, Value
-from autoclust.kernel import inject, views
+from autoclust.kernel import inject, recompute, views
 from autoclust.kernel import ir as kir
 from autoclust.kernel.calls import bias_folds, deferred_operands
 from autoclust.kernel.indexing import (
@@ -63,8 +65,6 @@ from autoclust.kernel.lowering import (
     op,
 )
 
-RECOMPUTE_LIMIT = 12       # cost units a second kernel may recompute instead of a load
-LOAD_COST = 4              # cost units of reading one more tensor while recomputing
 MAX_RESTARTS = 200
 
 
@@ -666,53 +666,6 @@ def _initial_materialized(graph: Graph, library: set[str], notes: list[str],
     return keep
 
 
-def _cost(v: Value, materialized: set[str], graph: Graph) -> int:
-    """Cost units recomputed when `v` is inlined (a reduction counts as unbounded): its ops'
-    costs plus LOAD_COST per tensor it reads. A recomputed chain that reads several
-    tensors re-reads them all in every reader, in every phase of a row kernel: GPT-2's
-    residual stream (embedding Gather + one Add per layer) was recomputed in each
-    layer's LayerNorm, reading up to 8 tensors three times per row."""
-    total, stack, seen, reads = 0, [v], set(), set()
-    while stack:
-        w = stack.pop()
-        if w.name in seen:
-            continue
-        seen.add(w.name)
-        if w.name in materialized or w.producer is None:
-            const = graph.constant_value(w)
-            if const is None or const.size > 1:  # a scalar constant is inlined, not read
-                reads.add(w.name)
-            continue
-        node = w.producer
-        opdef = ops.get(node.op, node.domain)
-        if opdef.kind in (ops.REDUCTION, ops.NORMALIZATION):
-            return RECOMPUTE_LIMIT + 1
-        total += opdef.cost
-        stack += node.all_inputs()
-    return total + LOAD_COST * len(reads)
-
-
-def _shared_expensive(f: Fusion) -> list[Value]:
-    """Inlined values that several kernels recompute at a high cost, to materialize
-    together: in graph order, each judged as if the earlier ones were stored already (a
-    residual chain then needs one or two fusion rounds, not one per layer)."""
-    readers: dict[str, int] = {}
-    for g in f.groups:
-        if g.builder is not None:
-            for name in g.builder.inlined:
-                readers[name] = readers.get(name, 0) + 1
-    order = {v.name: i for i, n in enumerate(f.graph.nodes) for v in n.outputs}
-    shared = sorted((n for n, c in readers.items() if c > 1), key=lambda n: order[n])
-    stored = set(f.materialized)
-    picked = []
-    for name in shared:
-        v = f.graph.values[name]
-        if _cost(v, stored, f.graph) > RECOMPUTE_LIMIT:
-            picked.append(v)
-            stored.add(name)
-    return picked
-
-
 def fuse(graph: Graph, fold_bias: str = "", library_views: frozenset = frozenset()
          ) -> kir.Program:
     """Group `graph` (concrete shapes) into kernels and calls; see the module docstring.
@@ -725,13 +678,13 @@ def fuse(graph: Graph, fold_bias: str = "", library_views: frozenset = frozenset
     for _ in range(MAX_RESTARTS):
         f = Fusion(graph, materialized, library, folds, notes, deferred)
         f.run()
-        costly = _shared_expensive(f)
+        costly = recompute.too_costly(f.groups, f.graph, f.materialized)
         if not costly:
             return _program(f, notes)
         for v in costly:
             materialized.add(v.name)
-            notes.append(f"{v.name} materialized: read by several kernels and too costly "
-                         "to recompute")
+            notes.append(f"{v.name} materialized: recomputed by several kernels or for many "
+                         "elements each, too costly to recompute")
     raise CompileError(f"fusion of {graph.name} did not settle after {MAX_RESTARTS} rounds")
 
 

@@ -96,7 +96,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
     for i, t in enumerate(program.thunks):
         spec = gemm.spec_for(t, buffers) if isinstance(t, kir.LibraryCall) else None
         # symbolic rows are a run-time range; other symbolic sizes need a library call
-        if spec is not None and not symbolic.has_syms(gemm.code_key(spec)):
+        if spec is not None and not symbolic.has_syms(gemm.code_spec(spec)):
             unit = _gemm_unit(spec)
             gemms[i] = (unit[0], spec)
             units.append(unit)

@@ -100,10 +100,16 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | N
     return spec if spec.flops <= MAX_FLOPS and k > 0 else None
 
 
+def code_spec(spec: GemmSpec) -> GemmSpec:
+    """What the generated code depends on: the rows are a runtime range, so neither the
+    batch count nor (with a shared B) the rows per batch is part of it. A symbolic dim
+    left in it needs a library call (the code would hold the symbol as a literal)."""
+    return dataclasses.replace(spec, batch=0, m=spec.m if spec.b_batched else 0)
+
+
 def code_key(spec: GemmSpec) -> str:
-    """Text determining the generated code: the rows are a runtime range, so neither the
-    batch count nor (with a shared B) the rows per batch is part of it."""
-    return repr(dataclasses.replace(spec, batch=0, m=spec.m if spec.b_batched else 0))
+    """Text determining the generated code (code_spec's)."""
+    return repr(code_spec(spec))
 
 
 def emit(module: ir.Module, name: str, spec: GemmSpec) -> None:

@@ -222,3 +222,28 @@ def test_a_shape_chain_with_the_symbol_second_stays_symbolic():
     (runner,) = sess._runtime.compiled_clusters()
     assert runner.symbolic, runner.symbolic_note
     assert runner.compiles == 1 and len(runner.classes) == 1 and cpu.COMPILE_COUNT == llvm
+
+
+def test_a_batched_small_gemm_with_symbolic_rows_takes_a_library_call():
+    """A small batched MatMul whose B differs per batch (Qwen2's RoPE/attention shapes)
+    generated code that divides the row index by the rows per batch: with a symbolic row
+    count the symbol went into the LLVM IR as a literal ("LLVM IR parsing error"), the
+    symbolic compile failed and every length compiled. Such a GEMM is a library call now,
+    and the class serves every length."""
+    model = parse("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[2, seq, 8] x, float[2, 8, 4] w) => (float[2, seq, 4] y) {
+            m = MatMul(x, w)
+            y = Tanh(m)
+        }""")
+    sess = autoclust.InferenceSession(model, threads=1, min_cluster_size=1, autotune=False)
+    ref = ort_session(model)
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((2, 8, 4)).astype(np.float32)
+    for seq in (9, 20, 5, 33):
+        feeds = {"x": rng.standard_normal((2, seq, 8)).astype(np.float32), "w": w}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0],
+                                   rtol=1e-5, atol=1e-6)
+    (runner,) = sess._runtime.compiled_clusters()
+    assert runner.symbolic, runner.symbolic_note
+    assert runner.compiles == 1 and len(runner.classes) == 1

@@ -164,15 +164,39 @@ def test_zoo_bert_layers_share_code_and_match_onnxruntime():
 # ---- folding library ops ----------------------------------------------------------------------
 
 def test_rotary_tables_fold_to_constants():
-    """llama's cos/sin tables come from MatMul(inv_freq, positions): no cos/sin per run."""
+    """llama's cos/sin tables come from MatMul(inv_freq, positions): at concrete shapes
+    (symbolic dims off) they fold to constants, no cos/sin per run."""
     model = zoo.build("llama_block", hidden=64, heads=2)
     feeds = zoo.feeds(model, dims={"batch": 2, "seq": 16})
-    sess = autoclust.InferenceSession(model, threads=1)
+    sess = autoclust.InferenceSession(model, threads=1, symbolic_dims=False)
     got = sess.run(None, feeds)
     assert_matches_ort(model, feeds, got, rtol=1e-4, atol=1e-4)
     text = "".join(e.dumps[".kernels.txt"] for r in sess._runtime.compiled_clusters()
                    for e in r.cache.values())
     assert "cos(" not in text and "sin(" not in text, text
+
+
+def test_rotary_tables_are_computed_once_per_run_over_their_own_shape():
+    """With symbolic dims the positions are a run-time range, so the tables are computed
+    per run: once, in a kernel over [seq, head_dim], not inlined into the rotary kernel over
+    [batch, heads, seq, head_dim], which computed cos and sin for every head (fusion's
+    BROADCAST_RECOMPUTE rule)."""
+    model = zoo.build("llama_block", hidden=64, heads=2)
+    feeds = zoo.feeds(model, dims={"batch": 2, "seq": 16})
+    sess = autoclust.InferenceSession(model, threads=1)
+    got = sess.run(None, feeds)
+    assert_matches_ort(model, feeds, got, rtol=1e-4, atol=1e-4)
+    (runner,) = sess._runtime.compiled_clusters()
+    assert runner.symbolic, runner.symbolic_note
+    text = "".join(e.dumps[".kernels.txt"] for e in runner.cache.values())
+    header, table_kernels = "", set()
+    for line in text.splitlines():
+        if line.lstrip().startswith(("kernel k", "epilogue kernel k")):
+            header = line.split("#")[0].strip()
+        if "cos(" in line or "sin(" in line:
+            table_kernels.add(header)
+    assert table_kernels and all(h.endswith("[seq, 32]") for h in table_kernels), text
+    assert "Cos_output_0 materialized: recomputed" in text
 
 
 # ---- library choice and Concat ---------------------------------------------------------------

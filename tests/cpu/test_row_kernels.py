@@ -243,7 +243,7 @@ def test_gather_index_checked_once_per_run():
 
 def test_residual_stream_is_not_recomputed_in_every_layer():
     """A residual chain (Gather, then one Add per layer) read by each layer's row kernel
-    is stored once it reads several tensors (fusion.LOAD_COST), not rebuilt from the
+    is stored once it reads several tensors (recompute.LOAD_COST), not rebuilt from the
     embedding in every layer: no kernel reads more than 4 tensors."""
     m = gather_model(6)
     program = lower_graph(import_model(m), flags_mod.parse(""), cpu)
