@@ -66,6 +66,13 @@ class Native(NamedTuple):
     work: int = GIL_HELD_WORK  # unknown work counts as too much to hold the GIL for
 
 
+def as_call(step: Native | Callable[[], None]) -> Callable[[], None]:
+    """A step as a call of its own (a Native one through ctypes, not the driver)."""
+    if isinstance(step, Native):
+        return functools.partial(KERNEL_FN(step.fn), step.bufs, step.start, step.stop)
+    return step
+
+
 def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
     """Runs of consecutive Native steps become one driver call; other steps stay."""
     from autoclust.backends.cpu import jit
@@ -410,23 +417,18 @@ class Executable:
                 slots.append(guard.ctypes.data)
             slots += list(self._dims.get(k.name, ()))
         site = (ctypes.c_void_p * max(1, len(slots)))(*slots)
-        fn, addr = KERNEL_FN(addrs[fn_name]), ctypes.addressof(site)
+        addr = ctypes.addressof(site)
         bounds = chunk_bounds(k.shape[0], parallel.get(k.name, k.work), threads,
                               self._min_chunk_work)
-        keep = (site, arrays, guard)  # alive as long as the probe
+        keep: list = [site, arrays, guard]  # alive as long as the probe
+        # split as the executable's own step will be
+        step = self._split_step(addrs[fn_name], addr, bounds, 0, threads, keep) \
+            if k.name in parallel and len(bounds) > 1 else \
+            Native(addrs[fn_name], addr, 0, k.shape[0])
+        run = as_call(step)
 
-        native = pool.get(threads) if (k.name in parallel and len(bounds) > 1
-                                        and self._helpers == "native") else None
-        flat = np.array(bounds, np.int64).reshape(-1)
-        keep = (*keep, flat)
-
-        def probe() -> None:  # split as the executable's own step will be
-            if native is not None:
-                native.run(addrs[fn_name], addr, flat)
-            elif k.name in parallel and len(bounds) > 1:
-                splitter(threads).run(fn, addr, bounds)
-            else:
-                fn(addr, 0, k.shape[0])
+        def probe() -> None:
+            run()
 
         probe.keep = keep  # type: ignore[attr-defined]
         return probe
@@ -437,15 +439,22 @@ class Executable:
         bounds = chunk_bounds(n0, work, threads, self._min_chunk_work)
         if split and len(bounds) > 1:
             self.split.add(name)
-            native = pool.get(threads) if self._helpers == "native" else None
-            if native is not None:  # a driver step like any other: ac_pool_step(job, 0, 0)
-                job, arr = native.job(addr, bufs, bounds)
-                self._sites.extend((job, arr))
-                return Native(native.step_address, job.ctypes.data, 0, 0, work)
-            fn = KERNEL_FN(addr)
-            run = splitter(threads).run
-            return lambda: run(fn, bufs, bounds)
+            return self._split_step(addr, bufs, bounds, work, threads, self._sites)
         return Native(addr, bufs, 0, n0, work)
+
+    def _split_step(self, addr: int, bufs: int, bounds: list[tuple[int, int]], work: int,
+                    threads: int, keep: list) -> Native | Callable[[], None]:
+        """fn(bufs, start, stop) over `bounds` on all threads: a native-driver step
+        (ac_pool_step on pool.py's helpers, its job arrays appended to `keep`), or a
+        Splitter call (--cpu_helpers=python, or no native helpers here)."""
+        native = pool.get(threads) if self._helpers == "native" else None
+        if native is not None:
+            job, arr = native.job(addr, bufs, bounds)
+            keep.extend((job, arr))
+            return Native(native.step_address, job.ctypes.data, 0, 0, work)
+        fn = KERNEL_FN(addr)
+        run = splitter(threads).run
+        return lambda: run(fn, bufs, bounds)
 
     def _raise_out_of_bounds(self) -> None:
         """--check_bounds: raise OutOfBoundsError for the first kernel whose guard caught an
@@ -525,8 +534,7 @@ class Executable:
             self._bind_outputs()
             for _ in range(max(repeat, 1)):
                 for k, (_, step) in enumerate(self._ungrouped):
-                    fn = step if not isinstance(step, Native) else \
-                        functools.partial(KERNEL_FN(step.fn), step.bufs, step.start, step.stop)
+                    fn = as_call(step)
                     t0 = time.perf_counter()
                     fn()
                     times[k].append(time.perf_counter() - t0)
