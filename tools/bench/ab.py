@@ -15,9 +15,9 @@ side's figure is the median of its two sessions' blocks (each block's best run).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -34,14 +34,11 @@ def ab(model: str, feeds: dict[str, np.ndarray], a: str, b: str, rounds: int, bl
         sessions.append((side, sess))
     times: dict[str, list[float]] = {"a": [], "b": []}
     for r in range(rounds):
-        for side, sess in sessions if r % 2 == 0 else sessions[::-1]:
-            sess.run(None, feeds)  # untimed: after the other sessions' runs
-            best = float("inf")
-            for _ in range(block):
-                t0 = time.perf_counter()
-                sess.run(None, feeds)
-                best = min(best, time.perf_counter() - t0)
-            times[side].append(best)
+        order = range(4) if r % 2 == 0 else range(3, -1, -1)
+        blocks = timing.alternate({i: functools.partial(sessions[i][1].run, None, feeds)
+                                   for i in order}, 1, block)
+        for i, ts in blocks.items():
+            times[sessions[i][0]].append(min(ts))
     ma, mb = timing.median_ms(times["a"]), timing.median_ms(times["b"])
     return {"model": model, "a": a, "b": b, "a_ms": ma, "b_ms": mb, "a_over_b": ma / mb,
             "rounds": rounds, "block": block, "threads": threads}
