@@ -10,6 +10,7 @@ import pytest
 from autoclust.tools.bench.clustering import chain_and_diamond_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import stolen
 
 from autoclust import flags as flags_mod
 from autoclust.clustering.partition import (
@@ -478,8 +479,9 @@ def test_random_dags_give_valid_plans(case):
 def test_clustering_10k_nodes_is_fast():
     graph = chain_and_diamond_graph(10_000)
     start = time.perf_counter()
-    plan = cluster(graph, flags(), ALL)
+    with stolen.Meter() as meter:
+        plan = cluster(graph, flags(), ALL)
     seconds = time.perf_counter() - start
     print(f"clustering 10,000 nodes: {seconds * 1e3:.0f} ms")
     assert len(plan.clusters) == 1250 and len(plan.steps) == 2500
-    assert seconds < 3.0  # target 1 s, with a 3x margin for a loaded machine
+    assert seconds < meter.budget(3.0), meter  # target 1 s, 3x for other jobs' load

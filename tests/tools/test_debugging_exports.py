@@ -19,7 +19,7 @@ import pytest
 from autoclust.tools.debug import bisect, minify, repro
 from autoclust.tools.debug import replay as replay_tool
 from autoclust.tools.fuzz import check as fuzz_check
-from support import exports
+from support import exports, stolen
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,10 @@ def test_bisect_bert_base_in_under_a_minute(capsys, tmp_path):
     from autoclust.tools.bench import exports as bench_exports
     path, _ = bench_exports.export("bert", bench_exports.default_cache(), log=lambda s: None)
     start = time.perf_counter()
-    result, out = run_bisect(capsys, tmp_path, path, "accuracy:Softmax")
+    with stolen.Meter() as meter:
+        result, out = run_bisect(capsys, tmp_path, path, "accuracy:Softmax")
     seconds = time.perf_counter() - start
     assert "saved inputs" in out and result["node"] == first_of(path, "Softmax"), out
-    assert seconds < BERT_BASE_BUDGET_S, f"bisect took {seconds:.1f} s:\n{out}"
+    assert seconds < meter.budget(BERT_BASE_BUDGET_S), \
+        f"bisect took {seconds:.1f} s, {meter}:\n{out}"
     assert os.path.getsize(result["repro"] + ".onnx") < 1 << 20  # the node, not the weights
