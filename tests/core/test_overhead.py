@@ -304,10 +304,12 @@ def test_session_overhead_over_executable_is_small():
     args = list(feed.values())
 
     def per_run(fn, n=500):
-        t0 = time.perf_counter()
+        # this thread's CPU time, not the wall clock: a block during which another process
+        # (or the hypervisor) held the core is not counted as our overhead
+        t0 = time.thread_time()
         for _ in range(n):
             fn()
-        return (time.perf_counter() - t0) / n * 1e6
+        return (time.thread_time() - t0) / n * 1e6
 
     ours, exes = [], []
     with stolen.Meter() as meter:
@@ -315,9 +317,15 @@ def test_session_overhead_over_executable_is_small():
             ours.append(per_run(lambda: sess.run(None, feed)))
             exes.append(per_run(lambda: exe.run(args)))
     overhead = min(ours) - min(exes)
-    print(f"session.run over Executable.run: {overhead:.2f} us ({meter})")
-    # measured: 1.35-1.7 us; the validating path 2.6-3.0 us
-    assert overhead < meter.budget(2.5), meter
+    # Some processes on the CI machine run everything ~1.4x slower than others (the same
+    # script, one after the other, quiet host: Executable.run 6.0 or 8.6 us, the overhead
+    # 1.6 or 2.9 us), so the budget stretches by how much slower than 6.0 us this process
+    # runs the executable itself. Measured: 1.35-1.8 us in a fast process; the validating
+    # path (what this test guards against) 2.6-3.0 us there.
+    slow = max(1.0, min(exes) / 6.0)
+    print(f"session.run over Executable.run: {overhead:.2f} us, the executable "
+          f"{min(exes):.2f} us ({meter})")
+    assert overhead < meter.budget(2.5) * slow, (overhead, min(exes), str(meter))
 
 
 def test_pass_through_fast_path_and_set_providers(model):
