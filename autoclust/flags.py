@@ -86,6 +86,10 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("allow_tf32", bool, False, "--device=gpu: float32 GEMMs may use TF32 tensor "
              "cores (faster, ~1e-3 relative error); off, they match the CPU",
              changes_code=True),
+    FlagSpec("gpu_mma_attention", bool, False, "--device=gpu: float16/bfloat16 fused "
+             "attention (head dims multiples of 16) on tensor cores, mma.sync on sm_80 and "
+             "later; off until measured on a GPU, the CUDA-core kernel runs it",
+             changes_code=True),
     FlagSpec("async_compile", bool, False, "compile a cluster for a new signature in the "
              "background and run it with onnxruntime meanwhile, so run() never waits for a "
              "compile (as TF's tf_xla_async_compilation)"),

@@ -79,7 +79,7 @@ def _launch_text(program: kir.Program, rendered: source.Rendered) -> str:
 
 def render(program: kir.Program, flags: Flags) -> dict[str, str]:
     """The CUDA C of a Program and its launches, without CuPy or a GPU."""
-    rendered = source.render_program(program, "cuda")
+    rendered = source.render_program(program, "cuda", mma_attention=flags.gpu_mma_attention)
     return {".cu": rendered.source, ".kernels.txt": _launch_text(program, rendered)}
 
 
@@ -95,7 +95,8 @@ def compile_many(programs: list[kir.Program], flags: Flags,
     from autoclust.backends.gpu import nvrtc
     from autoclust.backends.gpu.executable import Executable
     device.cupy()
-    rendered = [source.render_program(p, "cuda", choose_launch) for p in programs]
+    rendered = [source.render_program(p, "cuda", choose_launch, flags.gpu_mma_attention)
+                for p in programs]
     text = source.module_source(rendered)
     # calls rendered as kernels (fused attention) live in the module too: a cluster of one
     # attention call still needs it loaded

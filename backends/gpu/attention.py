@@ -20,7 +20,8 @@ Storage float32, float16 or bfloat16; math in float32; head dims up to MAX_HEAD_
 The C target (hostsim) runs the same arithmetic in the same order -- each lane's dot
 product, the butterflies of the max and the sum, the shuffled p_j in lane order -- over
 emulated warps and lanes, so the host run checks the indexing, masking and NaN rules of the
-CUDA code. Tensor cores (mma) are not used yet: float16/bfloat16 run at CUDA-core speed.
+CUDA code. float16/bfloat16 attention with head dims that are multiples of 16 has a
+tensor-core kernel (attention_mma.py) behind --gpu_mma_attention.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import dataclasses
 import hashlib
 import math
 
-from autoclust.backends.gpu import cstyle
+from autoclust.backends.gpu import attention_mma, cstyle
 
 from autoclust.kernel import ir as kir
 from autoclust.ops import attention as attn
@@ -62,14 +63,16 @@ class Spec:
     causal: int
     offset: int
     nan_to_zero: int
+    mma: int = 0               # the tensor-core kernel (attention_mma.py)
 
     @property
     def items(self) -> int:
-        return self.nb * -(-self.sq // BQ)
+        return self.nb * -(-self.sq // (attention_mma.BQ if self.mma else BQ))
 
 
-def spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> Spec:
-    """The kernel's parameters from a FusedAttention call and its buffers."""
+def spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer], mma: bool = False) -> Spec:
+    """The kernel's parameters from a FusedAttention call and its buffers; `mma` asks for
+    the tensor-core kernel where attention_mma.eligible allows it."""
     a = dict(t.attrs)
     views = [attn.view_of(a[f"{n}_view"]) for n in "qkv"]
     mask = a.get("mask", "")
@@ -77,11 +80,13 @@ def spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> Spec:
         views.append(attn.view_of(a["m_view"]))
     q, v = views[0], views[2]
     nb = math.prod(int(d) for d in a.get("batch", []))
-    return Spec(nb, q[1][0], views[1][1][0], q[2][0], v[2][0], buffers[t.inputs[0]].dtype,
+    dtype = buffers[t.inputs[0]].dtype
+    return Spec(nb, q[1][0], views[1][1][0], q[2][0], v[2][0], dtype,
                 tuple(views), mask, buffers[t.inputs[3]].dtype if mask else "",
                 float(a.get("scale", 1.0)), float(a.get("fill", -math.inf)),
                 int(a.get("causal", 0)), int(a.get("causal_offset", 0)),
-                int(a.get("nan_to_zero", 0)))
+                int(a.get("nan_to_zero", 0)),
+                int(mma and attention_mma.eligible(dtype, q[2][0], v[2][0])))
 
 
 def symbol(s: Spec) -> str:
@@ -90,7 +95,8 @@ def symbol(s: Spec) -> str:
 
 def render(s: Spec, target: str, name: str) -> str:
     """The kernel's text for target "cuda" or "c"."""
-    return _Writer(s, target == "cuda", name).render()
+    w = _Writer(s, target == "cuda", name)
+    return attention_mma.Tiles(w).render() if s.mma else w.render()
 
 
 class _Writer:
@@ -145,27 +151,43 @@ class _Writer:
 
     def score(self, indent: str, row: str, i: str, j: str, valid_row: str) -> None:
         """const float sc = the score of query i (staged row `row`) and key j (lane)."""
-        s, d = self.s, self.s.d
+        d = self.s.d
         self.emit(f"{indent}float sc = 0.0f;")
         self.emit(f"{indent}for (int c = 0; c < {d}; c++) sc += sq[{row} * {d} + c] * "
                   f"sk[lane * {d + 1} + c];")
+        self.masked(indent, "sc", i, j, valid_row)
+
+    def masked(self, indent: str, sc: str, i: str, j: str, valid_row: str) -> None:
+        """sc (the dot product of query i and key j) scaled, then -inf where key j is
+        hidden from query i (past the keys, an invalid row, causal) or the mask's value."""
+        s = self.s
         if s.scale != 1.0:
-            self.emit(f"{indent}sc = sc * {cstyle.constant(s.scale, 'float32')};")
+            self.emit(f"{indent}{sc} = {sc} * {cstyle.constant(s.scale, 'float32')};")
         hidden = [f"{j} >= {s.sk}", f"!({valid_row})"]
         if s.causal:
             hidden.append(f"{j} > {i} + {s.offset}")
         self.emit(f"{indent}if ({' || '.join(hidden)}) {{")
-        self.emit(f"{indent}  sc = -AC_INFF;")
+        self.emit(f"{indent}  {sc} = -AC_INFF;")
         if s.mask:
             _, (_, mrs), (_, mcs) = s.views[3]
             raw = f"m[off_m + (long long){i} * {mrs}LL + (long long){j} * {mcs}LL]"
             self.emit(f"{indent}}} else {{")
             if s.mask == "add":
-                self.emit(f"{indent}  sc = sc + {cstyle.from_storage(raw, s.mask_dtype)};")
+                self.emit(f"{indent}  {sc} = {sc} + {cstyle.from_storage(raw, s.mask_dtype)};")
             else:
                 fill = cstyle.constant(s.fill, "float32")
-                self.emit(f"{indent}  if ({raw} == 0) sc = {fill};")
+                self.emit(f"{indent}  if ({raw} == 0) {sc} = {fill};")
         self.emit(f"{indent}}}")
+
+    def final(self, acc: str, ls: str) -> str:
+        """A row's output element: acc / ls, or the value of a row without a visible key
+        (0 for an empty key range or under the exporters' NaN guard, else NaN: as Softmax
+        gives for a row of -inf)."""
+        s = self.s
+        empty = "0.0f" if s.nan_to_zero or s.sk == 0 else "AC_NANF"
+        # the exporters' guard zeroes every NaN probability: a NaN or empty sum gives 0
+        bad = f"!({ls} > 0.0f)" if s.nan_to_zero else f"{ls} == 0.0f"
+        return f"{bad} ? {empty} : {acc} / {ls}"
 
     # ---- CUDA ------------------------------------------------------------------------
     def render(self) -> str:
@@ -263,9 +285,6 @@ class _Writer:
     def store(self, indent: str, acc, ls: str) -> None:
         """o[i][lane + 32 t] = acc(t) / ls, or the value of a row without a visible key."""
         s = self.s
-        empty = "0.0f" if s.nan_to_zero or s.sk == 0 else "AC_NANF"
-        # the exporters' guard zeroes every NaN probability: a NaN or empty sum gives 0
-        bad = f"!({ls} > 0.0f)" if s.nan_to_zero else f"{ls} == 0.0f"
         for t in range(self.dvl) if self.cuda else [None]:
             if self.cuda:
                 dd, a = f"lane + {32 * t}", acc(t)
@@ -275,7 +294,7 @@ class _Writer:
                 self.emit(f"{indent}for (int t = 0; t < {self.dvl}; t++) {{")
                 self.emit(f"{indent}  const int dd = lane + 32 * t;")
                 self.emit(f"{indent}  if (dd >= {s.dv}) continue;")
-            self.emit(f"{indent}  const float y = {bad} ? {empty} : {a} / {ls};")
+            self.emit(f"{indent}  const float y = {self.final(a, ls)};")
             self.emit(f"{indent}  o[off_o + i * {s.dv}LL + {dd}] = "
                       f"{cstyle.to_storage('y', s.dtype)};")
             self.emit(f"{indent}}}")

@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 
-from autoclust.backends.gpu import attention, conv, cstyle, kernels, prelude
+from autoclust.backends.gpu import attention, attention_mma, conv, cstyle, kernels, prelude
 from autoclust.backends.gpu.launch import BLOCKS_PER_SM, Launch, choose
 
 from autoclust.kernel import ir as kir
@@ -74,9 +74,10 @@ class Rendered:
 
 
 def render_program(program: kir.Program, target: str,
-                   choose_launch: Callable[[kir.Kernel, int], Launch] = choose) -> Rendered:
+                   choose_launch: Callable[[kir.Kernel, int], Launch] = choose,
+                   mma_attention: bool = False) -> Rendered:
     """Render every kernel and check of `program` for target "cuda" or "c" (tests pass
-    their own choose_launch to force each strategy)."""
+    their own choose_launch to force each strategy); mma_attention: --gpu_mma_attention."""
     users: dict[str, list[kir.Kernel]] = {}
     for t in program.thunks:
         if isinstance(t, kir.Kernel):
@@ -100,7 +101,7 @@ def render_program(program: kir.Program, target: str,
             owner, ids = program.sharing[t.name]
             symbol, launch = symbols[owner]
             entries[t.name] = KernelEntry(t.name, symbol, launch, tuple(ids))
-    calls = _render_calls(program, target, bodies)
+    calls = _render_calls(program, target, bodies, mma_attention)
     checks, kinds = {}, set()
     dtypes = {b.id: b.dtype for b in program.buffers}
     for i, t in enumerate(program.thunks):
@@ -110,17 +111,18 @@ def render_program(program: kir.Program, target: str,
     return Rendered(target, entries, checks, bodies, vtypes, kinds, calls)
 
 
-def _render_calls(program: kir.Program, target: str, bodies: dict[str, str]
-                  ) -> dict[int, CallEntry]:
+def _render_calls(program: kir.Program, target: str, bodies: dict[str, str],
+                  mma_attention: bool) -> dict[int, CallEntry]:
     """The library calls this renderer turns into kernels of the module (FusedAttention;
     Conv's im2col), their text added to `bodies`."""
     buffers = {b.id: b for b in program.buffers}
+    mma = mma_attention and (target == "c" or attention_mma.supported_here())
     calls = {}
     for i, t in enumerate(program.thunks):
         if not isinstance(t, kir.LibraryCall) or t.op not in (attention.attn.OP, "Conv"):
             continue
         kind = attention if t.op == attention.attn.OP else conv
-        s = kind.spec(t, buffers)
+        s = attention.spec(t, buffers, mma) if kind is attention else conv.spec(t, buffers)
         symbol = kind.symbol(s)
         if symbol not in bodies:
             bodies[symbol] = kind.render(s, target, symbol)

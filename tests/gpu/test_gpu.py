@@ -91,6 +91,25 @@ def test_zoo_model_in_float16(name):
                                    atol=2e-2)
 
 
+@pytest.mark.parametrize("name", [n for n in HALF_MODELS if n in ("bert_encoder", "llama_block")])
+@pytest.mark.parametrize("mma", [False, True], ids=["cuda-cores", "tensor-cores"])
+def test_float16_attention_on_both_kernels(name, mma):
+    """The zoo's attention models in float16 with the fused kernel on CUDA cores and on
+    tensor cores (--gpu_mma_attention): onnxruntime's answer within float16 rounding."""
+    model = to_float16(zoo.build(name))
+    feeds = half_feeds(model)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    sess = autoclust.InferenceSession(model, device="gpu", must_compile=True,
+                                      gpu_mma_attention=mma)
+    for g, w in zip(sess.run(None, feeds), want):
+        np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=2e-2,
+                                   atol=2e-2)
+    texts = [exe.dumps[".cu"] for r in sess._runtime.compiled_clusters()
+             for exe in r.cache.values()]
+    assert any("mma.sync" in t for t in texts) == mma
+
+
 def test_device_arrays_in_and_out():
     cp = device.cupy()
     model = zoo.build("gelu")

@@ -248,6 +248,95 @@ def test_the_reference_is_the_unfused_math():
     np.testing.assert_allclose(got, _ort(model, feeds)[0], rtol=1e-5, atol=1e-6)
 
 
+# ---- the tensor-core kernel (attention_mma.py, --gpu_mma_attention) ----------------------
+
+def _mma_bodies(sess) -> list[str]:
+    """The rendered attention kernels the session's executables run (C target)."""
+    return [body for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
+            for sym, body in exe.inner.rendered.bodies.items() if sym.startswith("attn_")]
+
+
+MMA_CASES = [  # id, model builder, masked rows, tolerance against onnxruntime
+    ("bert-d128-two-tiles", lambda: bert_like(1, 70, 2, 128, "float16"), (), 4e-3),
+    ("dynamo-gqa-masked-rows", lambda: dynamo_like(1, 4, 2, 21, 150, 64, 64, "float16"),
+     (7, 20), 4e-3),
+    ("dynamo-gqa-dv40", lambda: dynamo_like(1, 6, 2, 5, 70, 32, 40, "float16", mask=False),
+     (), 4e-3),
+    ("dynamo-no-guard", lambda: dynamo_like(1, 2, 2, 66, 33, 16, 16, "float16", guard=False),
+     (0, 65), 4e-3),
+    ("select-bool", lambda: select_like(2, 2, 11, 130, 48, "float16"), (2,), 4e-3),
+    ("causal-const", lambda: select_like(1, 2, 140, 140, 80, "float16", fill=-65504.0,
+                                         causal=0), (), 4e-3),
+    ("causal-offset", lambda: select_like(1, 1, 6, 70, 16, "float16", causal=64), (), 4e-3),
+]
+
+
+@pytest.mark.parametrize("case_id,build,masked,tol", MMA_CASES, ids=[c[0] for c in MMA_CASES])
+def test_tensor_core_attention_matches_onnxruntime(case_id, build, masked, tol):
+    """The mma kernel's C rendering, whose mma assembles each matrix from the 32 lanes'
+    registers by the PTX ISA's fragment layouts: onnxruntime's float16 answer, NaN and 0
+    for rows without a visible key as the CUDA-core kernel gives them."""
+    model = build()
+    feeds = _feeds(model, masked_rows=masked)
+    sess, got = _sim(model, feeds, gpu_mma_attention=True)
+    bodies = _mma_bodies(sess)
+    assert len(bodies) == 1 and "ac_mma_warp(" in bodies[0]
+    (expected,) = _ort(model, feeds)
+    np.testing.assert_allclose(got[0].astype(np.float64), expected.astype(np.float64),
+                               rtol=tol, atol=tol)
+    simt_sess, simt = _sim(model, feeds)
+    assert "ac_mma_warp(" not in _mma_bodies(simt_sess)[0]
+    np.testing.assert_array_equal(np.isnan(got[0]), np.isnan(simt[0]))
+
+
+def test_tensor_core_attention_bfloat16():
+    model = dynamo_like(1, 4, 2, 17, 100, 64, 64, "bfloat16")
+    feeds = _feeds(model, masked_rows=(3,))
+    sess, got = _sim(model, feeds, gpu_mma_attention=True)
+    assert "ac_mma_warp(dq, aq, bq, 1)" in _mma_bodies(sess)[0] and got[0].dtype == BF16
+    ref_model = dynamo_like(1, 4, 2, 17, 100, 64, 64, "float32")
+    (want,) = _ort(ref_model, {k: v.astype(np.float32) for k, v in feeds.items()})
+    np.testing.assert_allclose(got[0].astype(np.float32), want, rtol=2 ** -6, atol=2e-2)
+
+
+def test_tensor_core_attention_only_where_it_applies():
+    """float32, and head dims that are not multiples of 16, keep the CUDA-core kernel."""
+    for model in (dynamo_like(1, 2, 2, 9, 20, 64, 64), dynamo_like(1, 2, 2, 9, 20, 24, 24,
+                                                                      "float16")):
+        feeds = _feeds(model)
+        sess, got = _sim(model, feeds, gpu_mma_attention=True)
+        assert "ac_mma_warp(" not in _mma_bodies(sess)[0]
+        np.testing.assert_allclose(got[0].astype(np.float64), _ort(model, feeds)[0],
+                                   rtol=4e-3, atol=4e-3)
+
+
+def _exact_feeds(model, dtype, powers):
+    """q = 0, integer v, row r of the mask showing 2^(r % powers) keys and row 5 none: every
+    probability 1/2^n, every product and sum exact."""
+    feeds = _feeds(model)
+    feeds["q"][:] = 0
+    rng = np.random.default_rng(5)
+    feeds["v"] = rng.integers(-8, 8, feeds["v"].shape).astype(dtype)
+    mask = np.full(feeds["mask"].shape, -np.inf, dtype)
+    for r in range(mask.shape[2]):
+        mask[..., r, : 1 << (r % powers)] = 0.0
+    mask[..., 5, :] = -np.inf
+    feeds["mask"] = mask
+    return feeds
+
+
+def test_tensor_core_attention_bit_for_bit_where_the_math_is_exact():
+    """q = 0, integer values and 2^-n probabilities: every mma product and sum is exact in
+    float32 and every p exact in float16, so the tensor-core kernel and the CUDA-core one
+    agree to the bit over two key tiles."""
+    model = dynamo_like(2, 4, 2, 12, 128, 16, 16, "float16", guard=True)
+    feeds = _exact_feeds(model, np.float16, 8)
+    _, mma = _sim(model, feeds, gpu_mma_attention=True)
+    _, simt = _sim(model, feeds)
+    np.testing.assert_array_equal(mma[0], simt[0])
+    assert (mma[0][:, :, 5] == 0).all()
+
+
 # ---- against the unfused plan, bit for bit -------------------------------------------------
 
 def test_bit_for_bit_with_the_unfused_plan_where_the_math_is_exact():
@@ -255,15 +344,7 @@ def test_bit_for_bit_with_the_unfused_plan_where_the_math_is_exact():
     and sum exact, so the fused kernel (online softmax) and the unfused kernels agree to the
     bit; rows fully masked give the same 0 (guard) or NaN."""
     model = dynamo_like(2, 4, 2, 12, 64, 16, 8, guard=True)
-    feeds = _feeds(model)
-    feeds["q"][:] = 0
-    rng = np.random.default_rng(5)
-    feeds["v"] = rng.integers(-8, 8, feeds["v"].shape).astype(np.float32)
-    mask = np.full(feeds["mask"].shape, -np.inf, np.float32)
-    for r in range(mask.shape[2]):
-        mask[..., r, : 1 << (r % 6)] = 0.0    # 1, 2, 4, ..., 32 visible keys
-    mask[..., 5, :] = -np.inf                  # and a row with none
-    feeds["mask"] = mask
+    feeds = _exact_feeds(model, np.float32, 6)
     sess, fused = _sim(model, feeds)
     assert len(_fused(sess)) == 1
     plain, unfused = _sim(model, feeds, disable_passes=["fuse_attention"])
@@ -393,14 +474,14 @@ def test_torch_front_end_aten_attention_is_fused():
 
 # ---- CUDA ------------------------------------------------------------------------------------
 
-def _spec(dtype, d, mask, causal=0, nb=8, sq=100, sk=300):
+def _spec(dtype, d, mask, causal=0, nb=8, sq=100, sk=300, mma=0):
     q = ((( nb, sq * d),), (sq, d), (d, 1))
     k = (((nb, sk * d),), (sk, d), (d, 1))
     v = (((nb, sk * d),), (sk, d), (d, 1))
     views = (q, k, v) + ((((nb, 0),), (sq, sk), (sk, 1)),) if mask else (q, k, v)
     return attention.Spec(nb, sq, sk, d, d, dtype, views, mask,
                           {"add": dtype, "select": "bool", "": ""}[mask], d ** -0.5,
-                          -np.inf, causal, 0, 1)
+                          -np.inf, causal, 0, 1, mma)
 
 
 @needs_nvcc
@@ -415,3 +496,19 @@ def test_cuda_of_the_attention_kernel_compiles_without_spills(tmp_path):
     smem = [int(x) for x in re.findall(r"(\d+) bytes smem", info)]
     assert smem and max(smem) <= 48 * 1024  # static shared memory, no opt-in needed
     assert source.module_source  # (the module path is exercised by the simulated runs)
+
+
+@needs_nvcc
+def test_cuda_of_the_tensor_core_kernel_compiles_without_spills(tmp_path):
+    """Every head dim the mma kernel takes up to 128, both storage types, with and without
+    masks: ptxas for sm_90, no spills, static shared memory only."""
+    specs = [_spec(dt, d, mask, causal, mma=1) for dt in ("float16", "bfloat16")
+             for d, mask, causal in ((128, "add", 0), (64, "select", 0), (80, "", 1),
+                                     (16, "add", 1))]
+    from autoclust.backends.gpu import prelude
+    text = prelude.prelude("cuda") + "".join(
+        attention.render(s, "cuda", attention.symbol(s)) for s in specs)
+    info = ptxas_report(text, tmp_path, "attn_mma")
+    assert info.count("0 bytes spill stores, 0 bytes spill loads") == len(specs), info
+    smem = [int(x) for x in re.findall(r"(\d+) bytes smem", info)]
+    assert len(smem) == len(specs) and max(smem) <= 48 * 1024

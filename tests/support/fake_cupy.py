@@ -653,14 +653,15 @@ def install(monkeypatch: Any) -> None:
         monkeypatch.setitem(sys.modules, name, mod)
     real = source.render_program
 
-    def recording(program: Any, target: str, choose_launch: Any = source.choose) -> Any:
+    def recording(program: Any, target: str, choose_launch: Any = source.choose,
+                  mma_attention: bool = False) -> Any:
         if target == "cuda":
-            c = real(program, "c", choose_launch)
+            c = real(program, "c", choose_launch, mma_attention)
             for sym in list(c.bodies):
                 _C_PARTS[sym] = c
             for sym in c.checks.values():
                 _C_PARTS.setdefault(sym, c)
-        return real(program, target, choose_launch)
+        return real(program, target, choose_launch, mma_attention)
 
     monkeypatch.setattr(source, "render_program", recording)
     from autoclust.backends.gpu import blas

@@ -181,11 +181,12 @@ class Executable:
 
 def compile(program: kir.Program, flags: Flags, choose_launch=choose) -> Executable:
     """The host-C executable of a kernel IR Program."""
-    return compile_many([program], choose_launch)[0]
+    return compile_many([program], choose_launch, flags.gpu_mma_attention)[0]
 
 
-def compile_many(programs: list[kir.Program], choose_launch=choose) -> list[Executable]:
+def compile_many(programs: list[kir.Program], choose_launch=choose,
+                 mma_attention: bool = False) -> list[Executable]:
     """Executables of several Programs built from one C module (one gcc call)."""
-    rendered = [source.render_program(p, "c", choose_launch) for p in programs]
+    rendered = [source.render_program(p, "c", choose_launch, mma_attention) for p in programs]
     lib = build(source.module_source(rendered))
     return [Executable(p, r, lib) for p, r in zip(programs, rendered)]

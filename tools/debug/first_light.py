@@ -238,42 +238,53 @@ def attention_model(b: int, h: int, s: int, d: int, dtype: int, causal: bool) ->
 
 @step("attention")
 def attention_step(out: str) -> dict[str, Any]:
-    """The fused kernel against onnxruntime (small, float32 and float16, causal or not),
-    then its time at seq 2048, head dim 128, float16 against torch's SDPA on this GPU."""
+    """The fused kernel against onnxruntime (small, float32 and float16, causal or not;
+    float16 and bfloat16 also on tensor cores, --gpu_mma_attention, two key tiles and
+    more), then its time at seq 2048, head dim 128, float16 against torch's SDPA on this
+    GPU, both kernels."""
     import onnxruntime as ort
     rows, ok = {}, True
-    for dtype, causal in ((TensorProto.FLOAT, False), (TensorProto.FLOAT, True),
-                          (TensorProto.FLOAT16, True)):
-        m = attention_model(2, 4, 77, 64, dtype, causal)
+    cases = [(TensorProto.FLOAT, False, False), (TensorProto.FLOAT, True, False),
+             (TensorProto.FLOAT16, True, False), (TensorProto.FLOAT16, True, True),
+             (TensorProto.FLOAT16, False, True), (TensorProto.BFLOAT16, True, True)]
+    for dtype, causal, mma in cases:
+        m = attention_model(2, 4, 150, 64, dtype, causal)
         rng = np.random.default_rng(0)
-        np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
-        feeds = {n: rng.standard_normal((2, 4, 77, 64)).astype(np_dtype) for n in "qkv"}
-        sess = _session(m)
-        got = sess.run(None, feeds)[0].astype(np.float64)
-        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]
-                                    ).run(None, feeds)[0].astype(np.float64)
+        np_dtype = helper.tensor_dtype_to_np_dtype(dtype)  # bfloat16: ml_dtypes'
+        feeds = {n: rng.standard_normal((2, 4, 150, 64)).astype(np_dtype) for n in "qkv"}
+        sess = _session(m, gpu_mma_attention=mma)
+        got = np.asarray(sess.run(None, feeds)[0]).astype(np.float64)
+        if dtype == TensorProto.BFLOAT16:  # no bfloat16 MatMul in onnxruntime's CPU provider
+            ref = attention_model(2, 4, 150, 64, TensorProto.FLOAT, causal)
+            ref_feeds = {n: a.astype(np.float32) for n, a in feeds.items()}
+        else:
+            ref, ref_feeds = m, feeds
+        want = ort.InferenceSession(ref.SerializeToString(), providers=["CPUExecutionProvider"]
+                                    ).run(None, ref_feeds)[0].astype(np.float64)
         fused = sum(1 for r in sess._runtime.compiled_clusters() for e in r.cache.values()
                     for t in e.program.thunks if getattr(t, "op", "") == "FusedAttention")
         err = float(np.max(np.abs(got - want)))
-        tol = 2e-3 if dtype == TensorProto.FLOAT16 else 1e-4
-        rows[f"{np.dtype(np_dtype).name}{'-causal' if causal else ''}"] = {"max_abs_err": err,
-                                                                     "fused": fused}
+        tol = {TensorProto.FLOAT: 1e-4, TensorProto.FLOAT16: 2e-3}.get(dtype, 2e-2)
+        name = np.dtype(np_dtype).name + ("-causal" if causal else "") + ("-mma" if mma else "")
+        rows[name] = {"max_abs_err": err, "fused": fused}
         ok = ok and err < tol and fused == 1
-    return {"ok": ok, "checks": rows, "timing": _attention_timing()}
+    timing = {"cuda_cores": _attention_timing(False), "tensor_cores": _attention_timing(True)}
+    return {"ok": ok, "checks": rows, "timing": timing}
 
 
-def _attention_timing() -> dict[str, Any]:
+def _attention_timing(mma: bool) -> dict[str, Any]:
     """ms of the fused kernel (its launch alone, and one session run on device arrays,
     host overhead included) and of torch's SDPA at batch 1, 16 heads, seq 2048, head dim
-    128, float16, causal, on this GPU."""
+    128, float16, causal, on this GPU; mma: --gpu_mma_attention."""
     from autoclust.backends.gpu import device
     from autoclust.tools.bench.gpu import event_ms
     cp = device.cupy()
     shape = ATTENTION_SHAPE
     m = attention_model(*shape[:3], shape[3], TensorProto.FLOAT16, True)
     rng = np.random.default_rng(0)
-    dev = {n: cp.asarray(rng.standard_normal(shape).astype(np.float16)) for n in "qkv"}
-    sess = _session(m)
+    host = {n: rng.standard_normal(shape).astype(np.float16) for n in "qkv"}
+    dev = {n: cp.asarray(a) for n, a in host.items()}
+    sess = _session(m, gpu_mma_attention=mma)
     def run() -> None:
         sess.run(None, dev, output_device="gpu")
 
@@ -291,6 +302,9 @@ def _attention_timing() -> dict[str, Any]:
             sdpa = torch.nn.functional.scaled_dot_product_attention
             r["torch_sdpa_ms"] = event_ms(lambda: sdpa(q, k, v, is_causal=True), 10)
             r["ratio_vs_sdpa"] = r["autoclust_ms"] / r["torch_sdpa_ms"]
+            got = torch.from_dlpack(sess.run(None, dev, output_device="gpu")[0]).float()
+            r["max_abs_diff_vs_sdpa"] = float((got - sdpa(q, k, v, is_causal=True).float()
+                                               ).abs().max())
     except Exception as exc:  # noqa: BLE001 - the figure is optional, the check is not
         r["torch_error"] = f"{type(exc).__name__}: {exc}"
     return r
