@@ -168,7 +168,11 @@ class Sym:
         if not _is_int(other):
             return NotImplemented
         q = exact_quotient(other, self)
-        return q if q is not None else int(other) // specialize(self)
+        if q is not None:
+            return q
+        if 0 <= int(other) < self:  # a small offset over a dim-sized stride: 0
+            return 0
+        return int(other) // specialize(self)
 
     def __mod__(self, other: Any) -> Any:
         if not (isinstance(other, Sym) or _is_int(other)):
@@ -184,6 +188,10 @@ class Sym:
     def __rmod__(self, other: Any) -> Any:
         if not _is_int(other):
             return NotImplemented
+        if exact_quotient(other, self) is not None:  # 0 % (512*seq) is 0 for every seq
+            return 0
+        if 0 <= int(other) < self:
+            return int(other)
         return int(other) % specialize(self)
 
     def __truediv__(self, other: Any) -> float:

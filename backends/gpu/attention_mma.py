@@ -352,7 +352,7 @@ class Tiles:
 
     def tile_step(self, ind: str) -> None:
         """One key tile for the warp's 16 rows: S, masks, online softmax, O += P V."""
-        s, r = self.s, self.r
+        r = self.r
         unroll = [f"{ind}#pragma unroll"] if self.cuda else []
         self.lanes(ind, [U, f"for (int n = 0; n < {self.nt}; n++)", U,
                          f"for (int i = 0; i < 4; i++) {r('s')}[n][i] = 0.0f;"])
@@ -363,7 +363,14 @@ class Tiles:
         self.emit(f"{ind}for (int kc = 0; kc < {self.kc}; kc++) {{")
         self.mma_row(ind + "  ", self.nt, "s[n]", "qa[kc]", "sk", self.ks)
         self.emit(f"{ind}}}")
-        # scale and masks, element by element (row g or g + 8, key 2t + i % 2 of tile n)
+        self.masked_scores(ind)
+        self.online_softmax(ind)
+        self.pv(ind)
+
+    def masked_scores(self, ind: str) -> None:
+        """S scaled and masked element by element (row g or g + 8, key 2t + i % 2 of
+        tile n); the row maxima of the tile over the quad."""
+        s, r = self.s, self.r
         body = ["const long long r0 = q0 + warp * 16 + g, r1 = r0 + 8;",
                 U, f"for (int n = 0; n < {self.nt}; n++)", U,
                 "for (int i = 0; i < 4; i++) {",
@@ -382,7 +389,11 @@ class Tiles:
                  "}"]
         self.lanes(ind, body)
         self.quad_reduce(ind, ["mx0", "mx1"], "max")
-        # online softmax: p rounded to the storage type (P V's A operand), l sums it
+
+    def online_softmax(self, ind: str) -> None:
+        """p = exp(S - m') rounded to the storage type (P V's A operand); l sums it; O and
+        l rescaled by exp(m - m')."""
+        r = self.r
         rnd = self._round("e")
         body = [(f"const float mn0 = fmaxf({r('m0')}, {r('mx0')}), "
                 f"mn1 = fmaxf({r('m1')}, {r('mx1')});"),
@@ -402,7 +413,11 @@ class Tiles:
                 f"{r('oa')}[n][1] *= c0; {r('oa')}[n][2] *= c1; {r('oa')}[n][3] *= c1; }}"),
                 f"{r('m0')} = mn0; {r('m1')} = mn1;"]
         self.lanes(ind, body)
-        # O += P V: P's accumulators for keys 16 kc.. (tiles 2 kc, 2 kc + 1) are the A
+
+    def pv(self, ind: str) -> None:
+        """O += P V."""
+        unroll = [f"{ind}#pragma unroll"] if self.cuda else []
+        # P's accumulators for keys 16 kc.. (tiles 2 kc, 2 kc + 1) are the A
         # fragment; B's (k = key, n = dv) element is V[key][dv] = svt[dv][key]
         for line in unroll:
             self.emit(line)

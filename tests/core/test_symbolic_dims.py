@@ -245,3 +245,51 @@ def test_a_batched_small_gemm_with_symbolic_rows_takes_a_library_call():
         rtol=1e-5)
     assert runner.symbolic, runner.symbolic_note
     assert runner.compiles == 1 and len(runner.classes) == 1
+
+
+def test_a_small_int_over_a_symbolic_stride_decides_nothing():
+    """0 % (512*seq), 5 % (64*seq) and 5 // (64*seq) hold for every seq (the divisor is at
+    least 128): no guard. delinearize computes them for every read of a reshaped tensor;
+    0 % (512*seq) pinned seq to its value in the run being compiled."""
+    from autoclust import symbolic
+    with symbolic.recording() as guards:
+        seq = symbolic.dim("seq", 128)
+        assert (0 % (seq * 512), 5 % (seq * 64), 5 // (seq * 64), 0 // (seq * 512)) == \
+            (0, 5, 0, 0)
+        assert 200 % (seq * 2) == 200  # true at seq = 128: a guard (seq > 100), no pin
+    assert [str(g) for g in guards.guards] == ["-2*seq + 200 < 0"]
+
+
+def test_grouped_query_heads_repeated_by_expand_and_reshape_bind_new_lengths():
+    """LLaMA/Qwen2's repeat_kv: K [1, 2, seq, 16] expanded to [1, 2, 4, seq, 16] and read
+    as [1, 8, seq, 16] (a merge delinearize cannot express). The symbolic compile pinned
+    seq through 0 % (512*seq), so every length of a Qwen2-like export compiled through
+    LLVM (0.5 s each); now the first compile is symbolic and new lengths bind."""
+    model = parse("""
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[1, 8, seq, 16] q, float[1, 2, seq, 16] k) => (float[1, 8, seq, seq] y) {
+            k5 = Unsqueeze(k, axes)
+            k4 = Expand(k5, shape5)
+            kr = Reshape(k4, shape4)
+            kt = Transpose <perm = [0, 1, 3, 2]> (kr)
+            s = MatMul(q, kt)
+            y = Softmax <axis = -1> (s)
+        }""")
+    axes = onnx.helper.make_tensor("axes", onnx.TensorProto.INT64, [1], [2])
+    model.graph.initializer.extend([axes])
+    model.graph.node.insert(1, onnx.helper.make_node(
+        "Concat", ["head5", "seqv", "d1"], ["shape5"], axis=0))
+    model.graph.node.insert(2, onnx.helper.make_node(
+        "Concat", ["head4", "seqv", "d1"], ["shape4"], axis=0))
+    model.graph.node.insert(0, onnx.helper.make_node(
+        "Shape", ["k"], ["seqv"], start=2, end=3))
+    for name, vals in (("head5", [1, 2, 4]), ("head4", [1, 8]), ("d1", [16])):
+        model.graph.initializer.append(
+            onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [len(vals)], vals))
+    rng = np.random.default_rng(8)
+    runner, llvm = serve_lengths(model, lambda seq: {
+        "q": rng.standard_normal((1, 8, seq, 16)).astype(np.float32),
+        "k": rng.standard_normal((1, 2, seq, 16)).astype(np.float32)}, (12, 5, 30, 7),
+        rtol=1e-5)
+    assert runner.symbolic, runner.symbolic_note
+    assert runner.compiles == 1 and len(runner.classes) == 1 and llvm == 0
