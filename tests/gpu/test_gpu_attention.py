@@ -289,6 +289,25 @@ def test_tensor_core_attention_matches_onnxruntime(case_id, build, masked, tol):
     np.testing.assert_array_equal(np.isnan(got[0]), np.isnan(simt[0]))
 
 
+def test_tensor_core_attention_element_loads():
+    """K given transposed ([b, h, d, sk], its d stride not 1) and a head dim of 40 for V:
+    the tile loads go element by element (no 16-byte loads), against onnxruntime."""
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+             helper.make_node("Mul", ["s0", "c"], ["s1"]),
+             helper.make_node("Softmax", ["s1"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    ins = [_info("q", "float16", [1, 3, 70, 32]), _info("kt", "float16", [1, 3, 32, 90]),
+           _info("v", "float16", [1, 3, 90, 40])]
+    model = _model(nodes, ins, [_info("y", "float16", [1, 3, 70, 40])],
+                   [_const("c", 32 ** -0.5, "float16")])
+    feeds = _feeds(model)
+    sess, got = _sim(model, feeds, gpu_mma_attention=True)
+    (body,) = _mma_bodies(sess)
+    assert "ac_mma_warp(" in body and "AC_LD16(&sk" not in body
+    np.testing.assert_allclose(got[0].astype(np.float64), _ort(model, feeds)[0],
+                               rtol=4e-3, atol=4e-3)
+
+
 def test_tensor_core_attention_bfloat16():
     model = dynamo_like(1, 4, 2, 17, 100, 64, 64, "bfloat16")
     feeds = _feeds(model, masked_rows=(3,))
