@@ -306,6 +306,8 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             self._runtime = runtime.Runtime(self.plan, self._flags, backend,
                                             self._sess_options, self._providers,
                                             self._provider_options, self._dumper)
+            if not _uses_custom_ops(self._model):  # else onnxruntime cannot load it whole
+                self._runtime.whole_source = (self._model, self._loaded.weights)
         except AutoclustError:
             raise
         except Exception as exc:  # e.g. onnxruntime refusing a sub-model: run it whole

@@ -458,6 +458,10 @@ class Runtime:
         self.backend = backend
         options = registry.fallback().sub_session_options(sess_options, flags.threads)
         self._ort = (options, providers, provider_options)  # for whole_model_segment
+        # (ONNX model, its stubbed initializers' arrays) of the user's own file, where the
+        # front end has one: the whole-model side of measured placement runs that, as
+        # plain onnxruntime would, not our re-export of the imported graph
+        self.whole_source: tuple[Any, dict[str, np.ndarray]] | None = None
         self.runners: list[Any] = []
 
         def make_runtime(body: Any) -> Runtime:  # a control-flow body's own Runtime
@@ -522,9 +526,12 @@ class Runtime:
         return autotune.WholePlan(self, self.placement)
 
     def whole_model_segment(self) -> Any:
-        """onnxruntime over the whole model, with the plan's sub-session options."""
+        """onnxruntime over the whole model, with the plan's sub-session options: the
+        user's own graph where the session has it (onnxruntime's fusions see what they
+        would see without us: Whisper's whole model ran 1.5% slower re-exported), else the
+        imported graph exported back."""
         options, providers, provider_options = self._ort
-        model, external = _onnx(self.graph)
+        model, external = self.whole_source or _onnx(self.graph)
         return registry.fallback().Segment(
             model, options, providers, provider_options, name="whole model",
             input_names=[v.name for v in self.graph.inputs], output_names=self.output_names,

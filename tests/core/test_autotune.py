@@ -328,6 +328,27 @@ def test_whole_plan_kept_when_it_wins(monkeypatch):
     assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._PlanSide)
 
 
+def test_the_whole_model_side_is_the_users_own_graph(monkeypatch):
+    """onnxruntime over the whole model (the side the whole plan is measured against, and
+    what a handed-back signature runs) is built from the user's model with the weights the
+    session read, not from our re-export of the imported graph: onnxruntime's own fusions
+    then see what plain onnxruntime sees."""
+    from autoclust.backends import ort as ort_backend
+    built = []
+    real = ort_backend.Segment.__init__
+
+    def spy(self, model, *args, **kwargs):
+        built.append((kwargs.get("name"), model))
+        real(self, model, *args, **kwargs)
+    monkeypatch.setattr(ort_backend.Segment, "__init__", spy)
+    model, feeds, sess = _whole_decided(monkeypatch, plan_ms=5.0, whole_ort_ms=2.0)
+    (whole,) = [m for name, m in built if name == autotune.WHOLE]
+    assert whole is sess._model
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for g, w in zip(sess.run(None, feeds), want):
+        np.testing.assert_array_equal(g, w)  # the same graph: the same bits
+
+
 def test_handed_back_plan_runs_onnxruntime_directly(monkeypatch):
     # Once the whole plan goes back to onnxruntime for a signature, run() calls the whole
     # model's session as --auto_jit=0 does: no plan, no routing (counted, not timed).
