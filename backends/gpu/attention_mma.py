@@ -337,7 +337,13 @@ class Tiles:
         for name, n, rs in (("k", s.d, krs), ("v", s.dv, vrs)):
             per = n // 8
             self.emit(f"{ind}for (int t = tid; t < {BK * per}; t += {BLOCK}) {{")
-            self.emit(f"{ind}  const int rr = t / {per}, cc = (t % {per}) * 8;")
+            if name == "k":  # consecutive threads along a row: coalesced, stored as read
+                self.emit(f"{ind}  const int rr = t / {per}, cc = (t % {per}) * 8;")
+            else:
+                # consecutive threads down the keys: their transposed stores fall in
+                # consecutive words (along a row, 16 of a warp's threads would store to
+                # one bank: (8 j + e) * vs halves apart, 4 * vs = 288 = 0 mod 32 words)
+                self.emit(f"{ind}  const int rr = t % {BK}, cc = (t / {BK}) * 8;")
             self.emit(f"{ind}  const long long row = j0 + rr;")
             self.emit(f"{ind}  ac_u4 x = {{0u, 0u, 0u, 0u}};")
             self.emit(f"{ind}  if (row < {s.sk}) AC_LD16(&x, &{name}[off_{name} + row * "
