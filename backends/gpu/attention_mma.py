@@ -33,9 +33,12 @@ the layouts above, multiplies them in float and scatters D back, so a host run c
 every fragment index of the CUDA code against the PTX ISA's layout, not against itself.
 
 Needs sm_80 or later (mma.m16n8k16 with float16 and bfloat16); head dims multiples of 16
-(Q K^T's k) and of 8 (P V's n), up to 128. Q, K and V rows are read with 16-byte loads
-where their views allow it (last dim contiguous, other strides multiples of 8 elements)
-and the pointers are 16-byte aligned (checked at run time), else element by element.
+(Q K^T's k) and of 8 (P V's n), up to 128. K and V tiles are read with 16-byte loads
+where the views of Q, K and V allow it (last dim contiguous, other strides multiples of 8
+elements) and the pointers are 16-byte aligned (checked at run time), else element by
+element; Q goes to registers element by element, once per work item. V is read down the
+keys (consecutive threads, consecutive keys), so a warp's transposed stores into the
+[dv][key] tile fall in consecutive words.
 """
 
 from __future__ import annotations
