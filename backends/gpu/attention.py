@@ -109,7 +109,7 @@ class _Writer:
         self.lines.append(line)
 
     # ---- pieces ----------------------------------------------------------------------
-    def signature(self) -> str:
+    def signature(self, min_blocks: int = MIN_BLOCKS) -> str:
         t = cstyle.storage(self.s.dtype)
         params = [f"const {t}* __restrict__ q", f"const {t}* __restrict__ k",
                   f"const {t}* __restrict__ v"]
@@ -117,7 +117,7 @@ class _Writer:
             params.append(f"const {cstyle.storage(self.s.mask_dtype)}* __restrict__ m")
         params.append(f"{t}* __restrict__ o")
         if self.cuda:
-            return (f'extern "C" __global__ void __launch_bounds__({BLOCK}, {MIN_BLOCKS}) '
+            return (f'extern "C" __global__ void __launch_bounds__({BLOCK}, {min_blocks}) '
                     f"{self.name}({', '.join(params)})")
         return f"void {self.name}({', '.join(params + ['unsigned ac_grid', 'unsigned ac_block'])})"
 

@@ -149,9 +149,13 @@ class Tiles:
         batch, (_, rs), (n, cs) = view
         return cs == 1 and n % 8 == 0 and rs % 8 == 0 and all(st % 8 == 0 for _, st in batch)
 
-    def r(self, name: str) -> str:
-        """A per-thread variable: a register in CUDA, the emulated lane's slot in C."""
-        return name if self.cuda else f"{name}[warp][lane]"
+    def r(self, ref: str) -> str:
+        """A per-thread variable (`name` or `name[i]...`): a register in CUDA, the emulated
+        lane's slot in C."""
+        if self.cuda:
+            return ref
+        name, _, rest = ref.partition("[")
+        return f"{name}[warp][lane]" + ("[" + rest if rest else "")
 
     def lanes(self, ind: str, body: list[str]) -> None:
         """Per-thread statements: as they are in CUDA, over the warp's 32 lanes in C."""
@@ -190,19 +194,12 @@ class Tiles:
             return
         self.emit(f"{ind}{{ float dq[32][4]; unsigned aq[32][4], bq[32][2];")
         self.lanes(ind + "  ", [(f"for (int i = 0; i < 4; i++) {{ dq[lane][i] = "
-                                f"{self.r_at(acc)}[i]; aq[lane][i] = {self.r_at(a)}[i]; }}"),
+                                f"{self.r(acc)}[i]; aq[lane][i] = {self.r(a)}[i]; }}"),
                                 f"bq[lane][0] = {b0}; bq[lane][1] = {b1};"])
         self.emit(f"{ind}  ac_mma_warp(dq, aq, bq, {int(self.s.dtype == 'bfloat16')});")
-        self.lanes(ind + "  ", [(f"for (int i = 0; i < 4; i++) {self.r_at(acc)}[i] = "
+        self.lanes(ind + "  ", [(f"for (int i = 0; i < 4; i++) {self.r(acc)}[i] = "
                                 "dq[lane][i];")])
         self.emit(f"{ind}}}")
-
-    def r_at(self, ref: str) -> str:
-        """`name[i][j]` of a per-thread array as CUDA or C spells it."""
-        if self.cuda:
-            return ref
-        name, _, rest = ref.partition("[")
-        return f"{name}[warp][lane]" + ("[" + rest if rest else "")
 
     def pack(self, lo: str, hi: str) -> str:
         """Two compute values as one register of two storage-type halves (lo in bits 0-15)."""
@@ -219,12 +216,8 @@ class Tiles:
         s = self.s
         target = "cuda" if self.cuda else "c"
         self.emit(HELPERS[target])
-        head = self.w.signature().split(" __launch_bounds__")
-        if self.cuda:  # its own launch bounds: more registers a thread than the SIMT kernel
-            self.emit(f"{head[0]} __launch_bounds__({BLOCK}, {MIN_BLOCKS})"
-                      f"{head[1].split(')', 1)[1]} {{")
-        else:
-            self.emit(self.w.signature() + " {")
+        # its own launch bounds: more registers a thread than the CUDA-core kernel
+        self.emit(self.w.signature(MIN_BLOCKS) + " {")
         pre = "__shared__ " if self.cuda else ""
         self.emit(f"  {pre}AC_ALIGN(16) unsigned short sk[{BK * self.ks}];")
         self.emit(f"  {pre}AC_ALIGN(16) unsigned short svt[{s.dv * self.vs}];")
