@@ -231,6 +231,10 @@ class NodeLowering(LowerCtx):
     def extents(self) -> tuple[int, ...]:
         return self.b.shape
 
+    @property
+    def graph(self) -> Graph:
+        return self.b.graph
+
     def constant(self, i: int) -> np.ndarray | None:
         return self.b.graph.constant_value(self.node.inputs[i]) if self.has(i) else None
 
