@@ -12,7 +12,8 @@ over threads than the narrow K/V projections of grouped-query attention do. The 
 are index maps, not copies: fusion reads each projection where it lies in qkv's buffer
 (loop kernels through affine loads, library calls through strided views: kernel/views.py).
 
-A sibling is a MatMul whose A is the shared value and whose B is a constant [K, N]. When
+A sibling is a MatMul whose A is the shared value and whose B is a constant [K, N], or a
+FusedMatMul scaled by a power of two (its B scaled instead, exactly), read by someone. When
 every sibling's only consumer is an Add of a constant [N] bias, the biases are
 concatenated too (the backend then folds the one bias into the GEMM call); when some
 siblings have a bias and others none, the others get zeros (x + 0 differs from x only in
@@ -26,6 +27,7 @@ library's prepacked copy, instead of a new one per signature.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 
 import numpy as np
@@ -70,17 +72,59 @@ def _zeros(n: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _weight(graph: Graph, node: Node) -> np.ndarray | None:
-    """B of a sibling candidate: MatMul(A, constant [K, N]) of a float type, else None."""
-    if node.op != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 2:
+    """B of a sibling candidate, else None: MatMul(A, constant [K, N]) of a float type, or
+    FusedMatMul(A, B, alpha) without transposes whose alpha is a power of two (the
+    simplifier's form of a scaled projection, `q_proj(x) * scaling` in Whisper, BART and
+    their kin), whose B is then alpha * B: exact, as long as no weight leaves the normal
+    range, which is checked. A MatMul nobody reads (a simplification left it for DCE) is
+    no sibling: fusing it would compute its columns for nothing."""
+    alpha = _power_of_two_alpha(node)
+    if alpha is None and (node.op != "MatMul" or node.domain not in ("", "ai.onnx")):
+        return None
+    if len(node.inputs) != 2:
         return None
     a, b = node.inputs
     w = graph.constant_value(b)
     y = node.outputs[0]
+    if not y.uses and y not in graph.outputs:
+        return None
     if a is None or w is None or graph.is_constant(a) or w.ndim != 2 or a.rank is None or \
             a.rank < 2 or y.dtype is None or y.dtype.name not in GEMM_DTYPES or \
             w.dtype != y.dtype or a.dtype != y.dtype or 0 in w.shape:
         return None
-    return w
+    return w if alpha is None else _scaled(w, alpha)
+
+
+def _power_of_two_alpha(node: Node) -> float | None:
+    """FusedMatMul's alpha when the node is a plain scaled product by a power of two."""
+    if (node.op, node.domain) != ("FusedMatMul", "com.microsoft") or \
+            any(int(node.attrs.get(k, 0)) for k in ("transA", "transB", "transBatchA",
+                                                     "transBatchB")):
+        return None
+    alpha = float(node.attrs.get("alpha", 1.0))
+    return alpha if alpha > 0 and math.frexp(alpha)[0] == 0.5 else None
+
+
+def _scaled(w: np.ndarray, alpha: float) -> np.ndarray | None:
+    """alpha * w, the same array for the same w and alpha (see concatenated); None when
+    scaling would round a weight (a denormal or an overflow on the way)."""
+    key = ("scaled", id(w), alpha)
+    with _LOCK:
+        hit = _CONCAT.get(key)
+        if hit is not None and hit[0][0] is w:
+            return hit[1]
+    with np.errstate(all="ignore"):
+        out = w * w.dtype.type(alpha)
+        exact = bool(np.array_equal(out / w.dtype.type(alpha), w, equal_nan=True)) and \
+            not np.any((out != 0) & (np.abs(out) < np.finfo(w.dtype).tiny))
+    if not exact:
+        return None
+    out.flags.writeable = False
+    with _LOCK:
+        _CONCAT[key] = ([w], out)
+        while len(_CONCAT) > MAX_CACHED:
+            _CONCAT.popitem(last=False)
+    return out
 
 
 def _bias(graph: Graph, node: Node) -> tuple[Node, np.ndarray] | None:

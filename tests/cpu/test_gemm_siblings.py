@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import autoclust
 from autoclust.kernel import ir as kir
 from autoclust.passes import siblings
+from autoclust.passes.simplify import simplify
 
 RNG = np.random.default_rng(5)
 
@@ -164,3 +165,65 @@ def test_concatenated_is_cached_by_identity():
     assert siblings.concatenated([a, b], 1) is first and first.shape == (4, 5)
     assert siblings.concatenated([a.copy(), b], 1) is not first
     assert not first.flags.writeable
+
+
+def _scaled_q(scale: float, q_bias: bool = False) -> onnx.ModelProto:
+    """Whisper/BART's attention inputs: q = q_proj(x) * scale (q_proj without a bias here,
+    or with a zero bias, which the simplifier drops: random-weight exports), k = k_proj(x)
+    without a bias, v = v_proj(x) + bv; y = Concat(q, k, v)."""
+    n = helper.make_node
+    d = 32
+    inits = [numpy_helper.from_array(RNG.standard_normal((d, d)).astype(np.float32) * 0.2, w)
+             for w in ("wq", "wk", "wv")]
+    inits += [numpy_helper.from_array(RNG.standard_normal(d).astype(np.float32), "bv"),
+              numpy_helper.from_array(np.zeros(d, np.float32), "bq"),
+              numpy_helper.from_array(np.array(scale, np.float32), "scale")]
+    nodes = [n("MatMul", ["x", "wq"], ["q0"])]
+    if q_bias:
+        nodes.append(n("Add", ["q0", "bq"], ["q1"]))
+    nodes += [n("Mul", ["q1" if q_bias else "q0", "scale"], ["q"]),
+              n("MatMul", ["x", "wk"], ["k"]),
+              n("MatMul", ["x", "wv"], ["v0"]), n("Add", ["v0", "bv"], ["v"]),
+              n("Concat", ["q", "k", "v"], ["y"], axis=-1)]
+    g = helper.make_graph(nodes, "scaled_q",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 20, d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("scale,q_bias,widths", [
+    (0.125, False, [96]),       # Whisper-tiny's 64**-0.5: q joins as alpha * Wq
+    (0.125, True, [96]),        # the zero bias goes, then the scaled product joins
+    (0.1, False, [32, 64]),     # not a power of two: alpha * Wq would round; q stays apart
+])
+def test_scaled_projection_joins_its_siblings(scale, q_bias, widths):
+    """Before, the simplifier turned q's Mul into FusedMatMul's alpha and left q's MatMul
+    dead, and siblings fused the dead one with k and v: 96 columns computed, 32 of them
+    for nothing, plus q's own GEMM (the Whisper export: 4 x 1.0 ms a run)."""
+    model = _scaled_q(scale, q_bias)
+    feeds = {"x": RNG.standard_normal((1, 20, 32)).astype(np.float32)}
+    sess = autoclust.InferenceSession(model, must_compile=True)
+    got = sess.run(None, feeds)[0]
+    np.testing.assert_allclose(got, _ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert sorted(b[1] for _, _, b in _gemms(_program(sess))) == widths
+
+
+def test_unread_matmul_is_no_sibling():
+    """After the simplifier, q's MatMul is unread (DCE has not run yet): the group is the
+    scaled product, k and v."""
+    g = simplify(autoclust.importers.onnx.import_model(_scaled_q(0.125)))
+    dead = next(n for n in g.nodes if n.op == "MatMul" and n.inputs[1].name == "wq")
+    assert not dead.outputs[0].uses
+    [group] = siblings.groups(g)
+    assert dead not in group and sorted(n.op for n in group) == ["FusedMatMul", "MatMul",
+                                                                  "MatMul"]
+
+
+def test_scaled_weight_that_would_round_is_refused():
+    w = np.array([[1.0, 2.0 ** -126]], np.float32)  # halving the second makes a denormal
+    assert siblings._scaled(w, 0.5) is None
+    ok = np.array([[1.0, 3.0]], np.float32)
+    assert siblings._scaled(ok, 0.5) is siblings._scaled(ok, 0.5)
+    np.testing.assert_array_equal(siblings._scaled(ok, 0.5), [[0.5, 1.5]])
