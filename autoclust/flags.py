@@ -53,6 +53,10 @@ SPECS: tuple[FlagSpec, ...] = (
              "inputs as cluster_NNNN.inputs.npz"),
     FlagSpec("dump_llvm", bool, True, "with --dump_to, write .ll and .s for CPU clusters"),
     FlagSpec("cache_dir", str, "", "persistent cache of compiled code"),
+    FlagSpec("torch_cache_dir", str, "auto", "where torch.compile(backend=\"autoclust\") "
+             "keeps compiled code when --cache_dir is not set, as inductor keeps its own: "
+             "auto is $XDG_CACHE_HOME/autoclust/torch (~/.cache/autoclust/torch); empty "
+             "keeps nothing"),
     FlagSpec("cache_trusted", bool, False, "use a --cache_dir that other users can write "
              "(refused otherwise: its entries are code that every process using it runs)"),
     FlagSpec("threads", int, 0, "threads for compiled kernels and onnxruntime; 0 means "

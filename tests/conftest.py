@@ -1,12 +1,21 @@
 """Shared pytest set-up: tests/ on sys.path (for op_harness and zoo helpers)."""
 
+import atexit
 import collections
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# torch.compile(backend="autoclust") keeps compiled code under $XDG_CACHE_HOME by default
+# (--torch_cache_dir): the tests get a directory of their own, never the developer's.
+_XDG = tempfile.mkdtemp(prefix="autoclust-tests-xdg-")
+os.environ["XDG_CACHE_HOME"] = _XDG
+atexit.register(shutil.rmtree, _XDG, True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
