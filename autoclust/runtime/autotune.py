@@ -397,6 +397,12 @@ class WholePlan:
                 self.placement._record(stored)
                 target = self._ort_side(names) if stored.winner == ONNXRUNTIME else plan_side
                 self._handed(key, target)
+            elif _nothing_compiled(rt):
+                self.placement._record(Decision(
+                    WHOLE, sig, ONNXRUNTIME, "not measured: every cluster is onnxruntime's, "
+                    "so one session runs what its pieces ran, without their boundaries"))
+                target = self._ort_side(names)
+                self._handed(key, target)
             elif self.placement.budget.left_ms() <= 0:
                 self.placement._record(Decision(WHOLE, sig, COMPILED,
                                                 "not measured: measuring budget spent"))
@@ -430,6 +436,19 @@ class WholePlan:
             rt = self.runtime
             self._fingerprint = WHOLE + program_key(rt.graph, rt.flags, rt.backend)
         return self._fingerprint
+
+
+def _nothing_compiled(runtime: Any) -> bool:
+    """Whether no cluster runs compiled code for any signature it has met: each fell back or
+    handed every signature to onnxruntime (the Whisper export: its one cluster lost, and
+    the plan was onnxruntime in two pieces, measured against one session only when the
+    budget allowed)."""
+    runners = runtime.compiled_clusters()
+    return bool(runners) and all(
+        r.fallback is not None or (r.route and all(
+            not isinstance(t, Trial) and all(t is not e for e in r.cache.values())
+            for t in r.route.values()))
+        for r in runners)
 
 
 def measuring(runtime: Any) -> bool:

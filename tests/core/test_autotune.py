@@ -372,3 +372,29 @@ def test_handed_back_plan_runs_onnxruntime_directly(monkeypatch):
     bigger = {"x": np.concatenate([feeds["x"], feeds["x"][:1]]), "k": feeds["k"]}
     sess.run(None, bigger)
     assert routed == [1]
+
+
+def test_whole_model_goes_to_onnxruntime_unmeasured_when_every_cluster_did(monkeypatch):
+    """Every cluster loses its own trial: the plan is onnxruntime in pieces, and one session
+    over the whole model replaces it without a trial (the plan's injected 1 ms, which a
+    trial would keep, is never measured)."""
+    def timed(self, side, inputs):
+        outs = side.run(inputs)
+        measured.append(type(side).__name__)
+        return (5.0 if side is self.exe else 2.0) * self.repeat / 1e3, outs
+    measured: list[str] = []
+    monkeypatch.setattr(autotune.Trial, "_time", timed)
+    model = zoo.build("mixed_dynamic")
+    feeds = zoo.feeds(model)
+    sess = autoclust.InferenceSession(model)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for _ in range(15):
+        got = sess.run(None, feeds)
+    assert "_PlanSide" not in measured and "_OrtSide" not in measured, measured
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    decisions = sess.explain(as_json=True)["placement"]
+    assert [d["winner"] for d in decisions] == [ONNXRUNTIME] * 5, decisions
+    assert decisions[-1]["cluster"] == autotune.WHOLE
+    assert "every cluster is onnxruntime's" in decisions[-1]["reason"]
+    assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._OrtSide)
