@@ -371,8 +371,16 @@ class Matmul:
         src_mem = self._memory(src_md, dense.ctypes.data)
         dst_mem = self._memory(packed_md, packed.ctypes.data)
         args = (_Arg * 2)(_Arg(ARG_SRC, src_mem), _Arg(ARG_DST, dst_mem))
-        _check(lib.dnnl_primitive_execute(rprim, _STATE["stream"], 2, args), "reorder run")
-        lib.dnnl_stream_wait(_STATE["stream"])
+        # a stream of its own: packing runs in the background thread (library.py) while
+        # the caller's thread executes on the shared stream
+        stream = VP()
+        _check(lib.dnnl_stream_create(ctypes.byref(stream), _STATE["engine"],
+                                      STREAM_IN_ORDER), "reorder stream")
+        try:
+            _check(lib.dnnl_primitive_execute(rprim, stream, 2, args), "reorder run")
+            lib.dnnl_stream_wait(stream)
+        finally:
+            lib.dnnl_stream_destroy(stream)
         lib.dnnl_primitive_destroy(rprim)
         lib.dnnl_primitive_desc_destroy(rpd)
         return packed
