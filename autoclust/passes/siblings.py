@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -45,16 +46,26 @@ _LOCK = threading.Lock()
 
 def concatenated(arrays: list[np.ndarray], axis: int) -> np.ndarray:
     """np.concatenate(arrays, axis), the same array object for the same source arrays."""
-    key = (axis, tuple(id(a) for a in arrays))
+    out = _derived((axis, tuple(id(a) for a in arrays)), arrays,
+                   lambda: np.concatenate(arrays, axis=axis))
+    assert out is not None  # a concatenation always exists
+    return out
+
+
+def _derived(key: tuple, sources: list[np.ndarray], make: Callable[[], np.ndarray | None]
+             ) -> np.ndarray | None:
+    """make() (read-only), the same object while the same source arrays (by identity)
+    are asked for under `key`; a None answer is remembered too."""
     with _LOCK:
         hit = _CONCAT.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], arrays)):
+        if hit is not None and all(a is b for a, b in zip(hit[0], sources)):
             _CONCAT.move_to_end(key)
             return hit[1]
-    out = np.concatenate(arrays, axis=axis)
-    out.flags.writeable = False
+    out = make()
+    if out is not None:
+        out.flags.writeable = False
     with _LOCK:
-        _CONCAT[key] = (list(arrays), out)  # holding the sources keeps their ids unique
+        _CONCAT[key] = (list(sources), out)  # holding the sources keeps their ids unique
         while len(_CONCAT) > MAX_CACHED:
             _CONCAT.popitem(last=False)
     return out
@@ -108,23 +119,13 @@ def _power_of_two_alpha(node: Node) -> float | None:
 def _scaled(w: np.ndarray, alpha: float) -> np.ndarray | None:
     """alpha * w, the same array for the same w and alpha (see concatenated); None when
     scaling would round a weight (a denormal or an overflow on the way)."""
-    key = ("scaled", id(w), alpha)
-    with _LOCK:
-        hit = _CONCAT.get(key)
-        if hit is not None and hit[0][0] is w:
-            return hit[1]
-    with np.errstate(all="ignore"):
-        out = w * w.dtype.type(alpha)
-        exact = bool(np.array_equal(out / w.dtype.type(alpha), w, equal_nan=True)) and \
-            not np.any((out != 0) & (np.abs(out) < np.finfo(w.dtype).tiny))
-    if not exact:
-        return None
-    out.flags.writeable = False
-    with _LOCK:
-        _CONCAT[key] = ([w], out)
-        while len(_CONCAT) > MAX_CACHED:
-            _CONCAT.popitem(last=False)
-    return out
+    def make() -> np.ndarray | None:
+        with np.errstate(all="ignore"):
+            out = w * w.dtype.type(alpha)
+            exact = bool(np.array_equal(out / w.dtype.type(alpha), w, equal_nan=True)) and \
+                not np.any((out != 0) & (np.abs(out) < np.finfo(w.dtype).tiny))
+        return out if exact else None
+    return _derived(("scaled", id(w), alpha), [w], make)
 
 
 def _bias(graph: Graph, node: Node) -> tuple[Node, np.ndarray] | None:
