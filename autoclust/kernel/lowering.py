@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NoReturn
 
 import numpy as np
@@ -187,28 +187,26 @@ class LowerCtx(abc.ABC):
     def graph(self) -> Graph:
         """The graph being lowered (a cluster's: values read outside it are its outputs)."""
 
-    def only_multiplied(self) -> bool:
-        """Whether the output's values reach nothing but GEMM operands (see gemm_only)."""
-        return gemm_only(self.graph, self.output)
-
+    def only_read_by(self, ops: Collection[str]) -> bool:
+        """Whether the output's values reach nothing but `ops` (see read_only_by)."""
+        return read_only_by(self.graph, self.output, ops)
 
 LowerFn = Callable[[LowerCtx], Expr]
 
-GEMMS = ("MatMul", "FusedMatMul", "Gemm")
 _MOVERS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten")
 
 
-def gemm_only(graph: Graph, v: Value) -> bool:
+def read_only_by(graph: Graph, v: Value, ops: Collection[str]) -> bool:
     """Whether every reader of v, seen through layout ops and torch's guard of fully masked
-    rows (`Where(IsNaN(p), 0, p)`), is a GEMM, and no value on the way leaves the graph.
-    Then no one sees v's elements one by one, only sums of their products: a softmax may
-    flush its denormal probabilities (below 2^-126, so under float32's rounding of any sum
-    they join), which would otherwise run the GEMM through microcode assists at 10-50x
-    the time of its normal-number multiplies."""
+    rows (`Where(IsNaN(p), 0, p)`), is one of `ops`, and no value on the way leaves the
+    graph. With the GEMM group nobody sees v's elements one by one, only sums of their
+    products: a softmax may flush its denormal probabilities (below 2^-126, so under
+    float32's rounding of any sum they join), which would otherwise run the GEMM through
+    microcode assists at 10-50x the time of its normal-number multiplies."""
     if v in graph.outputs or not v.uses:
         return False
     for node, k in v.uses:
-        if node.op in GEMMS:
+        if node.op in ops:
             continue
         if node.op == "IsNaN":  # a denormal and its zero are both not NaN
             if all(u.op == "Where" and i == 0 for u, i in node.outputs[0].uses) \
@@ -216,10 +214,9 @@ def gemm_only(graph: Graph, v: Value) -> bool:
                 continue
             return False
         passes_on = (node.op in _MOVERS and k == 0) or (node.op == "Where" and k > 0)
-        if not (passes_on and gemm_only(graph, node.outputs[0])):
+        if not (passes_on and read_only_by(graph, node.outputs[0], ops)):
             return False
     return True
-
 
 class Refuse(Exception):
     """`value` cannot be computed inside the current kernel; it must be a buffer."""

@@ -23,6 +23,7 @@ from autoclust.ops.table import (
     Arrays,
     InferContext,
     TypeShape,
+    in_group,
     normalize_axis,
     register,
 )
@@ -119,7 +120,7 @@ def _lower_softmax(ctx: LowerCtx):
     # row's denormals add up to far less than half its last place), and its answers stay
     # within 2^-126 of onnxruntime's. Every other softmax keeps them, as onnxruntime does.
     flush = ctx.node.op == "Softmax" and ctx.dtype in ("float32", "float64") \
-        and ctx.only_multiplied()
+        and ctx.only_read_by(in_group("GEMM") - {"Einsum"})  # Einsum may not sum: "ij->ij"
     tiny = float(np.finfo(ct).tiny)
 
     def exp_of(x: Expr) -> Expr:
