@@ -183,22 +183,36 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
                    layouts: tuple) -> None:
     """Time MLAS (prepacked) against oneDNN on this call in the background thread, after
     the prepacking queued before it, and switch `fn` to oneDNN if it wins: a first run
-    never waits for a measurement (nor for prepacking: see _mlas_runner)."""
+    never waits for a measurement (nor for prepacking: see _mlas_runner). One measurement
+    per signature: the calls of the same signature made before it ends (BERT's twelve
+    layers) wait for its answer instead of each timing its own (twelve noisy answers, a
+    layer's GEMM on MLAS beside its neighbours on oneDNN)."""
+    with _SESSIONS_LOCK:
+        waiting = _MEASURING.get(key)
+        if waiting is not None:
+            waiting.append((fn, builders))
+            return
+        _MEASURING[key] = [(fn, builders)]
     in_types, out_types, constants = call[2], call[3], call[5]
 
     def measure() -> None:
         try:
-            mlas = _forced_mlas(*call)
-            choice, note = gemm_choice.measure(key, {"mlas": mlas, "onednn": builders["onednn"]},
-                                               in_types, out_types, layouts, constants)
+            choice, note = gemm_choice.measure(
+                key, {"mlas": _forced_mlas(*call), "onednn": builders["onednn"]},
+                in_types, out_types, layouts, constants)
         except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
-            fn.note += f"; not measured: {str(exc)[:80]}"
-            return
-        _DECISIONS[key] = (choice, note)
-        if choice == "onednn":
-            fn.switch("onednn", builders["onednn"](), note)
-        else:
-            fn.note = note
+            choice, note = "mlas", f"not measured: {str(exc)[:80]}"
+        with _SESSIONS_LOCK:
+            _DECISIONS[key] = (choice, note)
+            waiting = _MEASURING.pop(key)
+        for each, their_builders in waiting:
+            if choice == "mlas":
+                each.note = note if note.startswith("measured") else f"{each.note}; {note}"
+                continue
+            try:
+                each.switch(choice, their_builders[choice](), note)
+            except Exception as exc:  # noqa: BLE001 - its own weights refused: keep MLAS
+                each.note += f"; {choice} measured faster but failed here: {str(exc)[:80]}"
 
     _in_background(measure)
 
@@ -437,6 +451,8 @@ MAX_SESSIONS = 256
 BACKGROUND_PREPACK = True
 _BACKGROUND: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
 _PENDING: list[concurrent.futures.Future] = []
+# signature -> the (LibraryFn, builders) pairs waiting for its MLAS-against-oneDNN answer
+_MEASURING: dict[tuple, list[tuple[LibraryFn, dict[str, Callable]]]] = {}
 # First runs in progress (foreground()): background tasks start only when none is. A first
 # run feeds the GEMMs unpacked weights anyway (MLAS packs them per call), so prepacking
 # beside it is the same work done twice on the core the run's second thread needs: BERT-

@@ -283,3 +283,35 @@ def test_gemm_with_batched_a_is_matmul_plus_bias(impl: str):
         y = np.full((3, 40, 48), 99, np.float32)
         fn([x, b, c], [y])
         np.testing.assert_allclose(y, np.matmul(x, b) + c, rtol=1e-4, atol=1e-4)
+
+
+def test_one_measurement_per_signature(monkeypatch) -> None:
+    """Calls of one signature made before its MLAS-against-oneDNN measurement ends (a
+    model's twelve layers, each with its own weights) share that one measurement and all
+    take its answer, each on its own weights."""
+    from autoclust.backends.cpu import choice, onednn
+    if onednn.unavailable():
+        pytest.skip(f"oneDNN: {onednn.unavailable()}")
+    measured = []
+
+    def verdict(key, builders, *args):
+        measured.append(sorted(builders))
+        return "onednn", "measured mlas 2.000 ms, onednn 1.000 ms (best of 7)"
+
+    monkeypatch.setattr(choice, "measure", verdict)
+    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    in_types = [(np.dtype("float32"), (96, 160)), (np.dtype("float32"), (160, 112))]
+    out_types = [(np.dtype("float32"), (96, 112))]
+    weights = [rand(160, 112) for _ in range(4)]
+    library._DECISIONS.clear()
+    with library.foreground():  # a first run in progress: the measurement waits for it
+        fns = [library.make_call("MatMul", {}, in_types, out_types, 2, {1: w})
+               for w in weights]
+    assert library.wait_background(60)
+    assert measured == [["mlas", "onednn"]]
+    x = rand(96, 160)
+    for fn, w in zip(fns, weights):
+        assert library.current_impl(fn) == "onednn", fn.note
+        out = np.empty((96, 112), np.float32)
+        fn([x, None], [out])
+        np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)

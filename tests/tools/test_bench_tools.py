@@ -314,3 +314,22 @@ def test_ab_times_both_flag_settings_in_one_process(tmp_path, capsys, monkeypatc
                     "--rounds", "1", "--block", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["a"] == "--fast_math=true" and out["b"] == "" and out["rounds"] == 1
+
+
+def test_profile_names_the_implementation_a_call_runs_now():
+    """A library step's label follows a background switch (MLAS measured slower than
+    oneDNN after the step was wrapped): the profile said "mlas" for calls that ran oneDNN."""
+    from autoclust.backends.cpu import choice, library
+
+    from autoclust.kernel import ir as kir
+    f32 = np.dtype("float32")
+    fn = library.make_call("MatMul", {}, [(f32, (64, 96)), (f32, (96, 80))], [(f32, (64, 80))],
+                           1, impl="numpy")
+    step = choice.in_place(fn, (kir.View((64, 96), (1, 64), 0), None, None), 2)
+
+    def run(*args):  # a step as the executable holds it: a closure over the call
+        return step(*args)
+
+    assert bench_profile._library_impl(run) == "numpy"
+    fn.switch("ref", fn._current[0], "switched")
+    assert bench_profile._library_impl(run) == "ref"

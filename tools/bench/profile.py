@@ -128,11 +128,14 @@ class Recorder:
 
 
 def _library_impl(step: Callable) -> str:
-    """The implementation (mlas, numpy, ref) a library step's closure calls, if visible."""
+    """The implementation (mlas, onednn, numpy, ref) a library step's closure calls now, if
+    visible: asked through the call's wrappers, since a background measurement may have
+    switched it after the wrappers were made."""
+    from autoclust.backends.cpu import library
     for cell in getattr(step, "__closure__", None) or ():
-        impl = getattr(cell.cell_contents, "impl", None)
-        if isinstance(impl, str):
-            return impl
+        fn = cell.cell_contents
+        if isinstance(getattr(fn, "impl", None), str):
+            return library.current_impl(fn) or "?"
     return "?"
 
 
@@ -490,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--feeds", default="", help="an .npz of the feeds (else made up from "
                     "the model's inputs and --dim)")
     args = ap.parse_args(argv)
+    # an export name loads torch (tools/bench/exports.py); its OpenMP threads must not spin,
+    # or oneDNN refuses to load (backends/cpu/onednn.py) and every GEMM profiles as MLAS
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from autoclust.tools.run import parse_assignments
     dims = {k: int(v) for k, v in parse_assignments(args.dim, "--dim").items()}
     path, feeds = resolve(args.model, dims) if not args.feeds else (args.model, None)
