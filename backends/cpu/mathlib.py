@@ -257,6 +257,8 @@ def _exp(o: _Ops, x: ir.Value, bounded: bool = False, sign: int = 0) -> ir.Value
     k = o.k
     if bounded:
         return _scale_pow2(o, *_exp_reduced(o, x))
+    if _full_zmm(o):
+        return _exp_zmm(o, x, sign)
     # Below exp_lo the result is exactly 0. Selecting it (and feeding 0 through the math)
     # keeps such lanes off the denormal path: an underflowing multiply costs a microcode
     # assist of ~100 cycles per instruction on Intel cores (masked softmax hits it per row).
@@ -265,6 +267,35 @@ def _exp(o: _Ops, x: ir.Value, bounded: bool = False, sign: int = 0) -> ir.Value
     xc = o.min(xc, o.c(k["exp_hi"])) if sign >= 0 else xc
     y = _scale_pow2(o, *_exp_reduced(o, xc))
     return o.keep_nan(x, y if zero is None else o.sel(zero, o.c(0.0), y))
+
+
+def _full_zmm(o: _Ops) -> bool:
+    """Whether o's type is one full AVX-512 register (16 floats, 8 doubles) on a host that
+    has them: the width the explicit vector code (vectorize.py) uses."""
+    return o.lanes * o.k["bits"] == 512 and _has_avx512()
+
+
+def _exp_zmm(o: _Ops, x: ir.Value, sign: int) -> ir.Value:
+    """e^x on a full AVX-512 vector in 4 fewer instructions than the generic recipe (softmax
+    rows spend most of their time here): lanes below exp_lo are zeroed by the mask of one
+    masked vscalef, which never computes them (an underflowing vscalef costs a microcode
+    assist, 25x a normal one: measured), instead of selecting 0 before and after the math;
+    the clamp at exp_hi is a compare-select that keeps NaN (no NaN test after); and vscalef
+    takes the integral float n as it is (llvm.ldexp converts it to int and back)."""
+    k, b = o.k, o.b
+    keep = b.not_(o.cmp("<", x, o.c(k["exp_lo"]))) if sign <= 0 else None
+    # ordered >: NaN is not above, so it stays and runs through the math as NaN
+    xc = o.sel(o.cmp(">", x, o.c(k["exp_hi"])), o.c(k["exp_hi"]), x) if sign >= 0 else x
+    p, n = _exp_reduced(o, xc)
+    mask_ty = ir.IntType(o.lanes)
+    mask = b.bitcast(keep, mask_ty) if keep is not None else ir.Constant(mask_ty, -1)
+    name = f"llvm.x86.avx512.mask.scalef.{'pd' if o.is64 else 'ps'}.512"
+    fn = b.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(b.module, ir.FunctionType(o.ty, [o.ty, o.ty, o.ty, mask_ty,
+                                                          ir.IntType(32)]), name=name)
+    # rounding 4: the current direction (MXCSR), as an unmasked vscalef
+    return b.call(fn, [p, n, o.c(0.0), mask, ir.Constant(ir.IntType(32), 4)])
 
 
 def _exp_reduced(o: _Ops, xc: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -26,8 +26,9 @@ llvm.initialize_native_asmprinter()
 _KEEP: list[object] = []  # engines must outlive the function pointers taken from them
 
 
-def _loop_module(name: str, fty: ir.Type) -> ir.Module:
-    """void kernel(T* noalias in, T* noalias out, i64 n): out[i] = name(in[i])."""
+def _loop_module(name: str, fty: ir.Type, align: int | None = None) -> ir.Module:
+    """void kernel(T* noalias in, T* noalias out, i64 n): out[i] = name(in[i]); T may be a
+    vector type (then `align`: the alignment its loads and stores may assume)."""
     mod = ir.Module(name=f"mathlib_{name}")
     i64 = ir.IntType(64)
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [fty.as_pointer()] * 2 + [i64]),
@@ -41,8 +42,8 @@ def _loop_module(name: str, fty: ir.Type) -> ir.Module:
     b.position_at_end(loop)
     i = b.phi(i64)
     i.add_incoming(i64(0), entry)
-    v = b.load(b.gep(src, [i], inbounds=True))
-    b.store(mathlib.call(b, name, [v]), b.gep(dst, [i], inbounds=True))
+    v = b.load(b.gep(src, [i], inbounds=True), align=align)
+    b.store(mathlib.call(b, name, [v]), b.gep(dst, [i], inbounds=True), align=align)
     nxt = b.add(i, i64(1))
     i.add_incoming(nxt, loop)
     b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
@@ -51,15 +52,18 @@ def _loop_module(name: str, fty: ir.Type) -> ir.Module:
     return mod
 
 
-_CACHE: dict[tuple[str, type], tuple[object, str]] = {}
+_CACHE: dict[tuple[str, type, int], tuple[object, str]] = {}
 
 
-def _compile(name: str, dtype: type) -> tuple[object, str]:
-    """(ctypes kernel, optimized IR text) for mathlib function `name` on dtype."""
-    key = (name, dtype)
+def _compile(name: str, dtype: type, lanes: int = 0) -> tuple[object, str]:
+    """(ctypes kernel, optimized IR text) for mathlib function `name` on dtype (on vectors
+    of `lanes` elements, their loads 8-byte aligned as numpy's buffers are)."""
+    key = (name, dtype, lanes)
     if key not in _CACHE:
         fty = ir.FloatType() if dtype is np.float32 else ir.DoubleType()
-        ref = jit.optimize(str(_loop_module(name, fty)))  # the backend's own pipeline
+        module = _loop_module(name, ir.VectorType(fty, lanes), 8) if lanes else \
+            _loop_module(name, fty)
+        ref = jit.optimize(str(module))  # the backend's own pipeline
         tm = jit.target_machine()
         with LLVM_LOCK:
             text = str(ref)
@@ -420,3 +424,57 @@ def test_exp_throughput() -> None:
     gbs = 2 * x.nbytes / 1e9
     print(f"exp 16M float32: mathlib {gbs / ours:.1f} GB/s, np.exp {gbs / ref:.1f} GB/s")
     assert ours > 0 and np.isfinite(out).all()
+
+
+# ---------------------------------------------------------------- full AVX-512 vectors
+
+def run_vectors(name: str, x: np.ndarray) -> np.ndarray:
+    """name over x in whole 512-bit vectors (<16 x float>, <8 x double>), as the explicit
+    vector code of softmax rows calls it (vectorize.py); x padded with zeros."""
+    lanes = 64 // x.dtype.itemsize
+    fn, _ = _compile(name, x.dtype.type, lanes)
+    padded = np.zeros(-(-x.size // lanes) * lanes, x.dtype)
+    padded[:x.size] = x.ravel()
+    out = np.empty_like(padded)
+    fn(padded.ctypes.data, out.ctypes.data, padded.size // lanes)
+    return out[:x.size]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_exp_on_full_vectors_matches_the_scalar_loop(dtype: type, sweep32: np.ndarray) -> None:
+    """exp on whole AVX-512 vectors (a masked vscalef where the host has AVX-512: lanes
+    below exp_lo never computed) gives the scalar loop's bits on the whole sweep: the
+    underflow band's denormals, exact zeros below it, +-inf, NaN, overflow."""
+    with np.errstate(invalid="ignore"):  # signalling NaNs in the sweep
+        x = sweep32.astype(dtype)
+    band = np.linspace(-110, -85, 20001) if dtype is np.float32 else \
+        np.linspace(-760, -700, 20001)
+    x = np.concatenate([x, band.astype(dtype), np.array([-np.inf, np.inf, np.nan, 1e20,
+                                                         -1e20, 89.0, 710.0], dtype)])
+    got, want = run_vectors("exp", x), run("exp", x)
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    if mathlib._has_avx512():
+        assert "llvm.x86.avx512.mask.scalef" in _compile("exp", dtype, 64 // x.itemsize)[1]
+
+
+@pytest.mark.skipif(not mathlib._has_avx512(), reason="the masked vscalef path needs AVX-512")
+def test_exp_on_full_vectors_skips_underflowing_lanes() -> None:
+    """Lanes below exp_lo (softmax scores 104-150 below their row's maximum, as Swin's
+    window attention has) cost no more than ordinary ones: a vscalef whose result
+    underflows takes a microcode assist (~25x slower per vector), so the zeroing mask must
+    keep them from being computed at all."""
+    normal = np.full(1 << 16, -1.0, np.float32)
+    masked = np.full(1 << 16, -120.0, np.float32)
+
+    def best(x: np.ndarray) -> float:
+        run_vectors("exp", x)
+        times = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            run_vectors("exp", x)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    assert np.all(run_vectors("exp", masked) == 0)
+    assert best(masked) < 3 * best(normal)
