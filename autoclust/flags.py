@@ -105,7 +105,8 @@ SPECS: tuple[FlagSpec, ...] = (
              "signature time each compiled cluster against onnxruntime on the same subgraph "
              "and inputs, and keep the faster (decisions in explain and --cache_dir)"),
     FlagSpec("autotune_budget_ms", int, 3000, "the most time a session spends measuring "
-             "placement (onnxruntime's sessions and runs beside the compiled ones)"),
+             "its clusters' placement (onnxruntime's sessions and runs beside the compiled "
+             "ones); the whole model's trial against onnxruntime has as much again"),
     FlagSpec("inject_bug", str, "", "TESTING ONLY: accuracy:OP, compile_error:OP or crash:OP "
              "makes the compiled code of the first OP node of each cluster wrong, fail to "
              "compile, or abort (autoclust/kernel/inject.py); for testing bisect and minify",

@@ -18,7 +18,8 @@ MAX_PAIRS are taken and both the median pair ratio and the ratio of the sides' m
 must be beyond MARGIN; anything closer keeps the compiled code. The extra work (onnxruntime's session, its runs, repeats of short
 clusters) is charged to a per-session `Budget` (--autotune_budget_ms); a trial that runs
 out decides on what it has, and a signature that finds the budget spent takes the
-cluster's last decision. Every decision, with both times, goes to `explain` and, with
+cluster's last decision. The whole plan's trial against one onnxruntime session over the
+whole model (`WholePlan`) has a budget of its own, of the same size. Every decision, with both times, goes to `explain` and, with
 --cache_dir, to a small JSON file keyed by the cluster, the signature, the flags that
 change code, the versions and the CPU, so a second process does not measure again (and
 does not even compile a cluster that lost).
@@ -326,12 +327,12 @@ class Placement:
             return ""
         return entry_key(runner.fingerprint(), key, self.flags.threads)
 
-    def _record(self, decision: Decision) -> None:
+    def _record(self, decision: Decision, budget: Budget | None = None) -> None:
         with self._lock:
             self.decisions.append(decision)
             self.latest[decision.cluster] = decision
         if self.flags.log:
-            log(decision, self.budget)
+            log(decision, budget or self.budget)
 
 
 # ---- the whole plan against one onnxruntime session ------------------------------------------
@@ -351,6 +352,12 @@ class WholePlan:
 
     def __init__(self, runtime: Any, placement: Placement):
         self.runtime, self.placement = runtime, placement
+        # A budget of its own, as large as the clusters' (so measuring costs at most twice
+        # --autotune_budget_ms): this trial is the guarantee that a plan slower than
+        # onnxruntime is not kept, and with one shared budget the clusters' trials spent it
+        # first (Whisper-tiny kept a plan after one pair, 110 ms against onnxruntime's 100:
+        # "measuring budget spent; only 1 of 3 pairs measured: kept compiled").
+        self.budget = Budget(placement.budget.total_ms)
         self.route: dict[tuple, Any] = {}
         self.seen: set[tuple] = set()  # signatures run once through the steps
         # (signature key, the whole model's onnxruntime Segment) when a signature is handed
@@ -394,29 +401,31 @@ class WholePlan:
             stored = load(self.placement.flags.cache_dir, entry) if entry else None
             if stored is not None:
                 stored.cluster, stored.signature, stored.source = WHOLE, sig, "cache"
-                self.placement._record(stored)
+                self.placement._record(stored, self.budget)
                 target = self._ort_side(names) if stored.winner == ONNXRUNTIME else plan_side
                 self._handed(key, target)
             elif _nothing_compiled(rt):
                 self.placement._record(Decision(
                     WHOLE, sig, ONNXRUNTIME, "not measured: every cluster is onnxruntime's, "
-                    "so one session runs what its pieces ran, without their boundaries"))
+                    "so one session runs what its pieces ran, without their boundaries"),
+                    self.budget)
                 target = self._ort_side(names)
                 self._handed(key, target)
-            elif self.placement.budget.left_ms() <= 0:
+            elif self.budget.left_ms() <= 0:
                 self.placement._record(Decision(WHOLE, sig, COMPILED,
-                                                "not measured: measuring budget spent"))
+                                                "not measured: measuring budget spent"),
+                                       self.budget)
                 target = plan_side
             else:
                 def done(decision: Decision, winner: Any) -> None:
                     self.route[key] = winner
-                    self.placement._record(decision)
+                    self.placement._record(decision, self.budget)
                     if entry:
                         store(self.placement.flags.cache_dir, entry, decision)
                     self._handed(key, winner)
 
                 target = Trial(WHOLE, sig, plan_side, lambda: self._ort_side(names),
-                               self.placement.budget, done, self.placement.clock)
+                               self.budget, done, self.placement.clock)
             self.route[key] = target
             return target
 

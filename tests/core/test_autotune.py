@@ -398,3 +398,26 @@ def test_whole_model_goes_to_onnxruntime_unmeasured_when_every_cluster_did(monke
     assert decisions[-1]["cluster"] == autotune.WHOLE
     assert "every cluster is onnxruntime's" in decisions[-1]["reason"]
     assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._OrtSide)
+
+
+def test_whole_plan_trial_has_a_budget_of_its_own(monkeypatch):
+    """The clusters' trials spending the session's budget leave the whole plan's trial its
+    own: before, it kept a plan slower than onnxruntime after one pair (Whisper-tiny)."""
+    _inject_whole(monkeypatch, plan_ms=5.0, whole_ort_ms=2.0)
+    model = zoo.build("mixed_dynamic")
+    feeds = zoo.feeds(model)
+    sess = autoclust.InferenceSession(model, autotune_budget_ms=1000)
+    rt = sess._runtime
+    for _ in range(15):
+        sess.run(None, feeds)
+        if len(rt.placement.decisions) == 4:  # every cluster has decided: spend the rest
+            break
+    assert [d.cluster for d in rt.placement.decisions] == [
+        r.name for r in rt.compiled_clusters()]
+    rt.placement.budget.spent_ms = 1e9
+    for _ in range(10):
+        sess.run(None, feeds)
+    whole = sess.explain(as_json=True)["placement"][-1]
+    assert whole["cluster"] == autotune.WHOLE
+    assert whole["winner"] == ONNXRUNTIME and whole["pairs"] == autotune.MIN_PAIRS, whole
+    assert rt.whole.budget is not rt.placement.budget and rt.whole.budget.total_ms == 1000
