@@ -260,7 +260,8 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                 elif isinstance(source, bytearray | memoryview):
                     source = bytes(source)
                 self._ort = ort_backend.create_session(source, self._sess_options,
-                                                       self._providers, self._provider_options)
+                                                       self._providers, self._provider_options,
+                                                       parsed=self._model)
         return self._ort
 
     @property

@@ -50,12 +50,16 @@ def sub_session_options(user: ort.SessionOptions | None, threads: int = 0,
 
 def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOptions | None,
                    providers: Any = None, provider_options: Any = None,
-                   external: dict[str, np.ndarray] | None = None) -> Any:
+                   external: dict[str, np.ndarray] | None = None,
+                   parsed: onnx.ModelProto | None = None) -> Any:
     """An onnxruntime InferenceSession; load failures become ModelLoadError.
 
     `external`: arrays for the initializers the model holds as stubs (export_model's and
     the importer's), handed over as OrtValues without a copy (the session keeps them);
-    they are added to `options`, which must be the caller's own."""
+    they are added to `options`, which must be the caller's own. `parsed`: the model as a
+    ModelProto when `model` is its file or bytes (see crashing_optimizers)."""
+    proto = model if isinstance(model, onnx.ModelProto) else parsed
+    disabled = crashing_optimizers(proto) if proto is not None else []
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     if providers is None:
@@ -69,13 +73,42 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
         options.add_external_initializers(list(external), kept)
     try:
         session = ORIGINAL_SESSION(model, options, providers=providers,
-                                   provider_options=provider_options)
+                                   provider_options=provider_options,
+                                   **({"disabled_optimizers": disabled} if disabled else {}))
     except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph/...
         where = model if isinstance(model, str) else "model bytes"
         raise load_error(f"onnxruntime could not load {where}: {exc}", exc) from None
     if kept is not None:
         session._autoclust_external = kept  # onnxruntime reads them in place
     return session
+
+
+def crashing_optimizers(model: onnx.ModelProto) -> list[str]:
+    """onnxruntime graph optimizers to turn off for `model`: those that crash onnxruntime
+    itself on it (a segmentation fault, which no caller can catch).
+
+    onnxruntime 1.31 with ORT_ENABLE_ALL segfaults creating a session over a float16 graph
+    in which a Transpose that is not a swap of the last two dims (perm [1, 2, 0] of a 3-D
+    tensor) feeds a MatMul with a constant B: found by `autoclust fuzz --features values`
+    (a cluster's subgraph, timed against onnxruntime by measured placement). Any one of
+    MatmulTransposeFusion, FuseFp16InitializerToFp32NodeTransformer, NchwcTransformer
+    turned off avoids it; MatmulTransposeFusion is the one float16 graphs lose nothing
+    by (its FusedMatMul has no float16 CPU kernel)."""
+    graph = model.graph
+    if not any(n.op_type in ("MatMul", "Gemm") for n in graph.node):
+        return []
+    f16 = onnx.TensorProto.FLOAT16
+    typed = [*graph.input, *graph.output, *graph.value_info]
+    if not (any(v.type.tensor_type.elem_type == f16 for v in typed)
+            or any(t.data_type == f16 for t in graph.initializer)
+            or any(n.op_type == "Cast" and any(a.name == "to" and a.i == f16
+                                               for a in n.attribute) for n in graph.node)):
+        return []
+    transposed = {o for n in graph.node if n.op_type == "Transpose" for o in n.output}
+    if not any(n.op_type in ("MatMul", "Gemm") and transposed.intersection(n.input)
+               for n in graph.node):
+        return []
+    return ["MatmulTransposeFusion"]
 
 
 # ---- errors: ours, and also the type onnxruntime raises for the same mistake ------------
