@@ -15,11 +15,12 @@ a few pairs `decide` keeps the faster:
 
 Only clear differences count: every pair beyond MARGIN decides early; otherwise up to
 MAX_PAIRS are taken and both the median pair ratio and the ratio of the sides' medians
-must be beyond MARGIN; anything closer keeps the compiled code. The extra work (onnxruntime's session, its runs, repeats of short
-clusters) is charged to a per-session `Budget` (--autotune_budget_ms); a trial that runs
-out decides on what it has, and a signature that finds the budget spent takes the
-cluster's last decision. The whole plan's trial against one onnxruntime session over the
-whole model (`WholePlan`) has a budget of its own, of the same size. Every decision, with both times, goes to `explain` and, with
+must be beyond MARGIN; anything closer keeps the compiled code. The extra work
+(onnxruntime's session, its runs, repeats of short clusters) is charged to a per-session
+`Budget` (--autotune_budget_ms); a trial that runs out decides on what it has, and a
+signature that finds the budget spent takes the cluster's last decision. The whole plan's
+trial against one onnxruntime session over the whole model (`WholePlan`) has a budget of
+its own, of the same size. Every decision, with both times, goes to `explain` and, with
 --cache_dir, to a small JSON file keyed by the cluster, the signature, the flags that
 change code, the versions and the CPU, so a second process does not measure again (and
 does not even compile a cluster that lost).
