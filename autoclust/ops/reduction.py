@@ -113,9 +113,15 @@ def _max_min(x: np.ndarray, axes: tuple, is_max: bool) -> np.ndarray:
 
 
 def saturate(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """float64 -> integer dtype, truncating toward zero and clamping to the dtype's range."""
+    """float64 -> integer dtype, truncating toward zero and clamping to the dtype's range.
+
+    float64 has no int64 (uint64) maximum: it rounds to 2^63 (2^64), which a clip leaves in
+    place and the conversion wraps to the minimum (the constant-folded ReduceSum of int64
+    [[2^63 - 1]] gave -2^63; onnxruntime, and our compiled llvm.fptosi.sat, 2^63 - 1)."""
     info = np.iinfo(dtype)
-    return np.clip(np.trunc(y), info.min, info.max).astype(dtype)
+    t = np.clip(np.trunc(y), info.min, info.max)
+    top = t >= float(info.max)  # float(info.max) is the first value past it for 64 bits
+    return np.where(top, info.max, np.where(top, 0, t).astype(dtype)).astype(dtype)
 
 
 def _float_mean(x: np.ndarray, axes: tuple) -> np.ndarray:
@@ -281,11 +287,17 @@ def _infer_arg(ctx: InferContext) -> list[TypeShape]:
     if shape is None:
         return [(INT64, None)]
     axis = normalize_axis(int(ctx.attr("axis", 0)), len(shape), ctx)
-    if shape[axis] == 0:
+    if shape[axis] == 0 and not _empty_elsewhere(shape, axis):
         raise ctx.fail(f"cannot take {ctx.op} over empty axis {axis} of shape {shape}")
     if ctx.attr("keepdims", 1):
         return [(INT64, tuple(1 if i == axis else d for i, d in enumerate(shape)))]
     return [(INT64, tuple(d for i, d in enumerate(shape) if i != axis))]
+
+
+def _empty_elsewhere(shape: Any, axis: int) -> bool:
+    """Whether another dim of `shape` is 0: an Arg over an empty axis then has no element
+    to answer (onnxruntime returns the empty result; otherwise it is an error)."""
+    return any(d == 0 for i, d in enumerate(shape) if i != axis)
 
 
 def _arg_ref(is_max: bool) -> Callable[[Arrays, dict[str, Any]], list[np.ndarray]]:
@@ -293,8 +305,12 @@ def _arg_ref(is_max: bool) -> Callable[[Arrays, dict[str, Any]], list[np.ndarray
         x = inputs[0]
         axis = normalize_axis(int(attrs.get("axis", 0)), x.ndim)
         if x.ndim and x.shape[axis] == 0:
-            raise ShapeInferenceError(f"Arg{'Max' if is_max else 'Min'} over empty axis "
-                                      f"{axis} of shape {x.shape}")
+            if not _empty_elsewhere(x.shape, axis):
+                raise ShapeInferenceError(f"Arg{'Max' if is_max else 'Min'} over empty axis "
+                                          f"{axis} of shape {x.shape}")
+            keep = attrs.get("keepdims", 1)
+            return [np.zeros([1 if i == axis else d for i, d in enumerate(x.shape)
+                              if keep or i != axis], np.int64)]
         nan_first = None
         if x.dtype.kind == "f":
             nan_first = np.take(np.isnan(x), [0], axis=axis) if x.ndim else np.isnan(x)

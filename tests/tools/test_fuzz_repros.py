@@ -298,6 +298,26 @@ CASES = [
                         "y = Concat <axis = 2> (m, m) }"),
                  {"x": np.arange(12, dtype=F).reshape(2, 1, 3, 2)}, COMPILED, "ort",
                  id="24.new-ReduceMean-Concat-kept-axis"),  # fusion could not place it
+    # fixed: float64 rounds int64's maximum up to 2^63, which the saturating conversion
+    # wrapped to -2^63 (fuzz 79/142: a constant ReduceSum, folded by the reference)
+    *[pytest.param(_model(f"g ({src}) => (int64[?,?] y) {{ {body} "
+                          "ax = Constant <value = int64[1] {1}> () y = ReduceSum (x, ax) }"),
+                   feeds, flags, "ort", id=f"new-ReduceSum-int64-max-{name}")
+      for name, src, body, feeds, flags in (
+          ("constant", "", "x = Constant <value = int64[1,1] {9223372036854775807}> ()", {},
+           DEFAULT),
+          ("compiled", "int64[1,2] x", "", {"x": np.array([[2 ** 63 - 1, 5]], np.int64)},
+           COMPILED),
+          ("interp", "int64[1,2] x", "", {"x": np.array([[2 ** 62, 2 ** 62]], np.int64)},
+           INTERP))],
+    # fixed: ArgMax over an empty axis raised even where another dim is 0 too, so the result
+    # has no element to answer (fuzz 79/105); onnxruntime returns it empty
+    *[pytest.param(_model(f"g (float[4,0,1,0] x) => (int64[?,?,?{',?' * kd}] y) "
+                          f"{{ y = {op} <axis = 3, keepdims = {kd}> (x) }}"),
+                   {"x": np.zeros((4, 0, 1, 0), F)}, flags, "ort",
+                   id=f"new-{op}-empty-axis-empty-result-{kd}-{mode}")
+      for op in ("ArgMax", "ArgMin") for kd in (0, 1)
+      for mode, flags in (("compiled", COMPILED), ("interp", INTERP), ("default", DEFAULT))],
     # ---- integer Div/Mod by zero: onnxruntime raises, so must autoclust -------------------
     *[pytest.param(_model(f"g (int32[3] a, int32[3] b) => (int32[3] y) {{ y = {op} (a, b) }}"),
                    {"a": np.array([7, -7, 5], np.int32), "b": np.array([2, 2, 0], np.int32)},
