@@ -204,7 +204,11 @@ def test_warm_process_first_run_is_much_faster(tmp_path):
     cold = run_process(tmp_path, k=256, seqs=(64,))[0]
     warm = min((run_process(tmp_path, k=256, seqs=(64,))[0] for _ in range(3)),
                key=lambda r: r["first_s"])
-    assert warm["first_s"] < cold["first_s"] / 3, (cold, warm)
+    # the warm process loads what the cold one compiled, and nothing else is compiled
+    assert (cold["llvm"], cold["hits"]) == (2, 0) and (warm["llvm"], warm["hits"]) == (0, 1)
+    # 3.1-6.4x on the 2-core machine (eight pairs of processes, 2026-11-27), 2.9x once in CI
+    # right after the rest of the suite: the cold side is only ~0.13-0.21 s
+    assert warm["first_s"] < cold["first_s"] / 2, (cold, warm)
 
 
 # ---- library calls: prepacked sessions built in the background -------------------------------
