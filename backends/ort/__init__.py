@@ -8,6 +8,7 @@ would steal the cores from the next (measured in benchmarks/bench_plan_overhead)
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -57,9 +58,9 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
     `external`: arrays for the initializers the model holds as stubs (export_model's and
     the importer's), handed over as OrtValues without a copy (the session keeps them);
     they are added to `options`, which must be the caller's own. `parsed`: the model as a
-    ModelProto when `model` is its file or bytes (see crashing_optimizers)."""
+    ModelProto when `model` is its file or bytes (see broken_optimizers)."""
     proto = model if isinstance(model, onnx.ModelProto) else parsed
-    disabled = crashing_optimizers(proto) if proto is not None else []
+    disabled = broken_optimizers(proto) if proto is not None else []
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     if providers is None:
@@ -83,32 +84,58 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
     return session
 
 
-def crashing_optimizers(model: onnx.ModelProto) -> list[str]:
-    """onnxruntime graph optimizers to turn off for `model`: those that crash onnxruntime
-    itself on it (a segmentation fault, which no caller can catch).
-
-    onnxruntime 1.31 with ORT_ENABLE_ALL segfaults creating a session over a float16 graph
-    in which a Transpose that is not a swap of the last two dims (perm [1, 2, 0] of a 3-D
-    tensor) feeds a MatMul with a constant B: found by `autoclust fuzz --features values`
-    (a cluster's subgraph, timed against onnxruntime by measured placement). Any one of
-    MatmulTransposeFusion, FuseFp16InitializerToFp32NodeTransformer, NchwcTransformer
-    turned off avoids it; MatmulTransposeFusion is the one float16 graphs lose nothing
-    by (its FusedMatMul has no float16 CPU kernel)."""
+def broken_optimizers(model: onnx.ModelProto) -> list[str]:
+    """onnxruntime graph optimizers to turn off for `model`: those that crash onnxruntime on
+    it or make it answer wrongly. Both cases below are onnxruntime 1.31's
+    MatmulTransposeFusion at ORT_ENABLE_ALL, found by `autoclust fuzz` through sessions
+    autoclust made (a cluster's side in measured placement, a fallback segment); plain
+    onnxruntime fails the same way on the same model:
+      - a segmentation fault creating the session, on a float16 graph in which a Transpose
+        that is not a swap of the last two dims (perm [1, 2, 0] of a 3-D tensor) feeds a
+        MatMul with a constant B (seed 77; float32 is fine). Turning off any one of
+        MatmulTransposeFusion, FuseFp16InitializerToFp32NodeTransformer, NchwcTransformer
+        avoids it;
+      - wrong values (float32 too) where a Transpose feeds a MatMul's A and B is 1-D:
+        Transpose([3, 2]) @ [3] gave [0.014, 1.365] for [-0.690, 0.985] (seed 80).
+    The fusion has no float16 CPU kernel to fuse into, and the A side with a vector B is
+    not where attention's transposes are (K^T is B's), so turning it off costs nothing
+    that matters; a B of unknown rank counts as 1-D."""
     graph = model.graph
-    if not any(n.op_type in ("MatMul", "Gemm") for n in graph.node):
+    transposed = {o for n in graph.node if n.op_type == "Transpose" for o in n.output}
+    fed = [n for n in graph.node if n.op_type in ("MatMul", "Gemm")
+           and transposed.intersection(n.input)]
+    if not fed:
         return []
+    if _has_float16(graph):
+        return ["MatmulTransposeFusion"]
+    a_side = [n for n in fed if n.op_type == "MatMul" and n.input[0] in transposed
+              and len(n.input) > 1]
+    ranks = _ranks(graph)
+    if any(n.input[1] not in ranks for n in a_side):
+        # B is an intermediate the model states no shape for: ONNX's inference may
+        with contextlib.suppress(Exception):  # none: such a B counts as 1-D
+            ranks.update(_ranks(onnx.shape_inference.infer_shapes(model).graph))
+    if any(ranks.get(n.input[1], 1) == 1 for n in a_side):
+        return ["MatmulTransposeFusion"]
+    return []
+
+
+def _has_float16(graph: onnx.GraphProto) -> bool:
     f16 = onnx.TensorProto.FLOAT16
     typed = [*graph.input, *graph.output, *graph.value_info]
-    if not (any(v.type.tensor_type.elem_type == f16 for v in typed)
+    return (any(v.type.tensor_type.elem_type == f16 for v in typed)
             or any(t.data_type == f16 for t in graph.initializer)
             or any(n.op_type == "Cast" and any(a.name == "to" and a.i == f16
-                                               for a in n.attribute) for n in graph.node)):
-        return []
-    transposed = {o for n in graph.node if n.op_type == "Transpose" for o in n.output}
-    if not any(n.op_type in ("MatMul", "Gemm") and transposed.intersection(n.input)
-               for n in graph.node):
-        return []
-    return ["MatmulTransposeFusion"]
+                                               for a in n.attribute) for n in graph.node))
+
+
+def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
+    """The ranks the graph states: initializers, inputs, outputs, value_info."""
+    ranks = {t.name: len(t.dims) for t in graph.initializer}
+    for v in [*graph.input, *graph.output, *graph.value_info]:
+        if v.type.tensor_type.HasField("shape"):
+            ranks.setdefault(v.name, len(v.type.tensor_type.shape.dim))
+    return ranks
 
 
 # ---- errors: ours, and also the type onnxruntime raises for the same mistake ------------
