@@ -141,12 +141,13 @@ class _Ops:
         return ir.Constant(self.ity, [v] * self.lanes if self.lanes else v)
 
     def intr(self, name: str, *args: ir.Value) -> ir.Value:
-        mod = self.b.module
-        full = f"llvm.{name}.{self.suffix}"
-        fn = mod.globals.get(full)
-        if fn is None:
-            fn = ir.Function(mod, ir.FunctionType(self.ty, [self.ty] * len(args)), name=full)
-        return self.b.call(fn, list(args))
+        fty = ir.FunctionType(self.ty, [self.ty] * len(args))
+        return self.b.call(self.declare(f"llvm.{name}.{self.suffix}", fty), list(args))
+
+    def declare(self, name: str, fty: ir.FunctionType) -> ir.Function:
+        """The module's function `name` (an intrinsic), declared on first use."""
+        fn = self.b.module.globals.get(name)
+        return fn if fn is not None else ir.Function(self.b.module, fty, name=name)
 
     # float arithmetic
     def add(self, a: ir.Value, b: ir.Value) -> ir.Value:
@@ -228,10 +229,7 @@ def _ldexp(o: _Ops, p: ir.Value, n: ir.Value) -> ir.Value:
     ity = ir.VectorType(i32, o.lanes) if o.lanes else i32
     isuffix = f"v{o.lanes}i32" if o.lanes else "i32"
     name = f"llvm.ldexp.{o.suffix}.{isuffix}"
-    fn = b.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(b.module, ir.FunctionType(o.ty, [o.ty, ity]), name=name)
-    return b.call(fn, [p, b.fptosi(n, ity)])
+    return b.call(o.declare(name, ir.FunctionType(o.ty, [o.ty, ity])), [p, b.fptosi(n, ity)])
 
 
 def _scale_pow2(o: _Ops, p: ir.Value, n: ir.Value) -> ir.Value:
@@ -290,10 +288,7 @@ def _exp_zmm(o: _Ops, x: ir.Value, sign: int) -> ir.Value:
     mask_ty = ir.IntType(o.lanes)
     mask = b.bitcast(keep, mask_ty) if keep is not None else ir.Constant(mask_ty, -1)
     name = f"llvm.x86.avx512.mask.scalef.{'pd' if o.is64 else 'ps'}.512"
-    fn = b.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(b.module, ir.FunctionType(o.ty, [o.ty, o.ty, o.ty, mask_ty,
-                                                          ir.IntType(32)]), name=name)
+    fn = o.declare(name, ir.FunctionType(o.ty, [o.ty, o.ty, o.ty, mask_ty, ir.IntType(32)]))
     # rounding 4: the current direction (MXCSR), as an unmasked vscalef
     return b.call(fn, [p, n, o.c(0.0), mask, ir.Constant(ir.IntType(32), 4)])
 
