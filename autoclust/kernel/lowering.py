@@ -191,6 +191,7 @@ class LowerCtx(abc.ABC):
         """Whether the output's values reach nothing but `ops` (see read_only_by)."""
         return read_only_by(self.graph, self.output, ops)
 
+
 LowerFn = Callable[[LowerCtx], Expr]
 
 _MOVERS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten")
@@ -217,6 +218,7 @@ def read_only_by(graph: Graph, v: Value, ops: Collection[str]) -> bool:
         if not (passes_on and read_only_by(graph, node.outputs[0], ops)):
             return False
     return True
+
 
 class Refuse(Exception):
     """`value` cannot be computed inside the current kernel; it must be a buffer."""
