@@ -115,11 +115,23 @@ def _source_digest() -> str:
     """sha1 of autoclust's Python sources (~1 MB, read once per process): a Program cached
     by one version of the lowering code is never read by another."""
     if not _SOURCES:
+        import importlib.util
         import pathlib
         h = hashlib.sha1()
         root = pathlib.Path(__file__).parent.parent
-        for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+        # a source checkout maps autoclust.backends, .importers... to folders beside
+        # autoclust/ (pyproject's package-dir); installed, they are inside it
+        trees = [("", root)]
+        for sub in ("backends", "importers", "serve", "tools"):
+            spec = importlib.util.find_spec(f"autoclust.{sub}")
+            for where in (spec.submodule_search_locations or []) if spec else []:
+                path = pathlib.Path(where)
+                if root not in path.parents:
+                    trees.append((sub, path))
+        for prefix, tree in trees:
+            for path in sorted(tree.rglob("*.py")):
+                name = pathlib.Path(prefix, path.relative_to(tree))
+                h.update(str(name).encode() + b"\0" + path.read_bytes())
         _SOURCES["digest"] = h.hexdigest()
     return _SOURCES["digest"]
 

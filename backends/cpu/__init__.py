@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from autoclust.backends.cpu import choice, codegen, gemm, jit, library
+from autoclust.backends.cpu import choice, codegen, gemm, jit, library, pool
 from autoclust.backends.cpu.executable import Arena, Executable
 from llvmlite import ir
 
@@ -85,6 +85,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
     global COMPILE_COUNT
     threads = _threads(flags)
     choice.use_cache_dir(flags.cache_dir or None)  # measured GEMM choices live there too
+    pool.use_cache_dir(flags.cache_dir)  # and the native helpers' driver
     live = [k for k in kir.kernels(program.thunks) if not k.empty]
     used = {program.sharing[k.name][0] for k in live}
     kernels = [k for k in distinct_kernels(program) if k.name in used]

@@ -76,19 +76,25 @@ def onednn_builder(op: str, attrs: dict[str, Any], in_types: list, out_types: li
     n_in = len(in_types)
     weights = constants.get(1) if 1 in constants and lay[1] is None else None
 
-    def build() -> Callable:
+    def build(pack: bool = True) -> Callable:
+        """The run function; `pack=False`: without packing the weights (onednn.Matmul),
+        `run.packed` says whether an earlier packing serves it anyway."""
         mm = onednn.Matmul(a, b, y, float(attrs.get("alpha", 1.0)), epilogue, weights,
-                           threads)
+                           threads, pack)
         skip_b = mm.skip_b
+        # unpacked constant weights are fed from here: callers may pass None for them
+        fed_b = None if skip_b or weights is None else \
+            np.ascontiguousarray(weights, np.float32).reshape(in_types[1][1])
 
         def run(inputs: Sequence[np.ndarray | None], outputs: Sequence[np.ndarray]) -> None:
-            args = [inputs[0]] if skip_b else [inputs[0], inputs[1]]
+            args = [inputs[0]] if skip_b else [inputs[0], inputs[1] if fed_b is None else fed_b]
             args.append(outputs[0])
             if has_c:
                 args.append(inputs[2])
             args.extend(inputs[n_in:])  # the post-ops' operands
             mm(args)
         run.impl_info = mm.impl  # type: ignore[attr-defined]
+        run.packed = skip_b or weights is None  # type: ignore[attr-defined]
         return run
 
     return build

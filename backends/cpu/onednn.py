@@ -80,8 +80,9 @@ _LOCK = threading.Lock()
 def _candidates() -> list[str]:
     """Where libdnnl may be: $AUTOCLUST_DNNL, the environment's lib/, the loader's path."""
     bundled = os.path.join(sys.prefix, "lib", "libdnnl.so.3")
-    paths = [os.environ.get("AUTOCLUST_DNNL", ""), bundled if os.path.exists(bundled) else "",
-             ctypes.util.find_library("dnnl") or ""]
+    paths = [os.environ.get("AUTOCLUST_DNNL", ""), bundled if os.path.exists(bundled) else ""]
+    if not any(paths):  # asking the loader runs ldconfig: ~16 ms, twice per process
+        paths.append(ctypes.util.find_library("dnnl") or "")
     return [p for p in paths if p]
 
 
@@ -268,22 +269,33 @@ class Matmul:
     epilogue: (kind, shape) steps, shape the extra operand's (broadcast from the right) for
     "add"/"mul"/"sub", () for activations; ("linear", (), alpha, beta) is alpha * y + beta.
     Call with [a, b, y, *extra operands] arrays whose first element sits where the layout
-    says (strided NumPy views are fine)."""
+    says (strided NumPy views are fine); without b when `skip_b` (the weights packed).
+
+    `pack=False` with weights: use a packing of these weights made earlier (another
+    primitive's, in the same layout) but do not make one; without one the primitive reads
+    b in its own layout, fed per call like any operand (`skip_b` False). Packing BERT-
+    base's weights takes ~0.1-0.3 s of a warm process's first run, which library.py does in
+    the background while such a primitive serves."""
 
     def __init__(self, a: Operand, b: Operand, y: Operand, alpha: float = 1.0,
                  epilogue: Sequence[tuple] = (),
-                 weights: np.ndarray | None = None, threads: int = 0):
+                 weights: np.ndarray | None = None, threads: int = 0, pack: bool = True):
         lib = _lib()
         rank = max(len(a.shape), len(b.shape), len(y.shape), 2)
         a, b, y = a.padded(rank), b.padded(rank), y.padded(rank)
         self.threads = threads
         self._keep: list = []
         attr = self._attr(alpha, epilogue, rank)
-        pd = VP()
-        w_md = _md(b, FORMAT_ANY) if weights is not None else _md(b)
-        _check(lib.dnnl_matmul_primitive_desc_create(
-            ctypes.byref(pd), _STATE["engine"], _md(a), w_md, None, _md(y), attr),
-            "matmul for these shapes and post-ops")
+        pd = self._desc(a, b, y, attr, weights is not None)
+        if weights is not None and not pack:
+            packed_md = VP(lib.dnnl_primitive_desc_query_md(pd, QUERY_EXEC_ARG_MD,
+                                                            ARG_WEIGHTS))
+            with _PACKED_LOCK:
+                earlier = _packed(weights, b, packed_md)
+            if earlier is None:  # none to share: b in its own layout, fed per call
+                lib.dnnl_primitive_desc_destroy(pd)
+                weights = None
+                pd = self._desc(a, b, y, attr, False)
         info = ctypes.c_char_p()
         lib.dnnl_primitive_desc_query(pd, QUERY_IMPL_INFO, 0, ctypes.byref(info))
         self.impl = (info.value or b"").decode()
@@ -313,6 +325,15 @@ class Matmul:
         self._nargs = len(all_args)
         self._last: list = [None] * len(self._fed)
         self.skip_b = weights is not None  # b is packed inside: call without it
+
+    @staticmethod
+    def _desc(a: Operand, b: Operand, y: Operand, attr: VP, any_b: bool) -> VP:
+        """The primitive descriptor; `any_b`: oneDNN picks b's (packed) layout."""
+        pd = VP()
+        _check(_lib().dnnl_matmul_primitive_desc_create(
+            ctypes.byref(pd), _STATE["engine"], _md(a), _md(b, FORMAT_ANY) if any_b else _md(b),
+            None, _md(y), attr), "matmul for these shapes and post-ops")
+        return pd
 
     def _attr(self, alpha: float, epilogue: Sequence[tuple], rank: int) -> VP:
         lib = _lib()

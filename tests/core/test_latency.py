@@ -198,6 +198,30 @@ def test_program_key_reads_values_attributes_and_types():
         import_model(mlp(big + 1, 0.5)), f, cpu)
 
 
+
+def test_source_digest_reads_the_backends_where_they_live(monkeypatch, tmp_path):
+    """A source checkout maps autoclust.backends (and .importers...) to folders beside
+    autoclust/: the code key reads their sources too, so an edit there is a new key."""
+    import importlib.util
+    import types
+
+    from autoclust.runtime import program_cache
+    (tmp_path / "codegen.py").write_text("A = 1\n")
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        if name == "autoclust.backends":
+            return types.SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    digests = []
+    for text in ("A = 1\n", "A = 2\n"):
+        (tmp_path / "codegen.py").write_text(text)
+        monkeypatch.setattr(program_cache, "_SOURCES", {})
+        digests.append(program_cache._source_digest())
+    assert digests[0] != digests[1]
+
 @pytest.mark.speed
 def test_warm_process_first_run_is_much_faster(tmp_path):
     """The first run compiles in a cold process (lowering, LLVM), loads in a warm one."""

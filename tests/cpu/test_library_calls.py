@@ -315,3 +315,39 @@ def test_one_measurement_per_signature(monkeypatch) -> None:
         out = np.empty((96, 112), np.float32)
         fn([x, None], [out])
         np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+
+
+def test_onednn_weights_are_packed_in_the_background(monkeypatch) -> None:
+    """A GEMM on oneDNN known beforehand (--cache_dir: a warm process) does not pack its
+    weights while it is built: until the background thread has packed them, calls read
+    them as they are (right answers either way), then the packed primitive serves."""
+    from autoclust.backends.cpu import choice, onednn
+    if onednn.unavailable():
+        pytest.skip(f"oneDNN: {onednn.unavailable()}")
+    library.wait_background(30)
+    monkeypatch.setattr(choice, "known", lambda key, builders: ("onednn", "--cache_dir"))
+    library._DECISIONS.clear()
+    in_types = [(np.dtype("float32"), (96, 160)), (np.dtype("float32"), (112, 160))]
+    out_types = [(np.dtype("float32"), (96, 112))]
+    w, x = rand(112, 160), rand(96, 160)  # transB: the weights read transposed
+    with library.foreground():  # a first run in progress: background tasks wait
+        fn = library.make_call("Gemm", {"transB": 1}, in_types, out_types, 2, {1: w})
+        assert fn.impl == "onednn", fn.note
+        for _ in range(2):
+            out = np.empty((96, 112), np.float32)
+            fn([x, None], [out])  # the weights come from the call itself
+            np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-3)
+        assert id(w) not in onednn._PACKINGS  # not packed while the run holds it back
+    assert library.wait_background(60)
+    assert id(w) in onednn._PACKINGS
+    out = np.empty((96, 112), np.float32)
+    fn([x, None], [out])
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-3)
+    # another call of the same weights (a new sequence length) takes the packing at once
+    again = library.make_call("Gemm", {"transB": 1},
+                              [(np.dtype("float32"), (40, 160)), in_types[1]],
+                              [(np.dtype("float32"), (40, 112))], 2, {1: w})
+    assert library.wait_background(0)
+    out = np.empty((40, 112), np.float32)
+    again([x[:40], None], [out])
+    np.testing.assert_allclose(out, x[:40] @ w.T, rtol=1e-4, atol=1e-3)

@@ -169,3 +169,17 @@ def test_compiled_split_kernels_take_the_chosen_helpers(helpers):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]
                                 ).run(None, {"x": x})[0]
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_warm_process_loads_the_driver_from_the_cache_dir(tmp_path):
+    """The driver's object code goes to --cache_dir: a second process pointed at it starts
+    its pool without an LLVM compile (the compile cost every warm first run 0.05-0.1 s)."""
+    import subprocess
+    import sys
+    prog = ("from autoclust.backends.cpu import jit, pool\n"
+            f"pool.use_cache_dir({str(tmp_path)!r})\n"
+            "assert pool.get(2) is not None\n"
+            "print(jit.COUNTS['compiles'])\n")
+    counts = [int(subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                                 check=True).stdout.split()[-1]) for _ in range(2)]
+    assert counts == [1, 0]
