@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import onnx
+import onnx.parser
 import pytest
 from autoclust.tools import cli
 from autoclust.tools.debug import shrink
@@ -215,6 +216,41 @@ def test_worker_crash_is_caught_reported_and_shrunk(monkeypatch, tmp_path):
         worker.close()
     kinds = [n.op_type for n in model.graph.node]
     assert kinds == ["Tanh"], kinds
+
+
+def test_onnxruntime_crash_is_its_own_and_never_runs_in_process(monkeypatch, tmp_path):
+    # fuzz 81/371: onnxruntime's int32 Div of INT_MIN by -1 dies of SIGFPE. The crash is
+    # onnxruntime's (its reference alone kills the worker), and shrinking and the bundle
+    # must not run onnxruntime over the model here: that ended the whole fuzz run.
+    div = onnx.parser.parse_model('<ir_version: 10, opset_import: ["" : 18]>\n'
+                                  "g (int32[2] a, int32 b, float[2] x) => (int32[2] y, "
+                                  "float[2] z) { y = Div (a, b) z = Neg (x) }")
+    feeds = {"a": np.array([-2 ** 31, 7], np.int32), "b": np.array(-1, np.int32),
+             "x": np.ones(2, np.float32)}
+    case = fuzz_gen.Case(div, feeds, (81, 371))
+
+    ran = []
+
+    def in_process(*args):  # (a raise alone: shrink_nodes takes it for a refusal)
+        ran.append(args)
+        raise AssertionError("onnxruntime ran over the model in the fuzzer's process")
+
+    monkeypatch.setattr(shrink, "intermediate_values", in_process)
+    monkeypatch.setattr(fuzz.repro, "run_ort", in_process)
+    worker = fuzz.Worker(timeout=120)
+    try:
+        variants = [{"device": "interpreter", "min_cluster_size": 1}]
+        outcome = worker(div, feeds, variants)
+        assert outcome.kind == "crash" and outcome.where == "onnxruntime", outcome
+        assert outcome.signature() == "crash in onnxruntime"
+        info = fuzz._report(case, variants, outcome, worker, str(tmp_path), "interpreter",
+                            lambda line: None)
+    finally:
+        worker.close()
+    assert not ran
+    assert [n.op_type for n in onnx.load(info["bundle"] + "/model.onnx").graph.node] == ["Div"]
+    meta = json.loads((tmp_path / "case_81_371_crash" / "meta.json").read_text())
+    assert "onnxruntime crashes" in meta["expected_error"]
 
 
 def test_worker_hang_times_out(monkeypatch):

@@ -8,10 +8,11 @@ Each case is a random valid graph (tools/fuzz/gen.py) checked by the oracle in
 tools/fuzz/check.py: onnxruntime (optimizations off) and our interpreter, then autoclust
 on the chosen device plus metamorphic variants that force clusters to fall back. Cases run
 in a worker subprocess, so a segfault or hang in compiled code is caught and reported as
-a crash; the worker is restarted. A failing case is shrunk (tools/debug/shrink.py, through
-the same worker) and written as a repro bundle under --out (tools/debug/repro.py; `autoclust
-replay BUNDLE` reruns it); the first --per-cause failures of each signature (kind, side,
-op, cause) are reported, and the summary counts failures per signature. --features picks
+a crash (in "onnxruntime" when its reference run alone kills a worker too); the worker is
+restarted. A failing case is shrunk (tools/debug/shrink.py, through the same worker) and
+written as a repro bundle under --out (tools/debug/repro.py; `autoclust replay BUNDLE`
+reruns it); the first --per-cause failures of each signature (kind, side, op, cause) are
+reported, and the summary counts failures per signature. --features picks
 what graphs may contain (tools/fuzz/build.py PRESETS). Exit status 1 when any case
 mismatched, crashed or raised.
 """
@@ -160,7 +161,11 @@ class Worker:
         ready, _, _ = select.select([proc.stdout], [], [], self.timeout)
         line = proc.stdout.readline() if ready else ""
         if not line:
-            return self._crashed("" if ready else f"timed out after {self.timeout:g} s")
+            crash = self._crashed("" if ready else f"timed out after {self.timeout:g} s")
+            if ready and expected is None and (variants or interpreter) and \
+                    self(model, feeds, [], None, False).kind == CRASH:
+                crash.where = "onnxruntime"  # its reference alone kills the worker
+            return crash
         return Outcome(**json.loads(line))
 
     def _files(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray],
@@ -281,6 +286,12 @@ def variants_for_case(case: fuzz_gen.Case, device: str, metamorphic: int = 2,
     return fuzz_check.variants_for(case.model, device, rng, metamorphic, check_bounds)
 
 
+def crashes_onnxruntime(outcome: Outcome) -> bool:
+    """Whether onnxruntime's own reference run killed the worker (Worker.__call__): then
+    nothing may run onnxruntime over the model in this process."""
+    return outcome.kind == CRASH and outcome.where == "onnxruntime"
+
+
 def shrink_failure(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome,
                    checker: Checker) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The smallest graph found that fails like `outcome` does."""
@@ -292,7 +303,11 @@ def shrink_failure(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome,
     def still_fails(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> bool:
         return outcome.same_failure(checker(model, feeds, variants))
 
-    return shrink.shrink(case.model, case.feeds, still_fails)
+    # Cutting nodes feeds the cut values from onnxruntime, run here: not on a model that
+    # crashes it (fuzz 81/371: int32 INT_MIN / -1 in onnxruntime's Div, SIGFPE, took the
+    # whole run down).
+    phases = tuple(p for p in shrink.PHASES if p != "nodes" or not crashes_onnxruntime(outcome))
+    return shrink.shrink(case.model, case.feeds, still_fails, phases)
 
 
 def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker: Checker,
@@ -309,7 +324,8 @@ def _report(case: fuzz_gen.Case, variants: list[dict], outcome: Outcome, checker
     model, feeds = shrink_failure(case, variants, outcome, checker)
     folder = os.path.join(out_dir, f"case_{seed}_{index}_{outcome.kind}")
     info["shrunk_ops"] = fuzz_check.ops_of(model)
-    info["bundle"] = repro.write_bundle(folder, model, feeds, info)
+    info["bundle"] = repro.write_bundle(folder, model, feeds, info,
+                                        reference=not crashes_onnxruntime(outcome))
     log(f"  shrunk {info['original_nodes']} -> {len(model.graph.node)} nodes "
         f"({' '.join(info['shrunk_ops'])}): {folder}")
     return info
