@@ -159,9 +159,13 @@ class ClusterRunner:
         return self._stand_in
 
     def unmeasurable(self) -> str | None:
-        """Why this cluster cannot be timed against onnxruntime (None: it can)."""
+        """Why this cluster cannot be timed against onnxruntime (None: it can): a custom
+        op onnxruntime cannot load, or a division onnxruntime may crash the process on
+        (measured placement runs onnxruntime on the same inputs)."""
         from autoclust.ops import custom
-        return "a custom op onnxruntime cannot load" if custom.in_graph(self.graph) else None
+        if custom.in_graph(self.graph):
+            return "a custom op onnxruntime cannot load"
+        return registry.fallback().crashing_division(self.graph)
 
     def fingerprint(self) -> str:
         """A hash of the cluster's graph, weights' names and types, and code flags."""
@@ -246,8 +250,9 @@ class ClusterRunner:
         bad input, not a compile failure; raise InvalidInputError naming the cluster and
         the rule, and keep the cluster compiled for good inputs. Returns when onnxruntime
         runs them (our rule is wrong: the caller falls back, warned)."""
-        if self.unmeasurable() is not None:
-            return  # a custom op: no onnxruntime to ask (its host runtime has our rules)
+        from autoclust.ops import custom
+        if custom.in_graph(self.graph):
+            return  # no onnxruntime to ask (its host runtime has our rules)
         segment = self.onnxruntime_segment(quiet=True)
         if segment is None:
             return
@@ -522,7 +527,9 @@ class Runtime:
             return None
         if any(not isinstance(r, (ClusterRunner, SegmentRunner)) or
                (isinstance(r, ClusterRunner) and r.unmeasurable()) for r in self.runners):
-            return None  # control flow, custom ops: onnxruntime cannot run the whole model
+            # control flow, custom ops: onnxruntime cannot run the whole model; a division
+            # it may crash on: it must not run what the compiled code answers
+            return None
         return autotune.WholePlan(self, self.placement)
 
     def whole_model_segment(self) -> Any:

@@ -120,6 +120,28 @@ def broken_optimizers(model: onnx.ModelProto) -> list[str]:
     return []
 
 
+def crashing_division(graph: Any) -> str | None:
+    """Why onnxruntime may kill the process running `graph` (autoclust's Graph) on some
+    input, or None. onnxruntime 1.31's int32/int64 Div, and Mod without fmod, divide
+    INT_MIN by -1 with the CPU's own instruction, which raises SIGFPE (fuzz seed 81/371; a
+    zero divisor it checks and reports). The compiled code answers INT_MIN, as NumPy does,
+    so autoclust must not hand such a division to onnxruntime just to time it. Safe: a
+    constant divisor without -1, or a constant dividend without INT_MIN."""
+    for node in graph.nodes:
+        if node.op not in ("Div", "Mod") or (node.op == "Mod" and node.attrs.get("fmod", 0)):
+            continue
+        dtype = node.outputs[0].dtype
+        if dtype is None or dtype.name not in ("int32", "int64"):
+            continue
+        a, b = (graph.constant_value(v) for v in node.inputs[:2])
+        if (b is not None and not (b == -1).any()) or \
+                (a is not None and not (a == np.iinfo(dtype).min).any()):
+            continue
+        return (f"{node.name} ({node.op} of {dtype.name}): onnxruntime's kernel kills the "
+                "process (SIGFPE) dividing INT_MIN by -1, which the compiled code answers")
+    return None
+
+
 def _has_float16(graph: onnx.GraphProto) -> bool:
     f16 = onnx.TensorProto.FLOAT16
     typed = [*graph.input, *graph.output, *graph.value_info]

@@ -2,7 +2,8 @@
 fault: no exception to catch) or makes it answer wrongly are run without that optimizer
 (backends/ort.broken_optimizers): autoclust makes onnxruntime sessions over sub-models
 (measured placement, fallback segments) and over the whole model, and none of them may
-take the process down or change an answer."""
+take the process down or change an answer. Nor may measured placement hand onnxruntime a
+division its kernel crashes on (backends/ort.crashing_division)."""
 
 from __future__ import annotations
 
@@ -115,3 +116,63 @@ def test_transposed_a_times_a_vector_is_right(flags):
     for _ in range(12):  # measured placement times the cluster against onnxruntime
         got = sess.run(None, {"x": x})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+DIVIDE = """
+import sys, numpy as np, autoclust
+from onnx import TensorProto, helper
+dtype = sys.argv[1]
+T = {"int32": TensorProto.INT32, "int64": TensorProto.INT64}[dtype]
+nodes = [helper.make_node(sys.argv[2], ["a", "b"], ["q"]),
+         helper.make_node("Cast", ["q"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["f", "f"], ["m"]), helper.make_node("Add", ["m", "f"], ["y"])]
+graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, T, [2]) for n in "ab"],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 10
+sess = autoclust.InferenceSession(model, min_cluster_size=1)
+lo = np.iinfo(dtype).min
+a, b = np.array([lo, 7], dtype), np.array([-1, 2], dtype)
+for _ in range(12):  # measured placement would time onnxruntime from the second run on
+    y = sess.run(None, {"a": a, "b": b})[0]
+q = np.array([lo, 3] if sys.argv[2] == "Div" else [0, 1], np.float32)  # INT_MIN / -1 wraps
+np.testing.assert_array_equal(y, q * q + q)
+print("ok", sess.explain().count("not measured"))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+def test_integer_division_onnxruntime_crashes_on_is_not_measured(dtype, op):
+    """onnxruntime 1.31's int32/int64 Div (and Mod) of INT_MIN by -1 raises SIGFPE (fuzz
+    81/371); the compiled cluster answers INT_MIN (as NumPy), so measured placement must
+    keep it compiled without running onnxruntime on the same inputs."""
+    proc = subprocess.run([sys.executable, "-c", DIVIDE, dtype, op], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split() == ["ok", "1"], proc.stdout
+
+
+def test_crashing_division_spares_constants_that_cannot_trap():
+    from autoclust.importers.onnx import import_model
+
+    def graph(divisor: np.ndarray | None, dividend: np.ndarray | None = None,
+              op: str = "Div", dtype: int = TensorProto.INT64, **attrs):
+        inits = [numpy_helper.from_array(v, n) for n, v in (("a", dividend), ("b", divisor))
+                 if v is not None]
+        inputs = [helper.make_tensor_value_info(n, dtype, [2]) for n, v in
+                  (("a", dividend), ("b", divisor)) if v is None]
+        g = helper.make_graph([helper.make_node(op, ["a", "b"], ["q"], **attrs)], "g", inputs,
+                              [helper.make_tensor_value_info("q", dtype, [2])], inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 10
+        return import_model(m)
+
+    assert "SIGFPE" in ort_backend.crashing_division(graph(None))
+    assert "SIGFPE" in ort_backend.crashing_division(graph(np.array([3, -1], np.int64)))
+    assert "SIGFPE" in ort_backend.crashing_division(graph(None, op="Mod"))
+    assert ort_backend.crashing_division(graph(np.array([3, 2], np.int64))) is None
+    assert ort_backend.crashing_division(graph(None, np.array([5, 6], np.int64))) is None
+    assert ort_backend.crashing_division(graph(None, op="Mod", fmod=1)) is None
+    assert ort_backend.crashing_division(graph(None, dtype=TensorProto.INT8)) is None
+    assert ort_backend.crashing_division(graph(None, dtype=TensorProto.FLOAT)) is None
