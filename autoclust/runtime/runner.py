@@ -86,6 +86,9 @@ class ClusterRunner:
         self.stand_in_runs = 0
         self._stand_in: Any = None
         self._async_lock = threading.Lock()  # not _lock: a compile holds that throughout
+        # a division onnxruntime may crash the process on (backends/ort.crashing_division):
+        # neither measured placement nor --async_compile's stand-in runs onnxruntime on it
+        self.ort_crash = registry.fallback().crashing_division(graph)
         self.progress: Any = None  # () -> Progress of the run's compiles, set by Runtime
         # a device backend's values are copied to the host for onnxruntime
         self._to_host = backend.to_host if registry.policy(backend).device_memory else None
@@ -104,7 +107,7 @@ class ClusterRunner:
             key += tuple(inputs[i].tobytes() for i in self.shape_value_index)
         exe = self.route.get(key)
         if exe is None:
-            if (self.flags.async_compile and not self.flags.must_compile
+            if (self.flags.async_compile and not self.flags.must_compile and not self.ort_crash
                     and key not in self.cache and not self._class_serves(inputs)):
                 return self._run_while_compiling(key, inputs)
             exe = self._place(key, inputs)
@@ -165,7 +168,7 @@ class ClusterRunner:
         from autoclust.ops import custom
         if custom.in_graph(self.graph):
             return "a custom op onnxruntime cannot load"
-        return registry.fallback().crashing_division(self.graph)
+        return self.ort_crash
 
     def fingerprint(self) -> str:
         """A hash of the cluster's graph, weights' names and types, and code flags."""

@@ -130,7 +130,7 @@ graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, T, [2]) 
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 model.ir_version = 10
-sess = autoclust.InferenceSession(model, min_cluster_size=1)
+sess = autoclust.InferenceSession(model, min_cluster_size=1, **eval(sys.argv[3]))
 lo = np.iinfo(dtype).min
 a, b = np.array([lo, 7], dtype), np.array([-1, 2], dtype)
 for _ in range(12):  # measured placement would time onnxruntime from the second run on
@@ -143,12 +143,13 @@ print("ok", sess.explain().count("not measured"))
 
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
 @pytest.mark.parametrize("op", ["Div", "Mod"])
-def test_integer_division_onnxruntime_crashes_on_is_not_measured(dtype, op):
+@pytest.mark.parametrize("flags", [{}, {"async_compile": True}])
+def test_integer_division_onnxruntime_crashes_on_is_not_measured(dtype, op, flags):
     """onnxruntime 1.31's int32/int64 Div (and Mod) of INT_MIN by -1 raises SIGFPE (fuzz
-    81/371); the compiled cluster answers INT_MIN (as NumPy), so measured placement must
-    keep it compiled without running onnxruntime on the same inputs."""
-    proc = subprocess.run([sys.executable, "-c", DIVIDE, dtype, op], check=False,
-                          capture_output=True, text=True, timeout=120)
+    81/371); the compiled cluster answers INT_MIN (as NumPy), so neither measured placement
+    nor --async_compile's stand-in may run onnxruntime on the same inputs."""
+    proc = subprocess.run([sys.executable, "-c", DIVIDE, dtype, op, repr(flags)],
+                          check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.split() == ["ok", "1"], proc.stdout
 
