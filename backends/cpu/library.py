@@ -605,7 +605,10 @@ def _packing_later(build: Callable[..., RunFn]) -> RunFn:
     length of the call) serve at once."""
     if not BACKGROUND_PREPACK:
         return build()
-    plain = build(pack=False)
+    try:
+        plain = build(pack=False)
+    except onednn.OneDNNError:  # the weights' own layout refused: pack them now, as before
+        return build()
     if getattr(plain, "packed", True):
         return plain
     return _until_ready(_in_background(build), plain, lambda packed: packed)
