@@ -36,6 +36,21 @@ def test_decide(compiled, onnx_rt, final, want):
     assert (verdict and verdict[0]) == want, verdict
 
 
+@pytest.mark.parametrize("compiled, onnx_rt, want", [
+    ([10] * 9, [9.8, 9.9, 9.75, 9.9, 9.8, 9.85, 9.9, 9.8, 9.9], ONNXRUNTIME),  # 1.5% slower
+    ([10] * 9, [10.2, 10.1, 10.25, 10.1, 10.2, 10.15, 10.1, 10.2, 10.1], COMPILED),  # faster
+    ([10] * 9, [10] * 9, COMPILED),                        # a dead heat: no reason to move
+    ([10, 10], [5, 5], COMPILED),                          # too few pairs: keep, as before
+])
+def test_whole_model_ties_go_to_onnxruntime(compiled, onnx_rt, want):
+    """The whole model's trial: within noise, a plan that is not faster in the median
+    hands the model to onnxruntime (the baseline itself); a cluster keeps compiled code."""
+    verdict = autotune.decide(compiled, onnx_rt, final=True, ties=ONNXRUNTIME)
+    assert verdict[0] == want, verdict
+    if want == ONNXRUNTIME:
+        assert autotune.decide(compiled, onnx_rt, final=True)[0] == COMPILED
+
+
 class FakeClock:
     def __init__(self):
         self.now = 0.0
@@ -326,6 +341,16 @@ def test_whole_plan_kept_when_it_wins(monkeypatch):
     whole = sess.explain(as_json=True)["placement"][-1]
     assert whole["cluster"] == autotune.WHOLE and whole["winner"] == COMPILED
     assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._PlanSide)
+
+
+def test_whole_plan_within_noise_but_slower_goes_back(monkeypatch):
+    """2% slower than onnxruntime over the whole model: within the margin, so a cluster
+    would stay compiled, but the whole model goes to onnxruntime."""
+    _, _, sess = _whole_decided(monkeypatch, plan_ms=2.04, whole_ort_ms=2.0)
+    whole = sess.explain(as_json=True)["placement"][-1]
+    assert whole["cluster"] == autotune.WHOLE and whole["winner"] == ONNXRUNTIME, whole
+    assert "within noise and not faster" in whole["reason"]
+    assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._OrtSide)
 
 
 def test_the_whole_model_side_is_the_users_own_graph(monkeypatch):
