@@ -318,6 +318,15 @@ CASES = [
                    id=f"new-{op}-empty-axis-empty-result-{kd}-{mode}")
       for op in ("ArgMax", "ArgMin") for kd in (0, 1)
       for mode, flags in (("compiled", COMPILED), ("interp", INTERP), ("default", DEFAULT))],
+    # onnxruntime raises "left operand cannot broadcast" on [3, 5, 0, 1] @ [1] (fuzz 82/407,
+    # 81/158); NumPy's and the spec's [3, 5, 0] is expected (tools/fuzz/truth.run_reference)
+    *[pytest.param(_model("g (int64[3,5,0,1] i, float[5,1,1,1] x, float[1] b) => "
+                          "(float[?,?,?] y) { g = GatherElements <axis = -3> (x, i) "
+                          "y = MatMul (g, b) }"),
+                   {"i": np.zeros((3, 5, 0, 1), np.int64), "x": np.ones((5, 1, 1, 1), F),
+                    "b": np.array([-0.98], F)}, flags, "ort",
+                   id=f"new-MatMul-empty-by-1d-{mode}")
+      for mode, flags in (("compiled", COMPILED), ("interp", INTERP))],
     # ---- integer Div/Mod by zero: onnxruntime raises, so must autoclust -------------------
     *[pytest.param(_model(f"g (int32[3] a, int32[3] b) => (int32[3] y) {{ y = {op} (a, b) }}"),
                    {"a": np.array([7, -7, 5], np.int32), "b": np.array([2, 2, 0], np.int32)},
