@@ -186,6 +186,10 @@ def refined_row_domain(v_shape: tuple[int, ...], x_shape: tuple[int, ...],
     shape = tuple(a // b for a, b in itertools.pairwise(cuts))
     row = math.prod(x_shape[n - len(axes):])
     n_inner = sum(1 for c in cuts[1:] if c < row)
+    if n_inner == 0:
+        # one-element rows leave no cut inside the row (GroupNorm of one channel per
+        # group over 1x1 pixels: x [2, 3, 1], v [2, 3, 1, 1]): a unit inner loop
+        shape, cuts, n_inner = shape + (1,), cuts + [1], 1
     flat = Affine(0, tuple(cuts[1:]))
     idx = delinearize(flat, tuple(v_shape), shape)
     return (shape, n_inner, idx) if idx is not None else None

@@ -299,6 +299,43 @@ def test_reference_layer_norm_fix_honours_stash_type_and_matches_the_plain_case(
         np.testing.assert_allclose(arbiter.reference(0), want, rtol=1e-5, atol=1e-6)
 
 
+def test_reference_arbiter_group_norm_statistics_are_exact():
+    # fuzz 79/216 (and 80/63 through HardSwish): the GroupNorm departure of docs/fuzzing.md
+    # behind a comparison, which only the reference can arbitrate; onnxruntime's float32
+    # squares of 1e20 overflow (NaN)
+    model = _model("g (float[1,4,1] x, float[2] s, float[2] b) => (bool[1,4,1] y) { "
+                   "n = GroupNormalization <num_groups = 2, epsilon = 0.1> (x, s, b) "
+                   "z = Constant <value = float {0}> () y = Less (n, z) }", opset=18)
+    feeds = {"x": np.array([[[1e20], [-2], [3], [4]]], F32), "s": np.array([1, -1], F32),
+             "b": np.array([0.25, 0.5], F32)}
+    # [1, -1] * 1 + 0.25 and [-0.85, 0.85] * -1 + 0.5 (onnxruntime: NaN, NaN, 1.35, -0.35)
+    exact = np.array([[[False], [True], [False], [True]]])
+    want = fuzz_check.run_ort(model, feeds)
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    assert arbiter.truth(0) is None  # a comparison: the reference decides
+    assert "differ" in fuzz_check.compare([exact], want)
+    assert fuzz_check.compare([exact], want, arbiter=arbiter) == ""
+    assert "differ" in fuzz_check.compare([~exact], want, arbiter=arbiter)
+
+
+@pytest.mark.parametrize("opset, params, dtype", [(18, 3, F32), (18, 3, np.float16),
+                                                  (21, 6, F32), (21, 6, np.float16)])
+def test_reference_group_norm_fix_matches_onnxruntime_on_plain_inputs(opset, params, dtype):
+    # opset 18: scale and bias per group; 21: per channel
+    dt = "float" if dtype == F32 else "float16"
+    model = _model(f"g ({dt}[2,6,2,3] x, {dt}[{params}] s, {dt}[{params}] b) => "
+                   f"({dt}[2,6,2,3] y) {{ y = GroupNormalization <num_groups = 3> (x, s, b) }}",
+                   opset)
+    rng = np.random.default_rng(opset)
+    feeds = {k: (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+             for k, shape in (("x", (2, 6, 2, 3)), ("s", params), ("b", params))}
+    want = fuzz_check.run_ort(model, feeds)[0]
+    got = fuzz_truth.Arbiter(model, feeds).reference(0)
+    assert got.dtype == want.dtype
+    tol = 1e-5 if dtype == F32 else 4e-3
+    np.testing.assert_allclose(got.astype(F32), want.astype(F32), rtol=tol, atol=tol)
+
+
 PADS = [("constant", [2, -2]), ("constant", [-2, 2]), ("constant", [2, -4]),
         ("edge", [2, -2]), ("edge", [1, -3]), ("wrap", [-2, 2]), ("wrap", [1, -3]),
         ("reflect", [1, -1]), ("reflect", [-1, 1])]

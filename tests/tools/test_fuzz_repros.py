@@ -212,6 +212,15 @@ CASES = [
                   "b": np.zeros(1, F)}, COMPILED,
                  np.array([[[-0.57735, 1.7320508, -0.57735, -0.57735]]], F),
                  id="new-GroupNorm-1e20"),  # fixed: the variance sums in float64
+    # fixed: one-element groups (one channel per group, 1x1 pixels) fit no row kernel: the
+    # cluster fell back ("GroupNormalization needs a row kernel", fuzz 85/162)
+    *[pytest.param(_model(f"g (float[{shape}] x, float[3] s, float[3] b) => (float[{shape}] y) "
+                          "{ z = GroupNormalization <num_groups = 3, epsilon = 0.01> (x, s, b) "
+                          "y = Neg (z) }", opset=21),
+                   {"x": np.arange(6, dtype=F).reshape([int(d) for d in shape.split(",")]),
+                    "s": np.array([0.5, -0.7, 2], F), "b": np.array([0.25, -0.3, 1], F)},
+                   COMPILED, "ort", id=f"new-GroupNorm-one-element-groups-{shape}")
+      for shape in ("2,3,1,1", "2,3,1,1,1")],
     # (onnxruntime's one-pass variance overflows there: NaN; this row checks the true value)
     *[pytest.param(_model(f"g (float[3] x) => (float[3] y) {{ y = {op} (x) }}"),
                    {"x": np.array([-4.4e-5, -1e-6, -0.5], F)}, INTERP, "ort",

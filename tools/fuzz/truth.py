@@ -16,8 +16,9 @@
 Dtypes always follow onnxruntime, shapes too unless the reference gives ours, values and
 all (`agrees`); both opinions are computed only when a mismatch needs one.
 onnx.reference's own departures from the spec are replaced (spec_fixes: Clip,
-GatherElements, LayerNormalization, LogSoftmax, Pad), or its opinion would condemn a right
-answer or, where it raises, leave a wrong one of onnxruntime's standing.
+GatherElements, GroupNormalization, LayerNormalization, LogSoftmax, Pad), or its opinion
+would condemn a right answer or, where it raises, leave a wrong one of onnxruntime's
+standing.
 
 `run_reference` tells onnxruntime's own failures from the feeds' errors: a run that raises
 but succeeds with the memory planner's buffer reuse off failed inside onnxruntime.
@@ -25,6 +26,7 @@ but succeeds with the memory planner's buffer reuse off failed inside onnxruntim
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
@@ -321,7 +323,7 @@ def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nd
 def spec_fixes() -> list[type]:
     """onnx.reference ops replaced where they depart from the spec's text."""
     return [_gather_elements_op(), _clip_op(), _log_softmax_op(), _pad_op(),
-            _layer_normalization_op()]
+            _layer_normalization_op(), _group_normalization_op()]
 
 
 def _layer_normalization_op() -> type:
@@ -349,6 +351,32 @@ def _layer_normalization_op() -> type:
             stash = onnx.helper.tensor_dtype_to_np_dtype(stash_type)
             return (y.astype(x.dtype), mean.astype(stash), inv_std.astype(stash))
     return LayerNormalization
+
+
+def _group_normalization_op() -> type:
+    """onnx.reference's GroupNormalization (the spec's function), fixed as LayerNormalization
+    is above: its float32 statistics overflow on the square of 1e20. Computes them exactly
+    (float64) and rounds the normalized X to X's dtype before scale and bias, as autoclust
+    does (the departure of docs/fuzzing.md): behind a comparison (Less, fuzz 79/216) the
+    departure had no arbiter. Scale and bias are per group in opset 18, per channel from
+    21; stash_type changes nothing exact statistics already give."""
+    from onnx.reference.op_run import OpRun
+
+    class GroupNormalization(OpRun):
+        op_domain = ""
+
+        def _run(self, x, scale, bias, epsilon=1e-5, num_groups=1, stash_type=1):
+            (n, c), groups, pixels = x.shape[:2], int(num_groups), math.prod(x.shape[2:])
+            wide = x.astype(np.float64).reshape(n, groups, c // groups * pixels)
+            mean = wide.mean(axis=2, keepdims=True)
+            diff = wide - mean
+            inv_std = 1 / np.sqrt((diff * diff).mean(axis=2, keepdims=True) + epsilon)
+            y = (diff * inv_std).astype(x.dtype).reshape(n, c, pixels)
+            if self.run_params["opsets"].get("", 21) < 21:  # one scale and bias per group
+                scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
+            y = y * scale.reshape(1, c, 1) + bias.reshape(1, c, 1)
+            return (y.astype(x.dtype).reshape(x.shape),)
+    return GroupNormalization
 
 
 def _log_softmax_op() -> type:
