@@ -318,6 +318,34 @@ def test_reference_arbiter_group_norm_statistics_are_exact():
     assert "differ" in fuzz_check.compare([~exact], want, arbiter=arbiter)
 
 
+def test_float64_arbiter_lends_its_spread_where_onnxruntime_has_none():
+    # fuzz 89/290: the LayerNorm departure where 1e20 and -1e20 cancel in the mean. The
+    # exact mean is -1.6e10, a float32 sum in order gives 9.6e8 (-8.7e10 and 4.8e9 vanish
+    # beside 1e20, whose ulp is 8.8e12), so the small elements (about 1e-10) have no one
+    # float32 answer; onnxruntime's overflowing squares give zeros, which do not move when
+    # the inputs do, so only the float64 result's own spread (5.6e-8 there) can tell.
+    model = _model("g (float[1,5] x, float[5] s) => (float[1,5] y) "
+                   "{ y = LayerNormalization <axis = -1, epsilon = 0.01> (x, s) }", opset=17)
+    x = np.array([[1e20, -8.7e10, -0.67, -1e20, 4.8e9]], F32)
+    feeds = {"x": x, "s": np.ones(5, F32)}
+    want = fuzz_check.run_ort(model, feeds)
+    assert not want[0].any()
+    summed = F32(0)
+    for v in x[0]:
+        summed = F32(summed + v)
+    std = np.sqrt(np.mean((x.astype(np.float64) + 1.644e10) ** 2))
+    got = ((x - summed / F32(5)) / F32(std)).astype(F32)  # [1.58, -1.4e-9, -1.5e-11, ...]
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    truth = arbiter.truth(0)
+    assert truth[0, 2] > 0 > got[0, 2]  # farther from the truth than onnxruntime's 0
+    assert fuzz_check.compare([got], want, arbiter=arbiter) == ""
+    wrong = got.copy()
+    wrong[0, 2] = 1e-6  # beyond 8 times what one ulp of the inputs moves it
+    assert "first at (0, 2)" in fuzz_check.compare([wrong], want, arbiter=arbiter)
+    spread = arbiter.truth_spread(0, truth, fuzz_check._distance)
+    assert 1e-8 < spread[0, 2] < 1e-7
+
+
 @pytest.mark.parametrize("opset, params, dtype", [(18, 3, F32), (18, 3, np.float16),
                                                   (21, 6, F32), (21, 6, np.float16)])
 def test_reference_group_norm_fix_matches_onnxruntime_on_plain_inputs(opset, params, dtype):

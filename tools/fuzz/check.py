@@ -45,15 +45,20 @@ import onnx
 import onnxruntime as ort
 from autoclust.tools.fuzz import truth as fuzz_truth
 from autoclust.tools.fuzz import values as fuzz_values
-from autoclust.tools.fuzz.truth import ort_session, run_ort  # noqa: F401 - check.run_ort
+from autoclust.tools.fuzz.truth import (  # noqa: F401 - check.run_ort
+    JITTER_RUNS,
+    SENSITIVITY,
+    exact_values,
+    integral,
+    ort_session,
+    run_ort,
+)
 
 DTYPE_RTOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-9}
 # The defaults of check()'s and the tools' rtol/atol: None means per dtype (above).
 RTOL: float | None = None
 ATOL: float | None = None
 F16_ULPS = 8
-SENSITIVITY = 8.0
-JITTER_RUNS = 4
 
 OK, MISMATCH, ERROR, CRASH, INVALID = "ok", "mismatch", "error", "crash", "invalid"
 # Outputs were right, but a cluster's compile failed and it fell back to onnxruntime: a
@@ -148,7 +153,7 @@ def _spread(sess: ort.InferenceSession, feeds: dict[str, np.ndarray],
     rng = np.random.default_rng(0)
     spread: list[np.ndarray | None] = [np.zeros(w.shape, _spread_type(w)) for w in expected]
     for _ in range(JITTER_RUNS):
-        moved = {k: v if k in exact and _integral(v) else fuzz_values.jitter(rng, v)
+        moved = {k: v if k in exact and integral(v) else fuzz_values.jitter(rng, v)
                  for k, v in {**feeds, **constants}.items()}
         try:
             outs = sess.run(None, moved)
@@ -184,17 +189,6 @@ def _distance32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return d
 
 
-def exact_values(model: onnx.ModelProto) -> set[str]:
-    """Values the jitter leaves alone when they hold integers: Pow's exponents. Pow(x, 2)
-    of a negative x is x*x, Pow(x, 2.0000002) is NaN: RMSNorm's x^2 in every real export
-    then had an infinite spread, and the oracle accepted any answer downstream of it."""
-    return {n.input[1] for n in model.graph.node if n.op_type == "Pow" and len(n.input) > 1}
-
-
-def _integral(x: np.ndarray) -> bool:
-    return x.dtype.kind == "f" and bool(np.all(np.isfinite(x) & (x == np.round(x))))
-
-
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
 
 
@@ -206,7 +200,7 @@ def _constants_as_inputs(model: onnx.ModelProto, exact: set[str]
     model = fuzz_truth.explicit_clip_bounds(model)
     arrays = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
               if t.data_type in _FLOATS}
-    arrays = {k: v for k, v in arrays.items() if not (k in exact and _integral(v))}
+    arrays = {k: v for k, v in arrays.items() if not (k in exact and integral(v))}
     if not arrays:
         return model, {}
     free = onnx.ModelProto()
