@@ -86,20 +86,34 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
 
 def broken_optimizers(model: onnx.ModelProto) -> list[str]:
     """onnxruntime graph optimizers to turn off for `model`: those that crash onnxruntime on
-    it or make it answer wrongly. Both cases below are onnxruntime 1.31's
-    MatmulTransposeFusion at ORT_ENABLE_ALL, found by `autoclust fuzz` through sessions
-    autoclust made (a cluster's side in measured placement, a fallback segment); plain
-    onnxruntime fails the same way on the same model:
-      - a segmentation fault creating the session, on a float16 graph in which a Transpose
-        that is not a swap of the last two dims (perm [1, 2, 0] of a 3-D tensor) feeds a
-        MatMul with a constant B (seed 77; float32 is fine). Turning off any one of
-        MatmulTransposeFusion, FuseFp16InitializerToFp32NodeTransformer, NchwcTransformer
-        avoids it;
-      - wrong values (float32 too) where a Transpose feeds a MatMul's A and B is 1-D:
-        Transpose([3, 2]) @ [3] gave [0.014, 1.365] for [-0.690, 0.985] (seed 80).
-    The fusion has no float16 CPU kernel to fuse into, and the A side with a vector B is
-    not where attention's transposes are (K^T is B's), so turning it off costs nothing
-    that matters; a B of unknown rank counts as 1-D."""
+    it or make it answer wrongly or fail. All were found by `autoclust fuzz` through
+    sessions autoclust made (a cluster's side in measured placement, a fallback segment,
+    the whole model); plain onnxruntime 1.31 fails the same way on the same model:
+      - MatmulTransposeFusion at ORT_ENABLE_ALL segfaults creating the session on a float16
+        graph in which a Transpose that is not a swap of the last two dims (perm [1, 2, 0]
+        of a 3-D tensor) feeds a MatMul with a constant B (seed 77; float32 is fine).
+        Turning off any one of MatmulTransposeFusion,
+        FuseFp16InitializerToFp32NodeTransformer, NchwcTransformer avoids it;
+      - the same fusion answers wrongly (float32 too) where a Transpose feeds a MatMul's A
+        and B is 1-D: Transpose([3, 2]) @ [3] gave [0.014, 1.365] for [-0.690, 0.985]
+        (seed 80). It has no float16 CPU kernel to fuse into, and the A side with a vector
+        B is not where attention's transposes are (K^T is B's), so turning it off costs
+        nothing that matters; a B of unknown rank counts as 1-D;
+      - the transpose optimizer (ORT_ENABLE_BASIC and up), moving a Transpose through a Pad
+        with an axes input (opset 18+), reads 2 x rank pads where there are 2 x len(axes)
+        and fails at run time ("Gather ... indices element out of data bounds", every mode;
+        seed 89/76): both of its passes go off where a graph has such a Pad and a
+        Transpose."""
+    graph = model.graph
+    off = []
+    if any(n.op_type == "Pad" and len(n.input) > 3 and n.input[3] for n in graph.node) and \
+            any(n.op_type == "Transpose" for n in graph.node):
+        off = ["TransposeOptimizer", "TransposeOptimizer_CPUExecutionProvider"]
+    return off + _matmul_transpose_fusion(model)
+
+
+def _matmul_transpose_fusion(model: onnx.ModelProto) -> list[str]:
+    """["MatmulTransposeFusion"] where it breaks `model` (broken_optimizers), else []."""
     graph = model.graph
     transposed = {o for n in graph.node if n.op_type == "Transpose" for o in n.output}
     fed = [n for n in graph.node if n.op_type in ("MatMul", "Gemm")

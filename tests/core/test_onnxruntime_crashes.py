@@ -64,6 +64,38 @@ def test_float16_transpose_into_matmul_does_not_crash(tmp_path, flags, shape, pe
     assert proc.stdout.startswith("ok")
 
 
+def test_transpose_optimizer_off_around_a_pad_with_axes():
+    """onnxruntime 1.31's transpose optimizer fails a Transpose -> Pad (with an axes input)
+    at run time (fuzz 89/76); a Pad without axes, or without a Transpose, keeps it."""
+    def model(axes: bool, transpose: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 1])] if transpose \
+            else [helper.make_node("Identity", ["x"], ["t"])]
+        nodes.append(helper.make_node("Pad", ["t", "p", "", "a"] if axes else ["t", "q"],
+                                      ["y"], mode="edge"))
+        inits = [numpy_helper.from_array(np.array([0, 1, 0, 2], np.int64), "p"),
+                 numpy_helper.from_array(np.array([0, 2], np.int64), "a"),
+                 numpy_helper.from_array(np.array([0, 1, 0, 0, 2, 0], np.int64), "q")]
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, [3, 1, 1])], [helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, None)], inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+        m.ir_version = 10
+        return m
+
+    off = ["TransposeOptimizer", "TransposeOptimizer_CPUExecutionProvider"]
+    assert ort_backend.broken_optimizers(model(axes=True, transpose=True)) == off
+    assert ort_backend.broken_optimizers(model(axes=False, transpose=True)) == []
+    assert ort_backend.broken_optimizers(model(axes=True, transpose=False)) == []
+    x = np.array([[[-0.0153]], [[1.029]], [[0.1406]]], np.float32)
+    sess = ort_backend.create_session(model(axes=True, transpose=True).SerializeToString(),
+                                      None)
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model(axes=True, transpose=True).SerializeToString(),
+                                plain).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
+
+
 def test_broken_optimizers_only_where_they_break():
     f16 = _model(TensorProto.FLOAT16, [2, 3, 4], [1, 2, 0], (2, 5))
     assert ort_backend.broken_optimizers(f16) == ["MatmulTransposeFusion"]
