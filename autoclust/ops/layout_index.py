@@ -11,6 +11,7 @@ Scatters write to data-dependent positions: they are never compiled.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from autoclust.ops.table import (
     normalize_axis,
     register,
 )
-from autoclust.symbolic import is_dim
+from autoclust.symbolic import hint, is_dim
 
 _INDEX_TYPES = (np.dtype("int32"), np.dtype("int64"))
 _REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -74,14 +75,22 @@ def _gather_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return [dense(np.take(x, idx, axis=axis))]
 
 
+def _shown(dims: Any) -> list:
+    """dims as this run has them (a symbolic dim's value), for messages."""
+    return [hint(d) for d in dims]
+
+
 def _elements_shapes(op: str, x: tuple, idx: tuple, axis: int) -> str:
     """Why indices of shape idx cannot index data of shape x off the axis ('' if they can):
     GatherElements/ScatterElements read x at the index's own position on every other dim,
-    so a longer dim there reads outside x (onnxruntime rejects it)."""
+    so a longer dim there reads outside x (onnxruntime rejects it), even where indices are
+    empty. A symbolic dim (a cluster compiled for a shape class) is compared too, recording a
+    guard: skipping it let [batch, 0] data take [3, 0] indices at batch 2 (fuzz 91/109)."""
     for d, (n, m) in enumerate(zip(x, idx)):
-        if d != axis and isinstance(n, int) and isinstance(m, int) and m > n:
-            return (f"indices of shape {list(idx)} exceed data of shape {list(x)} on dim {d} "
-                    f"({m} > {n}); only the axis ({axis}) may be longer")
+        if d != axis and is_dim(n) and is_dim(m) and m > n:
+            x, idx = _shown(x), _shown(idx)
+            return (f"indices of shape {idx} exceed data of shape {x} on dim {d} "
+                    f"({idx[d]} > {x[d]}); only the axis ({axis}) may be longer")
     return ""
 
 
@@ -207,9 +216,9 @@ def _depth(v: np.ndarray) -> int:
 
 def _two_values(shape: Any) -> str:
     """Why OneHot's values input of this shape is not [off, on] ('' if it is)."""
-    if shape is not None and all(isinstance(d, int) for d in shape) and \
-            int(np.prod(shape, dtype=np.int64)) != 2:
-        return f"values must have exactly two elements (off, on), got shape {list(shape)}"
+    # a symbolic dim is compared too, recording a guard (see _elements_shapes)
+    if shape is not None and all(is_dim(d) for d in shape) and math.prod(shape) != 2:
+        return f"values must have exactly two elements (off, on), got shape {_shown(shape)}"
     return ""
 
 
@@ -248,9 +257,10 @@ def _reverse_sequence_infer(ctx: InferContext) -> list[TypeShape]:
         raise ctx.fail(f"input of shape {x} has rank < 2")
     if x is not None and lens is not None:
         batch = x[normalize_axis(int(ctx.attr("batch_axis", 1)), len(x), ctx)]
-        if tuple(lens) != (batch,) and all(isinstance(d, int) for d in (batch, *lens)):
-            raise ctx.invalid(f"sequence_lens of shape {list(lens)} does not fit batch "
-                              f"dim {batch} of input {list(x)}")
+        # a symbolic dim is compared too, recording a guard (see _elements_shapes)
+        if all(is_dim(d) for d in (batch, *lens)) and tuple(lens) != (batch,):
+            raise ctx.invalid(f"sequence_lens of shape {_shown(lens)} does not fit batch "
+                              f"dim {hint(batch)} of input {_shown(x)}")
     return [(ctx.dtypes[0], x)]
 
 

@@ -480,6 +480,31 @@ def test_onnxruntime_matmul_error_on_valid_shapes_is_its_own():
     assert "shape" in fuzz_check.compare([np.zeros((3, 5, 1), F32)], ref.expected)
 
 
+SQUEEZE_EMPTY_MAX = ("g (float[{dims}] x) => (float[?,?] y) {{ ax = Constant <value = int64[1] "
+                     "{{-1}}> () r = ReduceMax <keepdims = 1> (x, ax) a = Constant <value = "
+                     "int64[1] {{{axis}}}> () y = Squeeze (r, a) }}")
+
+
+def test_onnxruntime_squeeze_error_after_its_empty_reduce_max_is_its_own():
+    # fuzz 92/2192: onnxruntime's ReduceMax over an empty axis keeps its 0 (the spec: 1, the
+    # empty max -inf), so squeezing that axis raises "must be 1 instead of 0"; the reference
+    # runs the model, and its [3, 4] of -inf is expected
+    model = _model(SQUEEZE_EMPTY_MAX.format(dims="3,4,0", axis=2), opset=21)
+    feeds = {"x": np.zeros((3, 4, 0), F32)}
+    with pytest.raises(ORT_FAIL, match="must be 1 instead of 0"):
+        fuzz_truth.ort_session(model).run(None, feeds)
+    ref = fuzz_check.reference(model, feeds)
+    assert ref.raised == ("", "") and ref.ort_bug == "squeeze.h:53"
+    assert fuzz_check.compare(ref.expected, [np.full((3, 4), -np.inf, F32)]) == ""
+    variants = [{"device": "interpreter", "min_cluster_size": 1},
+                {"device": "interpreter", "clustering_fuel": 0}]  # onnxruntime's error again
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+    # a Squeeze of an axis 4 long (dims open: no load-time error) raises in the reference too
+    bad = _model(SQUEEZE_EMPTY_MAX.format(dims="?,?,?", axis=1), opset=21)
+    ref = fuzz_check.reference(bad, feeds)
+    assert ref.raised[0] == "Squeeze" and ref.expected is None
+
+
 def test_onnxruntime_matmul_error_on_invalid_shapes_is_expected():
     model = _model("g (float[?,?] a, float[?,?] b) => (float[?,?] y) { y = MatMul (a, b) }")
     feeds = {"a": np.ones((2, 3), F32), "b": np.ones((4, 5), F32)}
