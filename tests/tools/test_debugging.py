@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx.parser
 import pytest
 from autoclust.tools.debug import bisect, minify, repro, shrink
 from autoclust.tools.debug import replay as replay_tool
@@ -445,3 +446,32 @@ def test_a_trial_verdict_is_one_short_line():
     assert bisect.verdict(Outcome("ok")) == "ok"
     crash = Outcome("crash", "process", "worker killed by signal 4")
     assert bisect.verdict(crash) == "crash: worker killed by signal 4"
+
+
+def _bundle(folder, text: str, feeds: dict) -> str:
+    """A repro bundle (model.onnx, inputs.npz) of the ONNX text `text`."""
+    model = onnx.parser.parse_model(f'<ir_version: 10, opset_import: ["" : 21]> {text}')
+    os.makedirs(folder, exist_ok=True)
+    onnx.save(model, os.path.join(folder, "model.onnx"))
+    np.savez(os.path.join(folder, "inputs.npz"), **feeds)
+    return str(folder)
+
+
+def test_replay_reports_sides_that_raise_instead_of_a_traceback(tmp_path, capsys):
+    """Integer division by zero: onnxruntime and the compiled code both raise (agreement,
+    exit 0); onnxruntime's Squeeze refusing its own empty ReduceMax's kept 0 (fuzz
+    92/2192) is its failure: the reference answers and the compiled outputs match it."""
+    args = {"device": None, "rtol": 1e-4, "atol": 1e-5, "repeat": 1, "flags": None}
+    zero = _bundle(tmp_path / "div", "g (int32[3] a, int32[3] b) => (int32[3] y) "
+                   "{ y = Div (a, b) }", {"a": np.array([7, -7, 5], np.int32),
+                                          "b": np.array([2, 2, 0], np.int32)})
+    assert replay_tool.main(replay_ns(cluster=zero, **args)) == 0
+    out = capsys.readouterr().out
+    assert "both raise: agreed" in out and "onnxruntime: Fail" in out, out
+    own = _bundle(tmp_path / "squeeze", "g (float[3,4,0] x) => (float[3,4] y) { "
+                  "a = Constant <value = int64[1] {-1}> () r = ReduceMax <keepdims = 1> "
+                  "(x, a) s = Constant <value = int64[1] {2}> () y = Squeeze (r, s) }",
+                  {"x": np.zeros((3, 4, 0), np.float32)})
+    assert replay_tool.main(replay_ns(cluster=own, **args)) == 0
+    out = capsys.readouterr().out
+    assert "onnxruntime failed on its own" in out and "ok" in out, out
