@@ -75,9 +75,25 @@ def compare(name: str, got: np.ndarray, want: np.ndarray) -> tuple[float, float]
     return float(np.max(diff)), float(np.max(np.where(same, 0.0, rel)))
 
 
+def _onnxruntime(proto: Any, feeds: dict[str, np.ndarray], names: list[str], repeat: int
+                 ) -> tuple[Any, float, str, str]:
+    """(outputs or None, ms, what it raised, a note): onnxruntime's answer, or where it
+    fails on its own (the fuzz arbiter's run_reference), the reference's."""
+    from autoclust.backends import ort as ort_backend
+    sess = ort_backend.create_session(proto, None)
+    timed, raised = _attempt(
+        lambda: _timed(lambda: sess.run(None, {n: feeds[n] for n in names}), repeat))
+    if timed is not None:
+        return timed[0], timed[1], "", ""
+    from autoclust.tools.fuzz import truth  # onnxruntime's own failure, or the inputs' error
+    found, _ = _attempt(lambda: truth.run_reference(proto, feeds))
+    if found is None:
+        return None, 0.0, raised, ""
+    return found[1], 0.0, raised, f" (onnxruntime failed on its own: {raised})"
+
+
 def main(args: argparse.Namespace) -> int:
     """autoclust replay DIR/cluster_NNNN: exit 0 when compiled matches onnxruntime, else 1."""
-    from autoclust.backends import ort as ort_backend
     from autoclust.importers.onnx import import_model, load_model_proto
     from autoclust.tools.run import generate_inputs
 
@@ -104,16 +120,7 @@ def main(args: argparse.Namespace) -> int:
     compiled, t_compiled = timed if timed is not None else (None, 0.0)
     if compiled is not None and registry.policy(backend).device_memory:
         compiled = [backend.to_host(c) for c in compiled]  # device outputs: on the host
-    sess = ort_backend.create_session(proto, None)
-    timed, ort_raised = _attempt(
-        lambda: _timed(lambda: sess.run(None, {n: feeds[n] for n in names}), args.repeat))
-    ref, t_ort = timed if timed is not None else (None, 0.0)
-    note = ""
-    if ref is None:  # onnxruntime's own failure, or the inputs' error
-        from autoclust.tools.fuzz import truth
-        found, _ = _attempt(lambda: truth.run_reference(proto, feeds))
-        if found is not None:
-            ref, note = found[1], f" (onnxruntime failed on its own: {ort_raised})"
+    ref, t_ort, ort_raised, note = _onnxruntime(proto, feeds, names, args.repeat)
     interp, interp_raised = _attempt(
         lambda: compile_cluster(graph, types, {}, f, interpreter).run(inputs))
     print(f"replay {model_path} on {f.device} "
