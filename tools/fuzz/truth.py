@@ -410,15 +410,23 @@ def _layer_normalization_op() -> type:
 
         def _run(self, x, scale, bias=None, axis=-1, epsilon=1e-5, stash_type=1):
             axes = tuple(range(axis % max(x.ndim, 1), x.ndim))
-            wide = x.astype(np.float64)
-            mean = wide.mean(axis=axes, keepdims=True)
-            diff = wide - mean
-            inv_std = 1 / np.sqrt((diff * diff).mean(axis=axes, keepdims=True) + epsilon)
-            y = (diff * inv_std).astype(x.dtype) * scale
+            normalized, mean, inv_std = _exactly_normalized(x, axes, epsilon)
+            y = normalized * scale
             y = y if bias is None else y + bias
             stash = onnx.helper.tensor_dtype_to_np_dtype(stash_type)
             return (y.astype(x.dtype), mean.astype(stash), inv_std.astype(stash))
     return LayerNormalization
+
+
+def _exactly_normalized(x: np.ndarray, axes: tuple[int, ...], epsilon: float
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x normalized over `axes` with float64 statistics, rounded to x's dtype; the mean;
+    1 / std): the exact statistics of _layer_normalization_op and _group_normalization_op."""
+    wide = x.astype(np.float64)
+    mean = wide.mean(axis=axes, keepdims=True)
+    diff = wide - mean
+    inv_std = 1 / np.sqrt((diff * diff).mean(axis=axes, keepdims=True) + epsilon)
+    return (diff * inv_std).astype(x.dtype), mean, inv_std
 
 
 def _group_normalization_op() -> type:
@@ -435,11 +443,8 @@ def _group_normalization_op() -> type:
 
         def _run(self, x, scale, bias, epsilon=1e-5, num_groups=1, stash_type=1):
             (n, c), groups, pixels = x.shape[:2], int(num_groups), math.prod(x.shape[2:])
-            wide = x.astype(np.float64).reshape(n, groups, c // groups * pixels)
-            mean = wide.mean(axis=2, keepdims=True)
-            diff = wide - mean
-            inv_std = 1 / np.sqrt((diff * diff).mean(axis=2, keepdims=True) + epsilon)
-            y = (diff * inv_std).astype(x.dtype).reshape(n, c, pixels)
+            rows = x.reshape(n, groups, c // groups * pixels)
+            y = _exactly_normalized(rows, (2,), epsilon)[0].reshape(n, c, pixels)
             if self.run_params["opsets"].get("", 21) < 21:  # one scale and bias per group
                 scale, bias = np.repeat(scale, c // groups), np.repeat(bias, c // groups)
             y = y * scale.reshape(1, c, 1) + bias.reshape(1, c, 1)
