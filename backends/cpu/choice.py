@@ -14,6 +14,7 @@ matmul copy them first, and the measurement includes that copy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -117,34 +118,19 @@ def known(key: tuple, builders: dict[str, Callable]) -> tuple[str, str] | None:
 
 
 def measure(key: tuple, builders: dict[str, Callable], in_types: list, out_types: list,
-            layouts: Layouts, constants: dict[int, np.ndarray]) -> tuple[str, str]:
-    """(fastest implementation, a note with the medians) for one call signature."""
+            layouts: Layouts, constants: dict[int, np.ndarray],
+            quiet: Callable[[], Any] = contextlib.nullcontext) -> tuple[str, str]:
+    """(fastest implementation, a note with the best blocks) for one call signature.
+    `quiet()`: a context the candidates are timed in (library.quiet_cores: no compiled
+    run beside them)."""
     disk_key = _disk_key(key)
     hit = _disk_get(disk_key)
     if hit is not None and hit[0] in builders:
         return hit[0], hit[1] + " (--cache_dir)"
     ins, outs = _probe_arrays(in_types, out_types, layouts, constants)
-    runs: dict[str, Callable] = {}
-    notes = []
-    for name, build in builders.items():
-        try:
-            runs[name] = build()
-            runs[name](ins, outs)  # untimed: first-touch, lazy setup
-        except Exception as exc:  # noqa: BLE001 - a refusing implementation is left out
-            notes.append(f"{name} refused: {str(exc)[:60]}")
-            runs.pop(name, None)
-    if not runs:
-        raise RuntimeError("; ".join(notes))
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    start = time.perf_counter()
-    for _ in range(ROUNDS):
-        for name, run in runs.items():
-            t0 = time.perf_counter()
-            for _ in range(REPEAT):
-                run(ins, outs)
-            times[name].append((time.perf_counter() - t0) / REPEAT)
-        if time.perf_counter() - start > BUDGET_S:
-            break
+    runs, notes = _built(builders, ins, outs)
+    with quiet():  # built (and packed) beside the runs; timed without them
+        times = _timed(runs, ins, outs)
     fastest = {name: min(ts) for name, ts in times.items()}
     best = min(fastest, key=fastest.__getitem__)
     rounds = min(len(ts) for ts in times.values())
@@ -156,6 +142,39 @@ def measure(key: tuple, builders: dict[str, Callable], in_types: list, out_types
         note += f"; onednn: {onednn.unavailable()}"
     _disk_put(disk_key, best, note)
     return best, note
+
+
+def _built(builders: dict[str, Callable], ins: list, outs: list
+           ) -> tuple[dict[str, Callable], list[str]]:
+    """Each implementation built and run once, untimed (first touch, lazy setup): ({name:
+    run}, notes on those that refused)."""
+    runs: dict[str, Callable] = {}
+    notes: list[str] = []
+    for name, build in builders.items():
+        try:
+            runs[name] = build()
+            runs[name](ins, outs)  # untimed: first-touch, lazy setup
+        except Exception as exc:  # noqa: BLE001 - a refusing implementation is left out
+            notes.append(f"{name} refused: {str(exc)[:60]}")
+            runs.pop(name, None)
+    if not runs:
+        raise RuntimeError("; ".join(notes))
+    return runs, notes
+
+
+def _timed(runs: dict[str, Callable], ins: list, outs: list) -> dict[str, list[float]]:
+    """Seconds per call of each implementation's blocks, alternating, within BUDGET_S."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    start = time.perf_counter()
+    for _ in range(ROUNDS):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            for _ in range(REPEAT):
+                run(ins, outs)
+            times[name].append((time.perf_counter() - t0) / REPEAT)
+        if time.perf_counter() - start > BUDGET_S:
+            break
+    return times
 
 
 def _probe_arrays(in_types: list, out_types: list, layouts: Layouts,

@@ -104,6 +104,12 @@ def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
 
 
 _refcount = sys.getrefcount
+
+
+def _nothing() -> None:
+    """A library module without the run gate (library.run_starts / run_ends)."""
+
+
 _char_at = ctypes.c_char.from_buffer
 _addressof = ctypes.addressof
 
@@ -255,6 +261,7 @@ class Executable:
         self._check_bounds = check_bounds
         self._library = library
         self._fresh = True  # the first run holds background work back (library.foreground)
+        self._gate(library)
         self._fixed(constants)
         self._constants = constants
         self._min_chunk_work = min_chunk_work
@@ -284,6 +291,11 @@ class Executable:
         for bid in program.outputs:
             self._handout.append((bid, self.buffers[bid].role != "output" or bid in seen))
             seen.add(bid)
+
+    def _gate(self, library: object) -> None:
+        """A run waits while a GEMM measurement times on quiet cores (library.quiet_cores)."""
+        self._run_starts = getattr(library, "run_starts", _nothing)
+        self._run_ends = getattr(library, "run_ends", _nothing)
 
     def settled(self) -> bool:
         """Whether background work that changes this executable's speed is done (prepacked
@@ -555,13 +567,18 @@ class Executable:
             return self.run(inputs)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Run the cluster; outputs are arrays the caller owns (reused once it drops them).
-
-        The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
-        same checks), no per-run allocation beyond the returned list and new outputs.
-        """
+        """Run the cluster; outputs are arrays the caller owns (reused once it drops them)."""
         if self._fresh:
             return self._first_run(inputs)
+        self._run_starts()
+        try:
+            return self._run(inputs)
+        finally:
+            self._run_ends()
+
+    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
+        same checks), no per-run allocation beyond the returned list and new outputs."""
         with self._lock:
             if self._generation != self._arena.generation:
                 self._bind_temps()  # another binding grew the shared temps

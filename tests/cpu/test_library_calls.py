@@ -351,3 +351,94 @@ def test_onednn_weights_are_packed_in_the_background(monkeypatch) -> None:
     out = np.empty((40, 112), np.float32)
     again([x[:40], None], [out])
     np.testing.assert_allclose(out, x[:40] @ w.T, rtol=1e-4, atol=1e-3)
+
+
+def test_gemm_measurement_times_while_no_compiled_run_is_in_progress(monkeypatch) -> None:
+    """The background MLAS-against-oneDNN measurement times on quiet cores: compiled runs
+    in progress end first and new ones wait (at run boundaries) until its timing is done,
+    while a foreground thread keeps running a compiled cluster."""
+    import threading
+    import time
+
+    from autoclust.backends.cpu import choice, executable, onednn
+    from onnx import TensorProto, helper
+
+    import autoclust
+    if onednn.unavailable():
+        pytest.skip(f"oneDNN: {onednn.unavailable()}")
+    runs: list[tuple[float, float]] = []
+    timed: list[tuple[float, float]] = []
+    real_run, real_timed = executable.Executable._run, choice._timed
+
+    def recorded_run(self, inputs):
+        t0 = time.perf_counter()
+        time.sleep(0.002)  # a run long enough to be caught in progress
+        out = real_run(self, inputs)
+        runs.append((t0, time.perf_counter()))
+        return out
+
+    def recorded_timed(*args):
+        t0 = time.perf_counter()
+        out = real_timed(*args)
+        time.sleep(0.15)  # a window the foreground's runs would fall into
+        timed.append((t0, time.perf_counter()))
+        return out
+
+    monkeypatch.setattr(executable.Executable, "_run", recorded_run)
+    monkeypatch.setattr(choice, "_timed", recorded_timed)
+    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    monkeypatch.setattr(choice, "_disk_get", lambda key: None)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])
+    nodes = [helper.make_node("Mul", ["x", "x"], ["a"]), helper.make_node("Add", ["a", "x"], ["b"]),
+             helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Sub", ["c", "x"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    sess = autoclust.InferenceSession(model, must_compile=True, autotune=False, threads=1)
+    feed = {"x": rand(4, 8)}
+    sess.run(None, feed)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            sess.run(None, feed)
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    try:
+        time.sleep(0.05)
+        library._DECISIONS.clear()
+        in_types = [(np.dtype("float32"), (96, 160)), (np.dtype("float32"), (160, 112))]
+        library.make_call("MatMul", {}, in_types, [(np.dtype("float32"), (96, 112))], 2,
+                          {1: rand(160, 112)})
+        assert library.wait_background(60)
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.join()
+    assert len(timed) == 1 and len(runs) > 10
+    (start, end), = timed
+    during = [r for r in runs if r[0] < end and r[1] > start]
+    assert not during, f"{len(during)} compiled runs overlapped the timing"
+    assert any(r[0] >= end for r in runs) and any(r[1] <= start for r in runs)
+
+
+def test_a_run_inside_a_run_never_waits_for_a_measurement() -> None:
+    """The run gate counts a thread's outermost run only: a compiled run that another run
+    of the same thread starts (a run inside a run) goes on while a measurement is waiting
+    for the outer one to end, which would otherwise wait for each other."""
+    import time
+    library.run_starts()
+    try:
+        with library._QUIET:
+            library._GATE["measuring"] = True
+        t0 = time.perf_counter()
+        library.run_starts()
+        library.run_ends()
+        assert time.perf_counter() - t0 < 0.5
+    finally:
+        with library._QUIET:
+            library._GATE["measuring"] = False
+        library.run_ends()
+    assert library._GATE["runs"] == 0
