@@ -94,7 +94,6 @@ def onednn_builder(op: str, attrs: dict[str, Any], in_types: list, out_types: li
                 args.append(inputs[2])
             args.extend(inputs[n_in:])  # the post-ops' operands
             mm(args)
-        run.impl_info = mm.impl  # type: ignore[attr-defined]
         run.packed = skip_b or weights is None  # type: ignore[attr-defined]
         return run
 
