@@ -30,11 +30,11 @@ from autoclust.errors import (
 )
 from autoclust.flags import Flags
 from autoclust.ir import Graph
+from autoclust.runtime import rescue
 from autoclust.runtime.numerics import first_nonfinite, nonfinite, value_ranges
 from autoclust.runtime.shape_class import ShapeClass, symbolic_types
 
-# A megamorphic cluster has compiled more than --megamorphic_compiles times and has run
-# fewer than this many times per compile.
+# Megamorphic: compiled more than --megamorphic_compiles times, run fewer times per compile.
 RUNS_PER_COMPILE = 50
 # Signatures bound from shape classes kept per cluster (the oldest goes: binding again is
 # cheap, and each binding holds its outputs).
@@ -508,11 +508,11 @@ class Runtime:
         self._plan_frees()
         self.device = DeviceRun(self) if registry.policy(backend).device_memory else None
         self._single = self._single_step()
+        self.is_body = not whole_plan  # a control-flow body: no model onnxruntime runs whole
         self.whole = self._whole_plan() if whole_plan else None
 
     def _placement(self, plan: Any, flags: Flags, backend: Any) -> Any:
-        """The session's measured placement (autotune.py), its decisions shown by explain;
-        None when it does not measure (flags, device)."""
+        """The session's measured placement (autotune.py), or None (flags, device)."""
         from autoclust.runtime import autotune
         if autotune.skip_reason(flags, backend) is not None:
             return None
@@ -642,12 +642,14 @@ class Runtime:
         env = dict(self.defaults)
         env.update(feeds)
         try:
-            for run, in_names, out_names, frees in self.steps:
+            for k, (run, in_names, out_names, frees) in enumerate(self.steps):
                 outs = run([env[n] for n in in_names])
                 for name, value in zip(out_names, outs):
                     env[name] = value
                 for name in frees:
                     del env[name]
+        except InvalidInputError as exc:  # of a value an onnxruntime segment made?
+            return rescue.whole_model_answer(self, feeds, k, exc)
         finally:  # costs nothing without an exception (zero-cost try since Python 3.11)
             if self._progress is not None:
                 self._end_progress()
@@ -657,7 +659,7 @@ class Runtime:
         env = dict(self.defaults)
         env.update(feeds)
         try:
-            for runner, frees in zip(self.runners, self.frees):
+            for k, (runner, frees) in enumerate(zip(self.runners, self.frees)):
                 if options.terminate:
                     raise registry.fallback().terminated_error(runner.name)
                 outs = runner.run([env[n] for n in runner.input_names], options)
@@ -665,6 +667,8 @@ class Runtime:
                     env[name] = value
                 for name in frees:
                     del env[name]
+        except InvalidInputError as exc:
+            return rescue.whole_model_answer(self, feeds, k, exc)
         finally:
             if self._progress is not None:
                 self._end_progress()
@@ -768,8 +772,7 @@ EXTERNAL_BYTES = 1 << 12
 
 
 def _onnx(graph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
-    """A sub-graph as an ONNX model for onnxruntime (fallback segments run ONNX), and the
-    large initializers it names as external stubs."""
+    """A sub-graph as an ONNX model for onnxruntime, and the large initializers it stubs."""
     onnx_importer = registry.importer("onnx")
     model = onnx_importer.export_model(graph, external_min_bytes=EXTERNAL_BYTES)
     return model, {n: graph.initializers[n] for n in onnx_importer.external_stubs(model)}
@@ -778,10 +781,9 @@ def _onnx(graph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
 def check_must_compile(plan: Any) -> None:
     """Under --must_compile: every node must be in a cluster, else NotCompilableError."""
     lines = _unclustered_lines(plan, "")
-    if not lines:
-        return
-    raise NotCompilableError(f"{len(lines)} node(s) could not be compiled "
-                             "(--must_compile):\n" + "\n".join(lines))
+    if lines:
+        raise NotCompilableError(f"{len(lines)} node(s) could not be compiled "
+                                 "(--must_compile):\n" + "\n".join(lines))
 
 
 def _unclustered_lines(plan: Any, prefix: str) -> list[str]:

@@ -295,6 +295,47 @@ def test_a_shape_rule_onnxruntime_disagrees_with_falls_back(monkeypatch):
     np.testing.assert_allclose(got[0], ort_run(model, feed)[0], rtol=1e-6)
 
 
+def _empty_reduce_max_model():
+    """ReduceMax over an empty axis, left to onnxruntime, feeding a cluster: onnxruntime
+    keeps the axis's 0 ([1, 4, 0]) where the spec and our inference say [1, 4, 1]."""
+    nodes = [helper.make_node("ReduceMax", ["x", "ax"], ["r"], keepdims=1),
+             helper.make_node("Mul", ["r", "c"], ["m"]), helper.make_node("Add", ["m", "c"], ["y"])]
+    inits = [helper.make_tensor("ax", TensorProto.INT64, [1], [-1]),
+             helper.make_tensor("c", TensorProto.FLOAT, [1, 1, 1], [0.5])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("with_options", [False, True])
+def test_a_value_onnxruntime_shaped_its_own_way_gets_onnxruntimes_answer(with_options):
+    """Fuzz 81/558: a cluster rejected the [1, 4, 0] an onnxruntime segment computed
+    (InvalidInputError) for a feed plain onnxruntime runs. Now onnxruntime runs that run
+    whole, warning once; good feeds still run the cluster (a cluster fed by the user's
+    feeds alone still raises: test_inputs_whose_dims_disagree_raise_and_keep_the_cluster)."""
+    model = _empty_reduce_max_model()
+    flags = {"min_cluster_size": 1, "cluster_exclude_ops": ["ReduceMax"], "device": "cpu"}
+    sess = autoclust.InferenceSession(model, **flags)
+    args = (ort.RunOptions(),) if with_options else ()
+    empty = {"x": np.zeros((1, 4, 0), np.float32)}
+    want = ort_run(model, empty)[0]
+    assert want.shape == (1, 4, 0)
+    with pytest.warns(RuntimeWarning, match="onnxruntime ran the whole model") as record:
+        got = sess.run(None, empty, *args)
+    assert len([w for w in record if "whole model" in str(w.message)]) == 1
+    assert got[0].shape == want.shape
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per session
+        assert sess.run(None, empty, *args)[0].shape == (1, 4, 0)
+    feed = {"x": np.arange(12, dtype=np.float32).reshape(1, 4, 3)}
+    np.testing.assert_allclose(sess.run(None, feed, *args)[0], ort_run(model, feed)[0])
+    runner = sess._runtime.runners[1]
+    assert runner.fallback is None and runner.compiles == 1
+
+
 def _unwritable(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")

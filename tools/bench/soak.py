@@ -37,7 +37,9 @@ def soak(runs: int, model: str = "gelu", device: str = "interpreter", warmup: in
     import autoclust
     proto = zoo.build(model)
     feeds = zoo.feeds(proto, dims or {})
-    sess = autoclust.InferenceSession(proto, device=device, min_cluster_size=1)
+    # no measured placement: a run handed to onnxruntime halfway differs from the compiled
+    # first run in the last bit (the exact comparison below failed on a loaded host)
+    sess = autoclust.InferenceSession(proto, device=device, min_cluster_size=1, autotune=False)
     want = sess.run(None, feeds)
     for _ in range(warmup):
         sess.run(None, feeds)
