@@ -106,8 +106,8 @@ def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
 _refcount = sys.getrefcount
 
 
-def _nothing() -> None:
-    """A library module without the run gate (library.run_starts / run_ends)."""
+def _nothing(*args: object) -> None:
+    """A library module without the run gate (library.gate)."""
 
 
 _char_at = ctypes.c_char.from_buffer
@@ -293,9 +293,9 @@ class Executable:
             seen.add(bid)
 
     def _gate(self, library: object) -> None:
-        """A run waits while a GEMM measurement times on quiet cores (library.quiet_cores)."""
-        self._run_starts = getattr(library, "run_starts", _nothing)
-        self._run_ends = getattr(library, "run_ends", _nothing)
+        """A run waits while a GEMM measurement times on quiet cores: it holds the arena's
+        lock, which library.quiet_cores takes."""
+        getattr(library, "gate", _nothing)(self._arena)
 
     def settled(self) -> bool:
         """Whether background work that changes this executable's speed is done (prepacked
@@ -567,18 +567,14 @@ class Executable:
             return self.run(inputs)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Run the cluster; outputs are arrays the caller owns (reused once it drops them)."""
+        """Run the cluster; outputs are arrays the caller owns (reused once it drops them).
+
+        The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
+        same checks), no per-run allocation beyond the returned list and new outputs. The
+        arena's lock, held throughout, is also library.quiet_cores' gate.
+        """
         if self._fresh:
             return self._first_run(inputs)
-        self._run_starts()
-        try:
-            return self._run(inputs)
-        finally:
-            self._run_ends()
-
-    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
-        same checks), no per-run allocation beyond the returned list and new outputs."""
         with self._lock:
             if self._generation != self._arena.generation:
                 self._bind_temps()  # another binding grew the shared temps

@@ -43,6 +43,7 @@ import concurrent.futures
 import contextlib
 import math
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -545,53 +546,44 @@ def foreground():
 
 
 # A GEMM measurement (choice.measure, in the background thread) times on quiet cores: it
-# waits for the compiled runs in progress to end and holds new ones back until it is done,
-# at run boundaries (a run is never paused). Timed beside the foreground's runs, both
+# takes every compiled executable's run lock (Arena.lock, held for a whole run), so it
+# waits for the runs in progress to end and new ones wait for it, at run boundaries (a run
+# is never paused), at no cost to a run. Timed beside the foreground's runs, both
 # implementations shared two cores with a run's two threads, and BERT-base's decisions
-# flipped between processes (one signature: mlas 3.2 ms / onednn 5.4 in one process, 6.4 /
-# 4.6 in the next). A run inside a run of the same thread never waits; either side waits
-# at most MAX_QUIET_WAIT_S.
-_QUIET = threading.Condition()
-_GATE = {"runs": 0, "measuring": False}
-_IN_RUN = threading.local()
+# flipped between processes (docs/performance.md). A lock not taken within
+# MAX_QUIET_WAIT_S (a run inside a run, which holds one lock and waits for another) gives
+# the others back and the measurement times anyway.
+_RUN_LOCKS: weakref.WeakSet = weakref.WeakSet()  # objects with a `lock` (executable.Arena)
 MAX_QUIET_WAIT_S = 2.0
 
 
-def run_starts() -> None:
-    """A compiled run begins (Executable.run): waits while a measurement holds the cores.
-    Every call is paired with run_ends(), in a finally."""
-    depth = getattr(_IN_RUN, "depth", 0)
-    _IN_RUN.depth = depth + 1
-    if depth:
-        return
-    with _QUIET:
-        if _GATE["measuring"]:
-            _QUIET.wait_for(lambda: not _GATE["measuring"], timeout=MAX_QUIET_WAIT_S)
-        _GATE["runs"] += 1
-
-
-def run_ends() -> None:
-    _IN_RUN.depth -= 1
-    if _IN_RUN.depth:
-        return
-    with _QUIET:
-        _GATE["runs"] -= 1
-        if not _GATE["runs"]:
-            _QUIET.notify_all()
+def gate(holder: Any) -> None:
+    """Register `holder.lock`, which a compiled run holds while it runs (Executable)."""
+    with _SESSIONS_LOCK:
+        _RUN_LOCKS.add(holder)
 
 
 @contextlib.contextmanager
 def quiet_cores():
-    """Hold compiled runs back (once those in progress end) while a measurement times."""
-    with _QUIET:
-        _GATE["measuring"] = True
-        _QUIET.wait_for(lambda: not _GATE["runs"], timeout=MAX_QUIET_WAIT_S)
+    """No compiled run in progress or starting (all run locks held) while this lasts."""
+    with _SESSIONS_LOCK:
+        holders = list(_RUN_LOCKS)
+    taken = []
+    for h in holders:
+        if not h.lock.acquire(timeout=MAX_QUIET_WAIT_S):
+            break
+        taken.append(h.lock)
+    else:
+        holders = []  # all taken
+    if holders:  # one was not given up in time: give the others back, time as it comes
+        for lock in reversed(taken):
+            lock.release()
+        taken = []
     try:
         yield
     finally:
-        with _QUIET:
-            _GATE["measuring"] = False
-            _QUIET.notify_all()
+        for lock in reversed(taken):
+            lock.release()
 
 
 def wait_background(timeout: float | None = None) -> bool:

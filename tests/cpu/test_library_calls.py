@@ -368,14 +368,14 @@ def test_gemm_measurement_times_while_no_compiled_run_is_in_progress(monkeypatch
         pytest.skip(f"oneDNN: {onednn.unavailable()}")
     runs: list[tuple[float, float]] = []
     timed: list[tuple[float, float]] = []
-    real_run, real_timed = executable.Executable._run, choice._timed
+    real_run, real_timed = executable.Executable.run, choice._timed
 
     def recorded_run(self, inputs):
-        t0 = time.perf_counter()
-        time.sleep(0.002)  # a run long enough to be caught in progress
-        out = real_run(self, inputs)
-        runs.append((t0, time.perf_counter()))
-        return out
+        with self._lock:  # what a run holds throughout (Executable.run)
+            t0 = time.perf_counter()
+            time.sleep(0.002)  # a run long enough to be caught in progress
+            runs.append((t0, time.perf_counter()))
+        return real_run(self, inputs)
 
     def recorded_timed(*args):
         t0 = time.perf_counter()
@@ -384,7 +384,7 @@ def test_gemm_measurement_times_while_no_compiled_run_is_in_progress(monkeypatch
         timed.append((t0, time.perf_counter()))
         return out
 
-    monkeypatch.setattr(executable.Executable, "_run", recorded_run)
+    monkeypatch.setattr(executable.Executable, "run", recorded_run)
     monkeypatch.setattr(choice, "_timed", recorded_timed)
     monkeypatch.setattr(choice, "known", lambda key, builders: None)
     monkeypatch.setattr(choice, "_disk_get", lambda key: None)
@@ -424,21 +424,35 @@ def test_gemm_measurement_times_while_no_compiled_run_is_in_progress(monkeypatch
     assert any(r[0] >= end for r in runs) and any(r[1] <= start for r in runs)
 
 
-def test_a_run_inside_a_run_never_waits_for_a_measurement() -> None:
-    """The run gate counts a thread's outermost run only: a compiled run that another run
-    of the same thread starts (a run inside a run) goes on while a measurement is waiting
-    for the outer one to end, which would otherwise wait for each other."""
+def test_quiet_cores_gives_up_a_lock_it_cannot_take(monkeypatch) -> None:
+    """A run lock not given up in time (a run inside a run holds one and waits for
+    another) makes the measurement give back the locks it took and time anyway, not wait
+    forever or keep the others held."""
+    import threading
     import time
-    library.run_starts()
+
+    from autoclust.backends.cpu.executable import Arena
+    free, held = Arena(), Arena()
+    for a in (free, held):
+        library.gate(a)
+    monkeypatch.setattr(library, "MAX_QUIET_WAIT_S", 0.2)
+    held.lock.acquire()
     try:
-        with library._QUIET:
-            library._GATE["measuring"] = True
         t0 = time.perf_counter()
-        library.run_starts()
-        library.run_ends()
-        assert time.perf_counter() - t0 < 0.5
+        with library.quiet_cores():
+            assert free.lock.acquire(blocking=False), "a lock kept while timing unquiet"
+            free.lock.release()
+        assert time.perf_counter() - t0 < 1.0
     finally:
-        with library._QUIET:
-            library._GATE["measuring"] = False
-        library.run_ends()
-    assert library._GATE["runs"] == 0
+        held.lock.release()
+    with library.quiet_cores():  # all free: all taken
+        assert not free.lock.acquire(blocking=False)
+        assert not held.lock.acquire(blocking=False)
+        grabbed = []
+        t = threading.Thread(target=lambda: grabbed.append(free.lock.acquire(timeout=0.05)))
+        t.start()
+        t.join()
+        assert grabbed == [False]
+    assert free.lock.acquire(blocking=False) and held.lock.acquire(blocking=False)
+    free.lock.release()
+    held.lock.release()
