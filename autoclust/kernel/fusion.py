@@ -589,7 +589,14 @@ class Fusion:
         before = dict(self.buffers)
         try:
             checks = self._new_kernel(v).checks
-        except (CompileError, Refuse, Materialize):
+        except Materialize as m:
+            # a value it reads from a buffer (a GatherElements' data) is computed first, as
+            # for any root: the index check behind it must run (fuzz 93/2324)
+            if m.value is not v and m.value.name not in self.materialized:
+                self.buffers = before
+                raise
+            checks = []
+        except (CompileError, Refuse):
             checks = []
         name_of = {bid: name for name, bid in self.buffers.items()}
         self.buffers = before

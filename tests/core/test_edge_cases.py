@@ -266,6 +266,25 @@ def test_integer_division_by_zero_raises_with_an_empty_dividend(op):
     assert sess.stats()["clusters"][0]["kernels"] == [0]  # checked, nothing computed
 
 
+def test_an_out_of_range_index_raises_behind_an_empty_result():
+    # the empty Add computes nothing, but onnxruntime runs the GatherElements it reads and
+    # rejects the index; the probe of the empty root gave up where the Gather's data (a
+    # Relu) needed a buffer, so the index check was lost (fuzz 93/2324)
+    m = model([helper.make_node("Relu", ["x"], ["r"]),
+               helper.make_node("GatherElements", ["r", "i"], ["g"], axis=0),
+               helper.make_node("Add", ["g", "e"], ["y"])],
+              [("x", F32, [2, 4]), ("i", I32, [1, 4]), ("e", F32, ["n", 4])],
+              [("y", F32, None)])
+    x, empty = np.arange(-4, 4, dtype=np.float32).reshape(2, 4), np.zeros((0, 4), np.float32)
+    check(m, {"x": x, "i": np.array([[1, 0, -2, -1]], np.int32), "e": empty})
+    bad = {"x": x, "i": np.array([[1, 2, 0, 0]], np.int32), "e": empty}
+    with pytest.raises(Exception, match="Out of range value in index"):
+        ort.InferenceSession(m.SerializeToString()).run(None, bad)
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
+    with pytest.raises(AutoclustError, match=r"GatherElements.*index out of range \[-2, 1\]"):
+        sess.run(None, bad)
+
+
 def test_an_empty_root_reading_an_empty_constant_runs():
     # probing the empty Where for checks named the constant's buffer, which no thunk then
     # used: a hole in the buffer ids the executable indexes densely (IndexError, fuzz seed
