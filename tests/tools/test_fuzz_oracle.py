@@ -240,6 +240,53 @@ def test_reference_arbiter_pad_crops_as_onnxruntime_does():
     assert fuzz_check.compare([np.array([np.nan], F32)], want, arbiter=arbiter) == ""
 
 
+def test_reference_arbiter_takes_either_top_k_order_of_nan():
+    # fuzz 93/915: a ReduceMax's NaN (the reference's, and ours; onnxruntime skips it) fed a
+    # TopK; onnx.reference's TopK sorted the NaN first. autoclust's TopK is onnxruntime's
+    # kernel on the cpu device ([nan, 4]: its heap keeps the NaN) and the op table's on the
+    # interpreter and in constant folding ([4, 3]: NaN last); both order the NaN as the
+    # spec leaves them free to, the rest of the row as it says.
+    model = _model("g (float[3,3] x) => (float[2] y) { ax = Constant <value = int64[1] {1}> () "
+                   "m = ReduceMax <keepdims = 0> (x, ax) k = Constant <value = int64[1] {2}> "
+                   "() y, i = TopK <axis = 0> (m, k) }")
+    feeds = {"x": np.array([[1, 5, np.nan], [2, 3, 0], [4, -1, 0]], F32)}
+    want = fuzz_check.run_ort(model, feeds)
+    np.testing.assert_array_equal(want[0], [5, 4])  # onnxruntime: [5, 3, 4] reduced
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    for ours in ([np.nan, 4], [4, 3]):  # [nan, 3, 4] reduced
+        assert "differ" in fuzz_check.compare([np.array(ours, F32)], want)
+        assert fuzz_check.compare([np.array(ours, F32)], want, arbiter=arbiter) == ""
+    for wrong in ([4, np.nan], [3, 4], [np.nan, 3], [5, 4.001]):
+        verdict = fuzz_check.compare([np.array(wrong, F32)], want, arbiter=arbiter)
+        assert "differ" in verdict, wrong
+
+
+@pytest.mark.parametrize("largest", [0, 1])
+@pytest.mark.parametrize("order", ["last", "onnxruntime", "no NaN"])
+def test_reference_top_k_fix_orders_nan_rows(largest, order):
+    # onnxruntime leaves a NaN where its heap or sort does (smallest 4 of row 0: [-1, 2,
+    # nan, 2]); without NaN the reference's own TopK (ties by lower index) stands
+    from onnx.reference import ReferenceEvaluator
+    model = _model(f"g (float[2,5] x) => (float[2,4] y, int64[2,4] i) {{ k = Constant <value = "
+                   f"int64[1] {{4}}> () y, i = TopK <axis = -1, largest = {largest}> (x, k) }}")
+    x = np.array([[np.nan, 2, -1, 2, 7], [3, -np.inf, np.nan, 0, np.inf]], F32)
+    feeds = {"x": np.nan_to_num(x, nan=5) if order == "no NaN" else x}
+    fixes = fuzz_truth.spec_fixes("last" if order == "no NaN" else order)
+    got = ReferenceEvaluator(model, new_ops=fixes).run(None, feeds)
+    if order == "onnxruntime":
+        want = fuzz_check.run_ort(model, feeds)
+    elif order == "last":
+        want = [np.array([[-1, 2, 2, 7], [-np.inf, 0, 3, np.inf]], F32),
+                np.array([[2, 1, 3, 4], [1, 3, 0, 4]])]
+        if largest:
+            want = [np.array([[7, 2, 2, -1], [np.inf, 3, 0, -np.inf]], F32),
+                    np.array([[4, 1, 3, 2], [4, 0, 3, 1]])]
+    else:
+        want = ReferenceEvaluator(model).run(None, feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_reference_arbiter_settles_a_shape_onnxruntime_gets_wrong():
     # fuzz 81/558: onnxruntime's ReduceMax over an empty last axis keeps its length, 0;
     # the spec (and ONNX's shape inference) keep 1, holding the empty max -inf (times -0.5)
