@@ -585,23 +585,38 @@ class Fusion:
         """The Checks a kernel computing empty value v would run. Only a probe: what
         cannot be lowered on an empty domain (Pad reflecting nothing) has nothing to check,
         and the buffers the probe named are given back (executables index buffers densely),
-        except those its checks read."""
-        before = dict(self.buffers)
+        except those its checks read. A value the probe must read from a buffer (a Gather's
+        data) is computed first, as for any root, so the index check behind it runs (fuzz
+        93/2324); an empty one only counts as a buffer for the probe: it holds nothing to
+        read, and a buffer no thunk touches would be a hole (95/199, 95/79)."""
+        before, saved = dict(self.buffers), set(self.materialized)
         try:
-            checks = self._new_kernel(v).checks
-        except Materialize as m:
-            # a value it reads from a buffer (a GatherElements' data) is computed first, as
-            # for any root: the index check behind it must run (fuzz 93/2324)
-            if m.value is not v and m.value.name not in self.materialized:
-                self.buffers = before
-                raise
-            checks = []
-        except (CompileError, Refuse):
-            checks = []
+            checks = self._probe_checks(v)
+        except Materialize:
+            self.buffers = before
+            raise
+        finally:
+            self.materialized.clear()
+            self.materialized.update(saved)
         name_of = {bid: name for name, bid in self.buffers.items()}
         self.buffers = before
         return [dataclasses.replace(c, buf=self.buffer_of(self.graph.values[name_of[c.buf]]))
                 for c in checks]
+
+    def _probe_checks(self, v: Value) -> list[kir.Check]:
+        """_new_kernel(v).checks with the empty values it reads from buffers marked
+        materialized; raises Materialize for a non-empty one (see _empty_root_checks)."""
+        while True:
+            try:
+                return self._new_kernel(v).checks
+            except Materialize as m:
+                if m.value is v or m.value.name in self.materialized:
+                    return []
+                if 0 not in m.value.shape:
+                    raise
+                self.materialized.add(m.value.name)
+            except (CompileError, Refuse):
+                return []
 
     def _new_kernel(self, v: Value) -> KernelBuilder:
         """A kernel for root v: its own elementwise nest, or the row nest it needs."""

@@ -266,6 +266,15 @@ def test_integer_division_by_zero_raises_with_an_empty_dividend(op):
     assert sess.stats()["clusters"][0]["kernels"] == [0]  # checked, nothing computed
 
 
+def both_raise(m: onnx.ModelProto, feeds: dict, ort_match: str, ours_match: str) -> None:
+    """onnxruntime and the compiled model both raise on `feeds` (ours an AutoclustError)."""
+    with pytest.raises(Exception, match=ort_match):
+        ort.InferenceSession(m.SerializeToString()).run(None, feeds)
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
+    with pytest.raises(AutoclustError, match=ours_match):
+        sess.run(None, feeds)
+
+
 def test_an_out_of_range_index_raises_behind_an_empty_result():
     # the empty Add computes nothing, but onnxruntime runs the GatherElements it reads and
     # rejects the index; the probe of the empty root gave up where the Gather's data (a
@@ -277,12 +286,46 @@ def test_an_out_of_range_index_raises_behind_an_empty_result():
               [("y", F32, None)])
     x, empty = np.arange(-4, 4, dtype=np.float32).reshape(2, 4), np.zeros((0, 4), np.float32)
     check(m, {"x": x, "i": np.array([[1, 0, -2, -1]], np.int32), "e": empty})
-    bad = {"x": x, "i": np.array([[1, 2, 0, 0]], np.int32), "e": empty}
-    with pytest.raises(Exception, match="Out of range value in index"):
-        ort.InferenceSession(m.SerializeToString()).run(None, bad)
-    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1)
-    with pytest.raises(AutoclustError, match=r"GatherElements.*index out of range \[-2, 1\]"):
-        sess.run(None, bad)
+    both_raise(m, {"x": x, "i": np.array([[1, 2, 0, 0]], np.int32), "e": empty},
+               "Out of range value in index", r"GatherElements.*index out of range \[-2, 1\]")
+
+
+def test_an_empty_gather_of_an_empty_computed_value_checks_its_indices():
+    # the Gather's data, an empty Reshape, only counts as a buffer while the empty root is
+    # probed: materializing it gave a buffer no thunk touched, a hole in the ids the
+    # executable binds densely (IndexError, fuzz 95/79); the index check still runs
+    m = model([helper.make_node("Relu", ["x"], ["r"]),
+               helper.make_node("Reshape", ["r", "s"], ["z"], allowzero=1),
+               helper.make_node("Gather", ["z", "i"], ["y"], axis=-1)],
+              [("x", F32, [1, 0, 1]), ("i", I64, [1, 1])], [("y", F32, None)],
+              (const("s", np.array([0, 1])),))
+    x = np.zeros((1, 0, 1), np.float32)
+    assert check(m, {"x": x, "i": np.array([[-1]])})[0].shape == (0, 1, 1)
+    both_raise(m, {"x": x, "i": np.array([[5]])}, "out of data bounds",
+               r"Gather.*index out of range \[-1, 0\]")
+
+
+def test_an_empty_tile_of_an_empty_where_runs():
+    # Tile reads its input at data-dependent positions: the empty Where is no buffer to
+    # materialize (IndexError binding the inputs, fuzz 95/199)
+    m = model([helper.make_node("Where", ["cond", "a", "b"], ["w"]),
+               helper.make_node("Tile", ["w", "reps"], ["y"])],
+              [("cond", TensorProto.BOOL, [0, 1])], [("y", F32, None)],
+              (const("a", np.zeros((0, 1), np.float32)), const("b", np.zeros((0, 1), np.float32)),
+               const("reps", np.array([2, 1]))))
+    assert check(m, {"cond": np.zeros((0, 1), bool)})[0].shape == (0, 1)
+
+
+def test_an_empty_reduction_of_an_empty_split_compiles():
+    # the same, materializing the empty ReduceSum: "IndexError: invalid index" compiling
+    # the cluster, which fell back (fuzz 95/1102)
+    m = model([helper.make_node("Split", ["x", "sizes"], ["a", "b", "c"], axis=0),
+               helper.make_node("ReduceSum", ["c", "axes"], ["r"], keepdims=1),
+               helper.make_node("Flatten", ["r"], ["y"], axis=0),
+               helper.make_node("Abs", ["a"], ["z"])],
+              [("x", F32, [2, 1, 1])], [("y", F32, None), ("z", F32, None)],
+              (const("sizes", np.array([2, 0, 0])), const("axes", np.array([2]))))
+    check(m, {"x": np.array([0.25, -0.5], np.float32).reshape(2, 1, 1)})
 
 
 def test_an_empty_root_reading_an_empty_constant_runs():
