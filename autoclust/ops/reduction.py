@@ -11,7 +11,10 @@ Semantics follow onnxruntime 1.31 where the spec leaves room:
   acc`, so its answer depends on where the NaN falls in its vector lanes (first element:
   NaN; elsewhere: usually skipped); we do not copy that.
 - NaN in ArgMax/ArgMin: onnxruntime's fold from the first element, which we copy: a NaN is
-  the answer only when it is the first element of its row; otherwise it is skipped.
+  the answer only when it is the first element of its row; otherwise it is skipped. A 1-D
+  input without select_last_index takes another onnxruntime path, where the first NaN
+  wins ([1.27, nan] -> 1, as np.argmax), which the reference copies and compiled code
+  leaves to onnxruntime (_arg_refuses).
 - integer Sum, Mean, Prod, L1 and SumSquare accumulate in float64 and convert back with
   saturation, as onnxruntime 1.31 does: int32 [2^30, 2^30, 2^30] sums to 2147483647, an
   int64 sum beyond 2^53 loses its low bits, the integer mean truncates toward zero;
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
+from autoclust.ir import Graph, Node
 from autoclust.kernel.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops.table import (
     BFLOAT16,
@@ -322,11 +326,31 @@ def _arg_ref(is_max: bool) -> Callable[[Arrays, dict[str, Any]], list[np.ndarray
             idx = fn(x, axis=axis, keepdims=True) if x.ndim else np.asarray(0)
         if nan_first is not None:
             idx = np.where(nan_first, 0, idx)  # a leading NaN is never replaced
+        if _nan_wins(inputs[0], attrs):
+            idx = np.argmax(np.isnan(inputs[0]), keepdims=True)  # the first NaN (fuzz 97/4831)
         idx = idx.astype(np.int64)
         if not attrs.get("keepdims", 1) and x.ndim:
             idx = np.squeeze(idx, axis)
         return [idx]
     return ref
+
+
+def _nan_wins(x: np.ndarray, attrs: dict[str, Any]) -> bool:
+    """Whether onnxruntime's Arg of `x` is its first NaN: a 1-D float input holding one,
+    without select_last_index (elsewhere its fold skips a NaN after the first element)."""
+    return (x.ndim == 1 and x.dtype.kind == "f" and not attrs.get("select_last_index", 0)
+            and bool(np.isnan(x).any()))
+
+
+def _arg_refuses(node: Node, graph: Graph) -> str | None:
+    """A 1-D float ArgMax/ArgMin without select_last_index runs in onnxruntime: its first
+    NaN wins there, which the compiled fold (a NaN only as the first element) does not give."""
+    x = node.inputs[0]
+    if node.attrs.get("select_last_index", 0) or (x.dtype is not None and x.dtype.kind != "f"):
+        return None
+    if x.shape is None or len(x.shape) == 1:
+        return f"{node.op} of a 1-D float input: onnxruntime answers its first NaN"
+    return None
 
 
 def _lower_arg(ctx: LowerCtx):
@@ -345,9 +369,11 @@ def _lower_arg(ctx: LowerCtx):
 
 
 register("ArgMax", REDUCTION, _infer_arg, _arg_ref(True), lower=_lower_arg,
-         doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.", discrete=True)
+         refuses=_arg_refuses, discrete=True,
+         doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.")
 register("ArgMin", REDUCTION, _infer_arg, _arg_ref(False), lower=_lower_arg,
-         doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.", discrete=True)
+         refuses=_arg_refuses, discrete=True,
+         doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.")
 
 
 # ---- CumSum ---------------------------------------------------------------------------

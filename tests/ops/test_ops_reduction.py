@@ -149,6 +149,36 @@ def test_arg_nan(op):
     check_op(op, [x.T.copy()], {"axis": 0, "keepdims": 0})
 
 
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("last", [0, 1])
+def test_arg_nan_1d(op, last):
+    # onnxruntime's 1-D path answers the first NaN ([1.27, nan] -> 1, fuzz 97/4831), its fold
+    # of higher ranks (and select_last_index) skips a NaN after the first element
+    for row in ([1.27, np.nan], [1, np.nan, 3, np.nan, 0], [3, 3, np.nan, 1], [np.nan, 1, 2],
+                [np.inf, np.nan, 1], [2, 5, 5, 0]):
+        x = np.array(row, np.float32)
+        check_op(op, [x], {"axis": 0, "keepdims": 0, "select_last_index": last})
+        check_op(op, [x[None]], {"axis": 1, "select_last_index": last})
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_arg_1d_float_runs_in_onnxruntime(op):
+    # the compiled fold gives no first-NaN answer: a 1-D float Arg is left to onnxruntime
+    import autoclust
+    x = np.array([1, np.nan, 3, np.nan, 0], np.float32)
+    model = one_node_model(op, [x], {"axis": 0, "keepdims": 0}, 1, 13, ())
+    sess = autoclust.InferenceSession(model, device="cpu", min_cluster_size=1)
+    np.testing.assert_array_equal(sess.run(None, {"in0": x})[0], run_ort(model, {"in0": x})[0])
+    assert "first NaN" in sess.explain()
+    for y, attrs in ((x[None], {"axis": 1}), (x, {"axis": 0, "select_last_index": 1}),
+                     (x.astype(np.int32), {"axis": 0})):  # these compile
+        model = one_node_model(op, [y], attrs, 1, 13, ())
+        sess = autoclust.InferenceSession(model, device="cpu", min_cluster_size=1)
+        np.testing.assert_array_equal(sess.run(None, {"in0": y})[0],
+                                      run_ort(model, {"in0": y})[0])
+        assert sess.plan.clusters, sess.explain()
+
+
 CUMSUM_CASES = [((3, 4), 1, {}), ((3, 4), 0, {"exclusive": 1}), ((3, 4), -1, {"reverse": 1}),
                 ((2, 3, 4), 1, {"exclusive": 1, "reverse": 1}), ((5,), 0, {}),
                 ((0, 3), 1, {}), ((2, 1), 1, {"exclusive": 1})]
