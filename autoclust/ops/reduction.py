@@ -13,8 +13,8 @@ Semantics follow onnxruntime 1.31 where the spec leaves room:
 - NaN in ArgMax/ArgMin: onnxruntime's fold from the first element, which we copy: a NaN is
   the answer only when it is the first element of its row; otherwise it is skipped. A 1-D
   input without select_last_index takes another onnxruntime path, where the first NaN
-  wins ([1.27, nan] -> 1, as np.argmax), which the reference copies and compiled code
-  leaves to onnxruntime (_arg_refuses).
+  wins ([1.27, nan] -> 1, as np.argmax), which the reference and compiled code copy
+  (_lower_arg's first-NaN phase).
 - integer Sum, Mean, Prod, L1 and SumSquare accumulate in float64 and convert back with
   saturation, as onnxruntime 1.31 does: int32 [2^30, 2^30, 2^30] sums to 2147483647, an
   int64 sum beyond 2^53 loses its low bits, the integer mean truncates toward zero;
@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 
 from autoclust.errors import ShapeInferenceError
-from autoclust.ir import Graph, Node
 from autoclust.kernel.lowering import LowerCtx, cast, compute_dtype, const, op, select
 from autoclust.ops.table import (
     BFLOAT16,
@@ -342,17 +341,6 @@ def _nan_wins(x: np.ndarray, attrs: dict[str, Any]) -> bool:
             and bool(np.isnan(x).any()))
 
 
-def _arg_refuses(node: Node, graph: Graph) -> str | None:
-    """A 1-D float ArgMax/ArgMin without select_last_index runs in onnxruntime: its first
-    NaN wins there, which the compiled fold (a NaN only as the first element) does not give."""
-    x = node.inputs[0]
-    if node.attrs.get("select_last_index", 0) or (x.dtype is not None and x.dtype.kind != "f"):
-        return None
-    if x.shape is None or len(x.shape) == 1:
-        return f"{node.op} of a 1-D float input: onnxruntime answers its first NaN"
-    return None
-
-
 def _lower_arg(ctx: LowerCtx):
     shape = ctx.in_shape(0)
     rank = len(shape)
@@ -365,15 +353,21 @@ def _lower_arg(ctx: LowerCtx):
         kind += "_last"
     kept = kept_index(ctx.idx, rank, [axis], ctx.attr("keepdims", 1))
     ct = compute_dtype(ctx.in_dtype(0))
-    return ctx.reduce(kind, shape, [axis], kept, lambda ix: cast(ctx.value(0, ix), ct), "int64")
+    arg = ctx.reduce(kind, shape, [axis], kept, lambda ix: cast(ctx.value(0, ix), ct), "int64")
+    if rank != 1 or ctx.attr("select_last_index", 0) or np.dtype(ct).kind != "f":
+        return arg
+    # onnxruntime's 1-D path (np.argmax's): the first NaN wins wherever it lies; its fold
+    # of higher ranks, which `kind` copies, takes a NaN only as the first element
+    none = const(1 << 62, "int64")
+    first_nan = ctx.reduce("min", shape, [0], kept, lambda ix: select(
+        op("isnan", cast(ctx.value(0, ix), ct)), ctx.index(ix[0]), none), "int64")
+    return select(op("lt", first_nan, none), first_nan, arg)
 
 
 register("ArgMax", REDUCTION, _infer_arg, _arg_ref(True), lower=_lower_arg,
-         refuses=_arg_refuses, discrete=True,
-         doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.")
+         discrete=True, doc="ArgMax(data): int64 indices along axis; keepdims, select_last_index.")
 register("ArgMin", REDUCTION, _infer_arg, _arg_ref(False), lower=_lower_arg,
-         refuses=_arg_refuses, discrete=True,
-         doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.")
+         discrete=True, doc="ArgMin(data): int64 indices along axis; keepdims, select_last_index.")
 
 
 # ---- CumSum ---------------------------------------------------------------------------
