@@ -270,7 +270,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         return self._full_session()._sess
 
     def _build_plan(self) -> None:
-        from autoclust.clustering.partition import cluster
+        from autoclust.clustering.partition import check_must_compile, cluster
         from autoclust.runtime import runner as runtime
         import_model = registry.importer("onnx").import_model
         backend = registry.get_backend(self._flags.device)
@@ -294,7 +294,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             return
         self.plan = cluster(graph, self._flags, backend.why_not)
         if self._flags.must_compile:
-            runtime.check_must_compile(self.plan)
+            check_must_compile(self.plan)
         if self._flags.dump_to:
             from autoclust.report.dump import Dumper
             self._dumper = Dumper.create(self._flags.dump_to, self._flags)

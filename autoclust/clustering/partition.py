@@ -63,6 +63,7 @@ from autoclust.clustering.candidates import (
     why_not_candidate,
 )
 from autoclust.clustering.graph_cycles import GraphCycles
+from autoclust.errors import NotCompilableError
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node, Value
 from autoclust.ops import custom
@@ -678,3 +679,20 @@ def cluster(graph: Graph, flags: Flags, why_not: WhyNot | None = None,
     plan = _build_plan(an, kept, reasons, flags, flow)
     plan.unrolled = unrolled
     return plan
+
+
+def check_must_compile(plan: Any) -> None:
+    """Under --must_compile: every node must be in a cluster, else NotCompilableError."""
+    lines = _unclustered_lines(plan, "")
+    if lines:
+        raise NotCompilableError(f"{len(lines)} node(s) could not be compiled "
+                                 "(--must_compile):\n" + "\n".join(lines))
+
+
+def _unclustered_lines(plan: Any, prefix: str) -> list[str]:
+    """`  name: reason` for every unclustered node, inside control-flow bodies too."""
+    lines = [f"  {prefix}{name}: {reason}" for name, reason in plan.reasons.items()]
+    for step in getattr(plan, "control_flow", ()):
+        for attr, body in step.bodies.items():
+            lines += _unclustered_lines(body, f"{prefix}{step.nodes[0].name}.{attr}/")
+    return lines

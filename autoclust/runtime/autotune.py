@@ -374,7 +374,6 @@ class WholePlan:
         # (signature key, the whole model's onnxruntime Segment) when a signature is handed
         # back: the session then calls onnxruntime for it directly (no routing at all)
         self.on_handed_back: Callable[[tuple, Any], None] | None = None
-        self._session: Any = None
         self._fingerprint = ""
         self._lock = threading.Lock()
 
@@ -445,9 +444,7 @@ class WholePlan:
             self.on_handed_back(key, target.segment)
 
     def _ort_side(self, names: tuple) -> Any:
-        if self._session is None:
-            self._session = self.runtime.whole_model_segment()
-        return _OrtSide(self._session, names, self.runtime.output_names)
+        return _OrtSide(self.runtime.whole_model_segment(), names, self.runtime.output_names)
 
     def fingerprint(self) -> str:
         """A hash of the whole graph (structure, weights' names and types, code flags)."""

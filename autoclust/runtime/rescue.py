@@ -37,15 +37,12 @@ def whole_model_answer(runtime: Any, feeds: dict[str, np.ndarray], step: int,
             or any(kind not in ("ClusterRunner", "SegmentRunner") or
                    (kind == "ClusterRunner" and r.unmeasurable()) for r, kind in zip(runners, kinds))):
         raise exc
-    whole = getattr(runtime, "rescue_session", None)
-    if whole is None:  # built once, on the first such run
-        whole = runtime.rescue_session = runtime.whole_model_segment()
-    try:
-        outs = whole.run_feeds({v.name: feeds[v.name] for v in runtime.graph.inputs
+    try:  # the session measured placement uses, built at its first call
+        outs = runtime.whole_model_segment().run_feeds({v.name: feeds[v.name] for v in runtime.graph.inputs
                                 if v.name in feeds})
     except Exception:  # noqa: BLE001 - onnxruntime refuses these feeds too: ours stands
         raise exc from None
-    if not getattr(runtime, "rescued", False):
+    if not runtime.rescued:
         runtime.rescued = True
         warnings.warn(f"autoclust: {runner.name} rejected a value an onnxruntime segment "
                       f"computed ({exc}); onnxruntime ran the whole model for this run, "

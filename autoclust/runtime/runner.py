@@ -509,6 +509,8 @@ class Runtime:
         self.device = DeviceRun(self) if registry.policy(backend).device_memory else None
         self._single = self._single_step()
         self.is_body = not whole_plan  # a control-flow body: no model onnxruntime runs whole
+        self._whole_segment: Any = None  # whole_model_segment's, built at its first call
+        self.rescued = False  # rescue.py has warned
         self.whole = self._whole_plan() if whole_plan else None
 
     def _placement(self, plan: Any, flags: Flags, backend: Any) -> Any:
@@ -539,13 +541,16 @@ class Runtime:
         """onnxruntime over the whole model, with the plan's sub-session options: the
         user's own graph where the session has it (onnxruntime's fusions see what they
         would see without us: Whisper's whole model ran 1.5% slower re-exported), else the
-        imported graph exported back."""
-        options, providers, provider_options = self._ort
-        model, external = self.whole_source or _onnx(self.graph)
-        return registry.fallback().Segment(
-            model, options, providers, provider_options, name="whole model",
-            input_names=[v.name for v in self.graph.inputs], output_names=self.output_names,
-            external=external)
+        imported graph exported back. One session, shared by autotune.WholePlan and
+        rescue.py."""
+        if self._whole_segment is None:
+            options, providers, provider_options = self._ort
+            model, external = self.whole_source or _onnx(self.graph)
+            self._whole_segment = registry.fallback().Segment(
+                model, options, providers, provider_options, name="whole model",
+                input_names=[v.name for v in self.graph.inputs],
+                output_names=self.output_names, external=external)
+        return self._whole_segment
 
     def _plan_frees(self) -> None:
         last: dict[str, int] = {}
@@ -778,22 +783,4 @@ def _onnx(graph: Graph) -> tuple[Any, dict[str, np.ndarray]]:
     return model, {n: graph.initializers[n] for n in onnx_importer.external_stubs(model)}
 
 
-def check_must_compile(plan: Any) -> None:
-    """Under --must_compile: every node must be in a cluster, else NotCompilableError."""
-    lines = _unclustered_lines(plan, "")
-    if lines:
-        raise NotCompilableError(f"{len(lines)} node(s) could not be compiled "
-                                 "(--must_compile):\n" + "\n".join(lines))
-
-
-def _unclustered_lines(plan: Any, prefix: str) -> list[str]:
-    """`  name: reason` for every unclustered node, inside control-flow bodies too."""
-    lines = [f"  {prefix}{name}: {reason}" for name, reason in plan.reasons.items()]
-    for step in getattr(plan, "control_flow", ()):
-        for attr, body in step.bodies.items():
-            lines += _unclustered_lines(body, f"{prefix}{step.nodes[0].name}.{attr}/")
-    return lines
-
-
-__all__ = ["AutoclustError", "ClusterRunner", "DeviceRun", "Runtime", "SegmentRunner",
-           "check_must_compile"]
+__all__ = ["AutoclustError", "ClusterRunner", "DeviceRun", "Runtime", "SegmentRunner"]

@@ -571,14 +571,11 @@ def quiet_cores():
     taken = []
     for h in holders:
         if not h.lock.acquire(timeout=MAX_QUIET_WAIT_S):
+            for lock in reversed(taken):  # not given up in time: the others go back too,
+                lock.release()            # and the timing goes on as it comes
+            taken = []
             break
         taken.append(h.lock)
-    else:
-        holders = []  # all taken
-    if holders:  # one was not given up in time: give the others back, time as it comes
-        for lock in reversed(taken):
-            lock.release()
-        taken = []
     try:
         yield
     finally:
