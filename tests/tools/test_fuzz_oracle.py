@@ -603,6 +603,30 @@ def test_onnxruntime_matmul_error_on_invalid_shapes_is_expected():
     assert ref.raised[0] == "MatMul" and ref.expected is None
 
 
+def test_gather_elements_longer_than_empty_data_after_onnxruntime_matmul_error_is_expected():
+    # fuzz 96/2584: onnxruntime refuses [0, 0, 2] @ [2] (its own error), and the reference's
+    # GatherElements answered an empty [2, 0] for [2, 0] indices into the [0, 0] product,
+    # where onnxruntime's GatherElements (and ours) refuse indices longer than the data
+    # off the axis: the error is expected, not the reference's empty answer
+    model = _model("g (float[0,0,2] a, float[2] b, int64[2,0] i) => (float[?,?] y) "
+                   "{ m = MatMul (a, b) y = GatherElements <axis = 1> (m, i) }", opset=13)
+    feeds = {"a": np.zeros((0, 0, 2), F32), "b": np.ones(2, F32),
+             "i": np.zeros((2, 0), np.int64)}
+    gather = _model("g (float[?,?] m, int64[?,?] i) => (float[?,?] y) "
+                    "{ y = GatherElements <axis = 1> (m, i) }", opset=13)
+    with pytest.raises(Exception, match="within bounds"):  # fixed in onnxruntime? see above
+        fuzz_truth.ort_session(gather).run(None, {"m": np.zeros((0, 0), F32), "i": feeds["i"]})
+    assert fuzz_truth.evaluate(model, feeds) is None
+    ref = fuzz_check.reference(model, feeds)
+    assert ref.raised[0] == "MatMul" and ref.expected is None
+    assert fuzz_check.check(model, feeds, [{"device": "interpreter",
+                                             "min_cluster_size": 1}]).kind == "ok"
+    # indices shorter than the data off the axis stay the reference's to answer
+    (short,) = fuzz_truth.evaluate(gather, {"m": np.ones((3, 2), F32),
+                                            "i": np.zeros((2, 1), np.int64)})
+    np.testing.assert_array_equal(short, np.ones((2, 1), F32))
+
+
 PLANNER_SIDES = [
     # what autoclust does where onnxruntime failed on its own -> kind
     (PLANNER_WANT, "ok"),

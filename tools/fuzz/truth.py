@@ -620,7 +620,10 @@ def _clip_op() -> type:
 def _gather_elements_op() -> type:
     """onnx.reference's GatherElements, fixed: it refuses indices smaller than the data
     on a non-axis dim, which the spec allows (and which then cost a whole output its
-    opinion: a NaN from ReduceMin before such a Gather could not be arbitrated)."""
+    opinion: a NaN from ReduceMin before such a Gather could not be arbitrated). Indices
+    longer than the data off the axis are refused, as onnxruntime and ours do, empty or
+    not: NumPy's fancy indexing returns an empty [2, 0] for [0, 0] data, which beside
+    onnxruntime's own MatMul error (_spec_outputs) was expected (fuzz 96/2584)."""
     from onnx.reference.op_run import OpRun
 
     class GatherElements(OpRun):
@@ -628,6 +631,10 @@ def _gather_elements_op() -> type:
 
         def _run(self, data, indices, axis=0):
             axis = int(axis) % max(data.ndim, 1)
+            if any(i > d for k, (i, d) in enumerate(zip(indices.shape, data.shape))
+                   if k != axis):
+                raise ValueError(f"GatherElements: indices {indices.shape} exceed data "
+                                 f"{data.shape} off axis {axis}")
             idx = np.where(indices < 0, indices + data.shape[axis], indices)
             grid = list(np.indices(idx.shape, sparse=True))
             grid[axis] = idx
