@@ -9,6 +9,7 @@ would steal the cores from the next (measured in benchmarks/bench_plan_overhead)
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -134,14 +135,16 @@ def _matmul_transpose_fusion(model: onnx.ModelProto) -> list[str]:
     return []
 
 
-def crashing_division(graph: Any) -> str | None:
+def crashing_division(graph: Any, nodes: Iterable[Any] | None = None) -> str | None:
     """Why onnxruntime may kill the process running `graph` (autoclust's Graph) on some
     input, or None. onnxruntime 1.31's int32/int64 Div, and Mod without fmod, divide
     INT_MIN by -1 with the CPU's own instruction, which raises SIGFPE (fuzz seed 81/371; a
     zero divisor it checks and reports). The compiled code answers INT_MIN, as NumPy does,
-    so autoclust must not hand such a division to onnxruntime just to time it. Safe: a
-    constant divisor without -1, or a constant dividend without INT_MIN."""
-    for node in graph.nodes:
+    so autoclust must not hand such a division to onnxruntime just to time it, nor leave
+    it to a fallback segment (clustering keeps its cluster at any size: fuzz 93/2258).
+    Safe: a constant divisor without -1, or a constant dividend without INT_MIN. `nodes`:
+    only these of the graph's (a cluster's members)."""
+    for node in graph.nodes if nodes is None else nodes:
         if node.op not in ("Div", "Mod") or (node.op == "Mod" and node.attrs.get("fmod", 0)):
             continue
         dtype = node.outputs[0].dtype

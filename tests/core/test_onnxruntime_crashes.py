@@ -2,8 +2,8 @@
 fault: no exception to catch) or makes it answer wrongly are run without that optimizer
 (backends/ort.broken_optimizers): autoclust makes onnxruntime sessions over sub-models
 (measured placement, fallback segments) and over the whole model, and none of them may
-take the process down or change an answer. Nor may measured placement hand onnxruntime a
-division its kernel crashes on (backends/ort.crashing_division)."""
+take the process down or change an answer. Nor may measured placement or a fallback
+segment hand onnxruntime a division its kernel crashes on (backends/ort.crashing_division)."""
 
 from __future__ import annotations
 
@@ -209,3 +209,37 @@ def test_crashing_division_spares_constants_that_cannot_trap():
     assert ort_backend.crashing_division(graph(None, op="Mod", fmod=1)) is None
     assert ort_backend.crashing_division(graph(None, dtype=TensorProto.INT8)) is None
     assert ort_backend.crashing_division(graph(None, dtype=TensorProto.FLOAT)) is None
+
+
+SMALL_DIVIDE = """
+import sys, numpy as np, onnxruntime as ort, autoclust
+from onnx import TensorProto, helper
+T = {"int32": TensorProto.INT32, "int64": TensorProto.INT64}[sys.argv[1]]
+nodes = [helper.make_node("Cast", ["x"], ["c"], to=T), helper.make_node(sys.argv[2], ["c", "b"], ["q"])]
+graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3]),
+                                       helper.make_tensor_value_info("b", T, [3])],
+                          [helper.make_tensor_value_info("q", T, [3])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 10
+sess = autoclust.InferenceSession(model)  # the default --min_cluster_size=4: 2 nodes
+x, b = np.array([9, -7, 5], np.float32), np.array([2, 2, -1], sys.argv[1])
+want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x, "b": b})[0]
+np.testing.assert_array_equal(sess.run(None, {"x": x, "b": b})[0], want)
+lo = np.iinfo(sys.argv[1]).min  # a float32 exactly; onnxruntime would crash on it
+got = sess.run(None, {"x": np.array([lo, 7, 1], np.float32), "b": b[[2, 0, 2]]})[0]
+np.testing.assert_array_equal(got, [lo, 3, -1] if sys.argv[2] == "Div" else [0, 1, 0])
+print("ok", sess.explain().count("cluster_0000: 2 nodes"))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("op", ["Div", "Mod"])
+def test_integer_division_onnxruntime_crashes_on_stays_compiled_below_min_cluster_size(
+        dtype, op):
+    """fuzz 93/2258: Cast to int64, then Div, a cluster of 2 (< --min_cluster_size=4) went
+    to an onnxruntime segment, whose Div of INT_MIN by -1 killed the process (SIGFPE);
+    the cluster is kept at any size, and answers INT_MIN (as NumPy)."""
+    proc = subprocess.run([sys.executable, "-c", SMALL_DIVIDE, dtype, op],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split() == ["ok", "1"], proc.stdout
