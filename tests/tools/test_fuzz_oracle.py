@@ -248,6 +248,51 @@ def test_reference_arbiter_log_softmax_does_not_underflow_in_float16():
     assert fuzz_check.compare(got, want, arbiter=arbiter) == ""
 
 
+def test_reference_arbiter_float16_softmax_rounds_once():
+    # fuzz 97/7157: ReduceLogSum of a float16 Softmax [0.348, 0.652], whose sum is exactly
+    # 0.99976: onnxruntime does not round the Softmax (log(1) = 0), the reference rounded
+    # the sum to 1.0 (0) and its Softmax's exponentials ([0.3481, 0.6523]: 4.88e-4), ours
+    # rounds each op's result once: -2.44e-4, as the spec's per-op rounding has it
+    model = _model("g (float16[1,2] x) => (float16 y) { s = Softmax <axis = -1> (x) "
+                   "y = ReduceLogSum <keepdims = 0> (s) }", opset=17)
+    feeds = {"x": np.array([[-0.2195, 0.4087]], F16)}
+    (want,) = fuzz_check.run_ort(model, feeds)
+    assert want == 0
+    soft = np.exp(feeds["x"].astype(np.float64))
+    exact = np.log((soft / soft.sum()).astype(F16).astype(np.float64).sum()).astype(F16)
+    assert exact == np.float16(-2.441e-4)
+    np.testing.assert_array_equal(fuzz_truth.Arbiter(model, feeds).reference(0), exact)
+    assert "differ" in fuzz_check.compare([exact], [want])
+    assert fuzz_check.compare([exact], [want], arbiter=fuzz_truth.Arbiter(model, feeds)) == ""
+    variants = [{"device": "interpreter", "min_cluster_size": 1}]
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+
+
+def _sum_model(op: str, opset: int, t: str) -> onnx.ModelProto:
+    head = f"g ({t}[3,40] x) => ({t}[?] y) {{ "
+    if op == "Softmax":
+        return _model(head + "y = Softmax <axis = 1> (x) }", opset)
+    if opset >= 18 or op == "ReduceSum":  # axes an input
+        return _model(head + f"a = Constant <value = int64[1] {{1}}> () "
+                      f"y = {op} <keepdims = 0> (x, a) }}", opset)
+    return _model(head + f"y = {op} <axes = [1], keepdims = 0> (x) }}", opset)
+
+
+@pytest.mark.parametrize("op", fuzz_truth.ROUNDED_INTERMEDIATES)
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reference_float16_intermediates_are_not_rounded(op, opset):
+    from onnx.reference import ReferenceEvaluator
+    x = np.random.default_rng(0).uniform(0, 2, (3, 40))
+    (got,) = fuzz_truth.evaluate(_sum_model(op, opset, "float16"), {"x": x.astype(F16)})
+    (wide,) = fuzz_truth.evaluate(_sum_model(op, opset, "double"),
+                                  {"x": x.astype(F16).astype(np.float64)})
+    assert got.dtype == F16
+    np.testing.assert_array_equal(got, wide.astype(F16))
+    f32 = _sum_model(op, opset, "float")  # float32 stays onnx.reference's own
+    np.testing.assert_array_equal(fuzz_truth.evaluate(f32, {"x": x.astype(F32)})[0],
+                                  ReferenceEvaluator(f32).run(None, {"x": x.astype(F32)})[0])
+
+
 def test_reference_arbiter_pad_crops_as_onnxruntime_does():
     # fuzz 80/347: onnx.reference's Pad refused negative pads, so a ReduceMin's NaN (the
     # reference's, and ours; onnxruntime skips it) before a cropping Pad had no opinion.

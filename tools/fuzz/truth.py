@@ -19,7 +19,8 @@
 Dtypes always follow onnxruntime, shapes too unless the reference gives ours, values and
 all (`agrees`); both opinions are computed only when a mismatch needs one.
 onnx.reference's own departures from the spec are replaced (spec_fixes: Clip,
-GatherElements, GroupNormalization, LayerNormalization, LogSoftmax, Pad; TopK where a
+GatherElements, GroupNormalization, LayerNormalization, LogSoftmax, Pad, float16 Softmax
+and reductions; TopK where a
 row holds NaN, which the spec does not order), or its opinion
 would condemn a right answer or, where it raises, leave a wrong one of onnxruntime's
 standing.
@@ -427,18 +428,54 @@ def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            evaluator = ReferenceEvaluator(model, new_ops=spec_fixes(nan_order))
+            opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                         onnx.defs.onnx_opset_version())
+            evaluator = ReferenceEvaluator(model, new_ops=spec_fixes(nan_order, opset))
             outs = evaluator.run(None, feeds)
     except Exception:  # noqa: BLE001 - an op it lacks or gets wrong: no opinion
         return None
     return [np.asarray(o) for o in outs]
 
 
-def spec_fixes(nan_order: str = "last") -> list[type]:
+def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
     """onnx.reference ops replaced where they depart from the spec's text (and TopK's
-    order of NaN, which the spec leaves open: _top_k_op)."""
+    order of NaN, which the spec leaves open: _top_k_op); with the model's `opset`, its
+    float16 Softmax and reductions too (_rounded_once_ops)."""
     return [_gather_elements_op(), _clip_op(), _log_softmax_op(), _pad_op(),
-            _layer_normalization_op(), _group_normalization_op(), _top_k_op(nan_order)]
+            _layer_normalization_op(), _group_normalization_op(), _top_k_op(nan_order),
+            *([] if opset is None else _rounded_once_ops(opset))]
+
+
+# Ops whose onnx.reference implementation rounds a float16 intermediate to float16 (a sum,
+# the squares, the exponentials); NumPy's float16 sums accumulate in float32, so ReduceSum
+# and ReduceL1 round once.
+ROUNDED_INTERMEDIATES = ("ReduceMean", "ReduceSumSquare", "ReduceL2", "ReduceLogSum",
+                         "ReduceLogSumExp", "Softmax")
+
+
+def _rounded_once_ops(opset: int) -> list[type]:
+    """onnx.reference's float16 ROUNDED_INTERMEDIATES at `opset`, fixed: the spec rounds
+    each op's result once. Its Softmax of [-0.2195, 0.4087] (exponentials in float16) gave
+    [0.3481, 0.6523] for [0.348, 0.652], and its ReduceLogSum of [0.348, 0.652] rounded
+    the sum, exactly 0.99976, to 1.0: log 0, where the exact -2.44e-4 is ours
+    (onnxruntime, not rounding the Softmax, 0: fuzz 97/7157). Computed in float64 and
+    rounded once, as _log_softmax_op is."""
+    from onnx.reference.ops import load_op
+
+    def wide_run(base: type) -> Callable[..., tuple]:
+        def _run(self: object, data: np.ndarray, *args: object, **kwargs: object) -> tuple:
+            if data.dtype != np.float16:
+                return base._run(self, data, *args, **kwargs)
+            outs = base._run(self, data.astype(np.float64), *args, **kwargs)
+            return tuple(np.asarray(o).astype(np.float16) for o in outs)
+        return _run
+
+    out = []
+    for name in ROUNDED_INTERMEDIATES:
+        base = load_op("", name, opset)
+        out.append(type(name, (base,), {"op_domain": "", "_run": wide_run(base),
+                                        "op_schema": onnx.defs.get_schema(name, opset)}))
+    return out
 
 
 def _layer_normalization_op() -> type:
