@@ -19,6 +19,8 @@ from autoclust.tools.bench import profile as bench_profile
 from autoclust.tools.bench import timing
 from autoclust.tools.bench import zoo as bench_zoo
 
+from autoclust import flags
+
 MODELS = bench_zoo.MODELS_DIR
 
 
@@ -333,3 +335,14 @@ def test_profile_names_the_implementation_a_call_runs_now():
     assert bench_profile._library_impl(run) == "numpy"
     fn.switch("ref", fn._current[0], "switched")
     assert bench_profile._library_impl(run) == "ref"
+
+
+def test_exports_compile_autoclust_to_bytecode_first():
+    """The measured child processes import bytecode, as an installed package does: without
+    it (an editable checkout, PYTHONDONTWRITEBYTECODE) every one compiled our sources."""
+    compiled = [importlib.util.cache_from_source(m.__file__) for m in (flags, timing)]
+    for path in compiled:
+        if os.path.exists(path):
+            os.remove(path)
+    bench_exports.compile_bytecode()
+    assert all(os.path.exists(p) for p in compiled), compiled

@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             row = _measure(args.model, args.feeds, args.threads, args.cache_dir)
         print(json.dumps(row))
         return 0
+    from autoclust.tools.bench.exports import compile_bytecode
+    compile_bytecode()  # the processes import bytecode, as an installed package does
     with tempfile.TemporaryDirectory(prefix="autoclust-latency-") as cache_dir:
         for name in ["cold"] + [f"warm{i + 1}" for i in range(args.warm)]:
             cmd = [sys.executable, "-m", "autoclust.tools.bench.latency", args.model,
