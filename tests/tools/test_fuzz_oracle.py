@@ -327,6 +327,33 @@ def test_reference_arbiter_takes_either_top_k_order_of_nan():
         assert "differ" in verdict, wrong
 
 
+def test_reference_arbiter_takes_onnxruntime_reduce_min_of_nan_left_to_it():
+    # fuzz 96/1396: ReduceMin of [0.50, nan] is NaN in the reference and in ours, 0.50 in
+    # onnxruntime (NaN not first); left to onnxruntime (cluster_exclude_ops) beside our
+    # ReduceSum of [-0.] (+0, NumPy's; onnxruntime's last-axis sum keeps -0), Max(1 / s,
+    # s / (|min| + 0.5)) gives inf, which neither opinion gave alone (-0 and NaN)
+    model = _model("g (float[1,2] x, float[1] z) => (float[?] y) { a1 = Constant <value = "
+                   "int64[1] {1}> () m = ReduceMin <keepdims = 0> (x, a1) a0 = Constant "
+                   "<value = int64[1] {0}> () s = ReduceSum <keepdims = 1> (z, a0) "
+                   "r = Reciprocal (s) h = Constant <value = float {0.5}> () b = Abs (m) "
+                   "c = Add (b, h) d = Div (s, c) y = Max (r, d) }")
+    feeds = {"x": np.array([[0.5025611, np.nan]], F32), "z": np.array([-0.0], F32)}
+    want = fuzz_check.run_ort(model, feeds)
+    np.testing.assert_array_equal(want[0], [-0.0])
+    assert np.signbit(want[0][0])
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    for ours in ([np.nan], [np.inf]):  # all compiled; ReduceMin left to onnxruntime
+        assert "differ" in fuzz_check.compare([np.array(ours, F32)], want)
+        assert fuzz_check.compare([np.array(ours, F32)], want, arbiter=arbiter) == ""
+    for wrong in ([-np.inf], [1.0]):
+        assert "differ" in fuzz_check.compare([np.array(wrong, F32)], want, arbiter=arbiter)
+    variants = [{"device": "interpreter", "min_cluster_size": 1},
+                {"device": "interpreter", "min_cluster_size": 1,
+                 "cluster_exclude_ops": ["ReduceMin"]}]
+    assert fuzz_check.run_autoclust(model, feeds, variants[1])[0][0][0] == np.inf
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+
+
 @pytest.mark.parametrize("largest", [0, 1])
 @pytest.mark.parametrize("order", ["last", "onnxruntime", "no NaN"])
 def test_reference_top_k_fix_orders_nan_rows(largest, order):

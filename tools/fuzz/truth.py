@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -339,11 +340,16 @@ class Arbiter:
         return None if outs is None else outs[0]
 
     def references(self, index: int) -> list[np.ndarray]:
-        """The reference's opinions on output `index`: two behind a TopK, one per order of
-        NaN that autoclust gives (_top_k_op), else one; none where it fails."""
+        """The reference's opinions on output `index`: one per treatment of NaN that
+        autoclust gives, else one; none where it fails. Behind a TopK, onnxruntime's kernel
+        too (_top_k_op); behind a ReduceMax or ReduceMin, onnxruntime's for those and TopK
+        ("fallback": _reduce_extreme_ops)."""
         orders = ["last"]
-        if any(n.op_type == "TopK" for n in only_output(self.model, index).graph.node):
+        ops_in = {n.op_type for n in only_output(self.model, index).graph.node}
+        if "TopK" in ops_in:
             orders.append("onnxruntime")
+        if ops_in & {"ReduceMax", "ReduceMin"}:
+            orders.append("fallback")
         return [r for r in (self.reference(index, o) for o in orders) if r is not None]
 
     def truth(self, index: int) -> np.ndarray | None:
@@ -420,8 +426,8 @@ def _jittered_initializers(model: onnx.ModelProto, rng: np.random.Generator,
 
 def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
              nan_order: str = "last") -> list[np.ndarray] | None:
-    """The outputs of `model` by the ONNX reference implementation with spec_fixes (TopK's
-    NaN order `nan_order`), or None when it fails."""
+    """The outputs of `model` by the ONNX reference implementation with spec_fixes (NaN in
+    TopK, ReduceMax and ReduceMin as `nan_order` has it), or None when it fails."""
     import warnings
 
     from onnx.reference import ReferenceEvaluator
@@ -440,10 +446,33 @@ def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
 def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
     """onnx.reference ops replaced where they depart from the spec's text (and TopK's
     order of NaN, which the spec leaves open: _top_k_op); with the model's `opset`, its
-    float16 Softmax and reductions too (_rounded_once_ops)."""
+    float16 Softmax and reductions too (_rounded_once_ops), and onnxruntime's ReduceMax
+    and ReduceMin of NaN where `nan_order` is "fallback" (_reduce_extreme_ops)."""
     return [_gather_elements_op(), _clip_op(), _log_softmax_op(), _pad_op(),
             _layer_normalization_op(), _group_normalization_op(), _top_k_op(nan_order),
-            *([] if opset is None else _rounded_once_ops(opset))]
+            *([] if opset is None else _rounded_once_ops(opset)),
+            *([] if opset is None or nan_order != "fallback" else _reduce_extreme_ops(opset))]
+
+
+def _reduce_extreme_ops(opset: int) -> list[type]:
+    """ReduceMax and ReduceMin at `opset` by onnxruntime's kernel, on the reference's own
+    input, where that holds NaN (else the reference's): ours give NaN wherever it sits in
+    the row, as the reference does, and onnxruntime only where it comes first; an op
+    autoclust leaves to onnxruntime (a fallback segment) gives onnxruntime's. A ReduceMin
+    of [0.50, nan] left to onnxruntime (0.50) beside our ReduceSum of -0 (NumPy's +0), into
+    Reciprocal, Div and Max, gave inf, which neither opinion gave alone (fuzz 96/1396)."""
+    from onnx.reference.ops import load_op
+
+    def run(base: type) -> Callable[..., tuple]:
+        def _run(self: Any, data: np.ndarray, *inputs: object, **attrs: object) -> tuple:
+            if data.dtype.kind != "f" or not np.isnan(data).any():
+                return base._run(self, data, *inputs, **attrs)
+            return _onnxruntime_node(self.onnx_node, [data, *inputs], opset)
+        return _run
+
+    return [type(name, (base,), {"op_domain": "", "_run": run(base),
+                                 "op_schema": onnx.defs.get_schema(name, opset)})
+            for name in ("ReduceMax", "ReduceMin") for base in [load_op("", name, opset)]]
 
 
 # Ops whose onnx.reference implementation rounds a float16 intermediate to float16 (a sum,
@@ -597,7 +626,7 @@ def _top_k_op(nan_order: str = "last") -> type:
         leave it wherever the algorithm does ([nan, 2, -1, 2, 7]: smallest 3 [-1, 2, nan],
         largest 4 without it); a TopK autoclust leaves to onnxruntime (data-dependent:
         never compiled) gives it. A ReduceMax's NaN (the spec's, and ours; onnxruntime
-        skips it) before such a TopK was condemned (fuzz 93/915).
+        skips it) before such a TopK was condemned (fuzz 93/915); "fallback" too.
     A TopK without NaN is the reference's own."""
     from onnx.reference.op_run import OpRun
     from onnx.reference.ops.op_topk import topk_sorted_implementation
@@ -614,26 +643,27 @@ def _top_k_op(nan_order: str = "last") -> type:
                 idx = np.take(order, np.arange(int(np.ravel(k)[0])), axis=axis)
                 values = np.take_along_axis(x, idx, axis=axis)
             else:
-                attrs = {"axis": axis, "largest": int(largest), "sorted": int(sorted)}
-                return _onnxruntime_top_k(x, k, attrs, self.run_params["opsets"].get("", 11))
+                return _onnxruntime_node(self.onnx_node, [x, k],
+                                         max(self.run_params["opsets"].get("", 11), 11))
             return (values, idx.astype(np.int64))
     return TopK
 
 
-def _onnxruntime_top_k(x: np.ndarray, k: np.ndarray, attrs: dict[str, int], opset: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """onnxruntime's TopK of `x` alone (a one-node model, optimizations off)."""
-    elem = onnx.helper.np_dtype_to_tensor_dtype(x.dtype)
-    info = onnx.helper.make_tensor_value_info
+def _onnxruntime_node(node: onnx.NodeProto, inputs: list[Any], opset: int) -> tuple:
+    """onnxruntime's outputs of `node` alone on `inputs` (a one-node model, optimizations
+    off): its kernel's answer where a fallback segment runs the op."""
+    names = [f"in{i}" if name else "" for i, name in enumerate(node.input)]
+    fed = {n: np.asarray(x) for n, x in zip([n for n in names if n], inputs)}
+    one = onnx.helper.make_node(node.op_type, names, [f"out{i}" for i in range(len(node.output))])
+    one.attribute.extend(node.attribute)
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("TopK", ["x", "k"], ["y", "i"], **attrs)], "top_k",
-        [info("x", elem, None), info("k", TensorProto.INT64, [1])],
-        [info("y", elem, None), info("i", TensorProto.INT64, None)])
-    model = onnx.helper.make_model(graph, opset_imports=[
-        onnx.helper.make_opsetid("", max(opset, 11))])
+        [one], node.op_type,
+        [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(x.dtype),
+                                            None) for n, x in fed.items()],
+        [onnx.helper.make_value_info(o, onnx.TypeProto()) for o in one.output])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
     model.ir_version = 8
-    y, i = ort_session(model).run(None, {"x": x, "k": np.asarray(k, np.int64).reshape(1)})
-    return y, i
+    return tuple(ort_session(model).run(None, fed))
 
 
 def _clip_op() -> type:
