@@ -92,7 +92,8 @@ def broken_optimizers(model: onnx.ModelProto) -> list[str]:
     the whole model); plain onnxruntime 1.31 fails the same way on the same model:
       - MatmulTransposeFusion at ORT_ENABLE_ALL segfaults creating the session on a float16
         graph in which a Transpose that is not a swap of the last two dims (perm [1, 2, 0]
-        of a 3-D tensor) feeds a MatMul with a constant B (seed 77; float32 is fine).
+        of a 3-D tensor) feeds a MatMul with a constant B (seed 77; float32 is fine),
+        directly or through ops it removes first (PASS_THROUGH; seed 98/1553).
         Turning off any one of MatmulTransposeFusion,
         FuseFp16InitializerToFp32NodeTransformer, NchwcTransformer avoids it;
       - the same fusion answers wrongly (float32 too) where a Transpose feeds a MatMul's A
@@ -113,10 +114,20 @@ def broken_optimizers(model: onnx.ModelProto) -> list[str]:
     return off + _matmul_transpose_fusion(model)
 
 
+# Ops onnxruntime removes or fuses through before MatmulTransposeFusion sees the graph
+# (an Expand or Reshape to the same shape, Identity, Dropout, a Cast pair): a Transpose
+# behind them feeds the MatMul as if directly (fuzz 98/1553: Transpose -> Expand to the
+# same [1, 1, 3] -> MatMul, float16, segfaulted).
+PASS_THROUGH = frozenset({"Expand", "Reshape", "Identity", "Dropout", "Cast"})
+
+
 def _matmul_transpose_fusion(model: onnx.ModelProto) -> list[str]:
     """["MatmulTransposeFusion"] where it breaks `model` (broken_optimizers), else []."""
     graph = model.graph
     transposed = {o for n in graph.node if n.op_type == "Transpose" for o in n.output}
+    for n in graph.node:  # in graph (topological) order
+        if n.op_type in PASS_THROUGH and n.input and n.input[0] in transposed:
+            transposed.update(n.output[:1])
     fed = [n for n in graph.node if n.op_type in ("MatMul", "Gemm")
            and transposed.intersection(n.input)]
     if not fed:
