@@ -668,6 +668,28 @@ def test_onnxruntime_squeeze_error_after_its_empty_reduce_max_is_its_own():
     assert ref.raised[0] == "Squeeze" and ref.expected is None
 
 
+TOP_K_EMPTY_MAX = _model("g (float[?,?,?] x, int64[1] k) => (float[?,?,?] y) { a = Constant "
+                         "<value = int64[1] {-1}> () r = ReduceMax <keepdims = 1> (x, a) "
+                         "y, i = TopK <axis = 2> (r, k) }")
+
+
+def test_onnxruntime_top_k_error_after_its_empty_reduce_max_is_its_own():
+    # fuzz 98/1805: onnxruntime's ReduceMax over an empty last axis keeps its 0, so a TopK
+    # of k = 1 there raises ("should not be greater than specified axis dim value [0]");
+    # the spec's [4, 3, 1] of -inf has one element there: the reference's answer
+    feeds = {"x": np.zeros((4, 3, 0), F32), "k": np.array([1])}
+    with pytest.raises(Exception, match="should not be greater"):
+        fuzz_truth.ort_session(TOP_K_EMPTY_MAX).run(None, feeds)
+    ref = fuzz_check.reference(TOP_K_EMPTY_MAX, feeds)
+    assert ref.raised == ("", "") and "should not be greater" in ref.ort_bug
+    assert fuzz_check.compare(ref.expected, [np.full((4, 3, 1), -np.inf, F32)]) == ""
+    variants = [{"device": "interpreter", "min_cluster_size": 1}]
+    assert fuzz_check.check(TOP_K_EMPTY_MAX, feeds, variants).kind == "ok"
+    # a k longer than the axis the spec gives is an error: the reference refuses it too
+    ref = fuzz_check.reference(TOP_K_EMPTY_MAX, {**feeds, "k": np.array([2])})
+    assert ref.raised[0] == "TopK" and ref.expected is None
+
+
 def test_onnxruntime_matmul_error_on_invalid_shapes_is_expected():
     model = _model("g (float[?,?] a, float[?,?] b) => (float[?,?] y) { y = MatMul (a, b) }")
     feeds = {"a": np.ones((2, 3), F32), "b": np.ones((4, 5), F32)}

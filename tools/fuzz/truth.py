@@ -115,8 +115,10 @@ def run_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
 # by a 1-D [1]: "left operand cannot broadcast on dim 2" (fuzz 81/158, 81/185, 82/407),
 # where np.matmul's answer is [3, 5, 0]. Squeeze of an axis onnxruntime's ReduceMax over
 # an empty axis left 0 long ("Dimension of input 2 must be 1 instead of 0", fuzz 92/2192;
-# the spec's keepdims gives 1): np.squeeze raises too where the axis is not 1 long.
-SHAPE_ERRORS_ONLY = frozenset({"MatMul", "Squeeze"})
+# the spec's keepdims gives 1): np.squeeze raises too where the axis is not 1 long. TopK
+# of k = 1 over that axis: "k argument [1] should not be greater than specified axis dim
+# value [0]" (fuzz 98/1805); the reference's TopK raises too where k exceeds the axis.
+SHAPE_ERRORS_ONLY = frozenset({"MatMul", "Squeeze", "TopK"})
 
 
 def _spec_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
