@@ -170,6 +170,13 @@ def test_alternate_and_spread():
     assert len(times["a"]) == len(times["b"]) == 6
     fake = {"x": [2.0, 2.0, 4.0, 4.0], "y": [1.0, 1.0, 1.0, 1.0]}
     assert timing.ratio_spread(fake, "x", "y", 2) == (2.5, 3.5)
+    # the headline ratio: each round's (one load state), the median over rounds; the load
+    # tripled the last round on both sides, which a ratio of all-round medians mixes in
+    drift = {"x": [1.0, 2.0, 6.0, 8.0, 30.0, 30.0], "y": [1.0, 1.0, 2.0, 2.0, 10.0, 10.0]}
+    assert timing.round_ratios(drift, "x", "y", 2) == [1.5, 3.5, 3.0]
+    assert timing.round_ratio(drift, "x", "y", 2) == 3.0
+    assert np.median(drift["x"]) / np.median(drift["y"]) == 3.5
+    assert np.isnan(timing.round_ratio({"x": [], "y": []}, "x", "y", 2))
 
 
 def test_cli_dispatches_zoo_table(tmp_path, capsys):

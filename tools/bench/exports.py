@@ -15,7 +15,9 @@ measured placement has decided), OpenVINO's CPU plugin when installed (float32, 
 threads, outputs checked), plus torch eager and torch.compile (inductor) on the same module
 with torch.set_num_threads(threads) and OMP_WAIT_POLICY=PASSIVE (unless set), timed in
 alternating blocks over rounds (tools/bench/timing.py), medians. Ratio = onnxruntime time /
-other side's time (above 1: faster than onnxruntime). The floor ratio (whole run / GEMM
+other side's time (above 1: faster than onnxruntime), each round's (its blocks ran back to
+back, in one load state of the machine), the median over rounds (`timing.round_ratio`; the
+ratio of the medians over all rounds is kept in the JSON as `ratio_of_medians`). The floor ratio (whole run / GEMM
 time, tools/bench/profile.py) is autoclust's compiled code's (placement off) and
 onnxruntime's. `--repeat N` measures each model in N processes and gives the spread.
 Needs the `bench` extra: pip install "autoclust[bench]" (openvino is in it).
@@ -374,10 +376,11 @@ def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: i
     times = timing.alternate(sides, rounds, block)
     for side, samples in times.items():
         row[f"{side}_ms"] = timing.median_ms(samples)
-    row["ratio"] = row["ort_ms"] / row["autoclust_ms"]
+    row["ratio_of_medians"] = row["ort_ms"] / row["autoclust_ms"]
+    row["ratio"] = timing.round_ratio(times, "ort", "autoclust", block)
     row["ratio_p25"], row["ratio_p75"] = timing.ratio_spread(times, "ort", "autoclust", block)
     if ov_side is not None:
-        row["openvino_ratio"] = row["ort_ms"] / row["openvino_ms"]
+        row["openvino_ratio"] = timing.round_ratio(times, "ort", "openvino", block)
     _new_seq(row, sess, ref, feeds)
     if floor:
         _floor(row, model_path, feeds_path, threads, flags)

@@ -92,6 +92,26 @@ def alternate(sides: Mapping[str, Callable[[], Any]], rounds: int, block: int
     return times
 
 
+def round_ratios(times: Mapping[str, Sequence[float]], num: str, den: str, block: int
+                 ) -> list[float]:
+    """median(num block) / median(den block) of each round (alternate's order)."""
+    a, b = times[num], times[den]
+    rounds = min(len(a), len(b)) // max(block, 1)
+    return [float(np.median(a[r * block:(r + 1) * block]) /
+                  np.median(b[r * block:(r + 1) * block])) for r in range(rounds)]
+
+
+def round_ratio(times: Mapping[str, Sequence[float]], num: str, den: str, block: int) -> float:
+    """The median over rounds of each round's ratio (see round_ratios; NaN without rounds).
+
+    Each round's blocks run back to back and see one load state of the machine; a ratio
+    of the two sides' medians over all rounds mixes states instead. On a host whose load
+    moves by 2x within minutes (onnxruntime's Qwen2-like 16.7 ms in one process, 37.4 ms
+    in the next) the round's ratio is the steadier estimate of the same quantity."""
+    ratios = round_ratios(times, num, den, block)
+    return float(np.median(ratios)) if ratios else float("nan")
+
+
 def ratio_spread(times: Mapping[str, Sequence[float]], num: str, den: str, block: int
                  ) -> tuple[float, float]:
     """(25th, 75th percentile) over rounds of median(num block) / median(den block).
@@ -99,10 +119,7 @@ def ratio_spread(times: Mapping[str, Sequence[float]], num: str, den: str, block
     Each round's blocks ran back to back, so a round's ratio sees one load state; the
     spread over rounds says how far the machine's load moved the figure.
     """
-    a, b = times[num], times[den]
-    rounds = min(len(a), len(b)) // max(block, 1)
-    ratios = [float(np.median(a[r * block:(r + 1) * block]) /
-                    np.median(b[r * block:(r + 1) * block])) for r in range(rounds)]
+    ratios = round_ratios(times, num, den, block)
     if not ratios:
         return float("nan"), float("nan")
     return float(np.percentile(ratios, 25)), float(np.percentile(ratios, 75))
