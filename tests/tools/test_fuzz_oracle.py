@@ -354,6 +354,33 @@ def test_reference_arbiter_takes_onnxruntime_reduce_min_of_nan_left_to_it():
     assert fuzz_check.check(model, feeds, variants).kind == "ok"
 
 
+def test_reference_arbiter_takes_onnxruntime_float16_sign_of_nan_left_to_it():
+    # fuzz 94/1877: onnxruntime's float16 Sign maps NaN to 0, its float32 one (and NumPy,
+    # the reference, ours) to NaN; next to a Reciprocal, which has no float16 kernel there,
+    # the whole model runs Sign in float32: Pow(a, Sign(1 / nan)) is NaN, and 1 where a
+    # fallback segment runs Sign (and Pow) on our compiled Reciprocal's float16 NaN
+    model = _model("g (float16[3] x, float16[3] a) => (float16[3] y) { r = Reciprocal (x) "
+                   "s = Sign (r) y = Pow (a, s) }", opset=13)
+    feeds = {"x": np.array([0.7, -2, np.nan], F16), "a": np.array([0.655, 0.5, 0.875], F16)}
+    sign = _model("g (float16[3] r) => (float16[3] s) { s = Sign (r) }", opset=13)
+    (alone,) = fuzz_check.run_ort(sign, {"r": feeds["x"]})
+    np.testing.assert_array_equal(alone, [1, -1, 0])  # fixed in onnxruntime? see above
+    (want,) = fuzz_check.run_ort(model, feeds)
+    np.testing.assert_array_equal(want, np.array([0.655, 2, np.nan], F16))
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    ours = np.array([0.655, 2, 1], F16)  # Sign and Pow left to onnxruntime
+    assert "differ" in fuzz_check.compare([ours], [want])
+    assert fuzz_check.compare([ours], [want], arbiter=arbiter) == ""
+    assert "differ" in fuzz_check.compare([np.array([0.655, 2, 0.5], F16)], [want],
+                                          arbiter=arbiter)
+    variants = [{"device": "interpreter", "min_cluster_size": 1},
+                {"device": "interpreter", "min_cluster_size": 1,
+                 "cluster_exclude_ops": ["Sign", "Pow"]}]
+    np.testing.assert_array_equal(fuzz_check.run_autoclust(model, feeds, variants[1])[0][0],
+                                  ours)
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+
+
 @pytest.mark.parametrize("largest", [0, 1])
 @pytest.mark.parametrize("order", ["last", "onnxruntime", "no NaN"])
 def test_reference_top_k_fix_orders_nan_rows(largest, order):

@@ -344,13 +344,13 @@ class Arbiter:
     def references(self, index: int) -> list[np.ndarray]:
         """The reference's opinions on output `index`: one per treatment of NaN that
         autoclust gives, else one; none where it fails. Behind a TopK, onnxruntime's kernel
-        too (_top_k_op); behind a ReduceMax or ReduceMin, onnxruntime's for those and TopK
-        ("fallback": _reduce_extreme_ops)."""
+        too (_top_k_op); behind a ReduceMax, ReduceMin or Sign, onnxruntime's for those and
+        TopK ("fallback": _fallback_nan_ops)."""
         orders = ["last"]
         ops_in = {n.op_type for n in only_output(self.model, index).graph.node}
         if "TopK" in ops_in:
             orders.append("onnxruntime")
-        if ops_in & {"ReduceMax", "ReduceMin"}:
+        if ops_in & FALLBACK_NAN:
             orders.append("fallback")
         return [r for r in (self.reference(index, o) for o in orders) if r is not None]
 
@@ -448,21 +448,31 @@ def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
 def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
     """onnx.reference ops replaced where they depart from the spec's text (and TopK's
     order of NaN, which the spec leaves open: _top_k_op); with the model's `opset`, its
-    float16 Softmax and reductions too (_rounded_once_ops), and onnxruntime's ReduceMax
-    and ReduceMin of NaN where `nan_order` is "fallback" (_reduce_extreme_ops)."""
+    float16 Softmax and reductions too (_rounded_once_ops), and onnxruntime's FALLBACK_NAN
+    ops of NaN where `nan_order` is "fallback" (_fallback_nan_ops)."""
     return [_gather_elements_op(), _clip_op(), _log_softmax_op(), _pad_op(),
             _layer_normalization_op(), _group_normalization_op(), _top_k_op(nan_order),
             *([] if opset is None else _rounded_once_ops(opset)),
-            *([] if opset is None or nan_order != "fallback" else _reduce_extreme_ops(opset))]
+            *([] if opset is None or nan_order != "fallback" else _fallback_nan_ops(opset))]
 
 
-def _reduce_extreme_ops(opset: int) -> list[type]:
-    """ReduceMax and ReduceMin at `opset` by onnxruntime's kernel, on the reference's own
-    input, where that holds NaN (else the reference's): ours give NaN wherever it sits in
-    the row, as the reference does, and onnxruntime only where it comes first; an op
-    autoclust leaves to onnxruntime (a fallback segment) gives onnxruntime's. A ReduceMin
-    of [0.50, nan] left to onnxruntime (0.50) beside our ReduceSum of -0 (NumPy's +0), into
-    Reciprocal, Div and Max, gave inf, which neither opinion gave alone (fuzz 96/1396)."""
+# Ops whose answer for NaN is onnxruntime's own where a fallback segment runs them.
+FALLBACK_NAN = frozenset({"ReduceMax", "ReduceMin", "Sign"})
+
+
+def _fallback_nan_ops(opset: int) -> list[type]:
+    """FALLBACK_NAN at `opset` by onnxruntime's kernel, on the reference's own input, where
+    that holds NaN (else the reference's); an op autoclust leaves to onnxruntime (a
+    fallback segment) gives onnxruntime's:
+      - ReduceMax and ReduceMin: ours give NaN wherever it sits in the row, as the
+        reference does, onnxruntime only where it comes first. A ReduceMin of [0.50, nan]
+        left to onnxruntime (0.50) beside our ReduceSum of -0 (NumPy's +0), into
+        Reciprocal, Div and Max, gave inf, which neither opinion gave alone (96/1396);
+      - Sign, which the spec defines for numbers only: onnxruntime's float16 kernel maps
+        NaN to 0 (as TensorFlow does), its float32 kernel, NumPy and ours to NaN, and
+        onnxruntime runs a float16 Sign next to float32 work (a Reciprocal it has no
+        float16 kernel for) in float32: Pow(x, Sign(NaN)) was NaN in the whole model and
+        1 where a fallback segment ran Sign alone (94/1877)."""
     from onnx.reference.ops import load_op
 
     def run(base: type) -> Callable[..., tuple]:
@@ -474,7 +484,7 @@ def _reduce_extreme_ops(opset: int) -> list[type]:
 
     return [type(name, (base,), {"op_domain": "", "_run": run(base),
                                  "op_schema": onnx.defs.get_schema(name, opset)})
-            for name in ("ReduceMax", "ReduceMin") for base in [load_op("", name, opset)]]
+            for name in FALLBACK_NAN for base in [load_op("", name, opset)]]
 
 
 # Ops whose onnx.reference implementation rounds a float16 intermediate to float16 (a sum,
