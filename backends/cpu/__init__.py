@@ -174,7 +174,7 @@ class Parametric:
         if missing:
             raise ValueError(f"no value for symbolic dims {missing}")
         # the bounds proof over this binding's sizes (lowering left it to the bindings)
-        check_program(symbolic.substitute(self.program, env))
+        check_program(self.program, env)
         program = kir.instantiate(self.program, env)
         dims = {name: tuple(env[n] for n in self._dims[owner])
                 for name, (owner, _) in program.sharing.items() if owner in self._dims}

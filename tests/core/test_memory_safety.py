@@ -24,6 +24,7 @@ from autoclust.importers.onnx import import_model
 
 import autoclust
 from autoclust import flags as flags_mod
+from autoclust import symbolic
 from autoclust.compile import lower_graph
 from autoclust.errors import CompileError, InvalidShapeError, OutOfBoundsError
 from autoclust.kernel import bounds
@@ -89,6 +90,35 @@ def test_bounds_proof_accepts_real_lowerings_and_rejects_broken_indexing():
         bounds.check_program(_broken(program, "x", 100))
     with pytest.raises(CompileError, match="a store to 'y'"):
         bounds.check_program(_broken(program, "y", 1, stores=True))
+
+
+def test_bounds_proof_of_a_binding_evaluates_only_what_it_reads():
+    """A shape class's binding proves its accesses at the bound sizes without substituting
+    the kernels' whole expressions (Parametric.bind): the same verdict and message as on
+    the program substituted whole, for a gather (clamps in symbolic dims) and a kernel of
+    extent 3n."""
+    model = _model("g (float[n,3] x, int64[4] i) => (float[4,3] y, float[n,3] z) "
+                   "{ g = Gather <axis = 0> (x, i) y = Exp (g) s = Sigmoid (x) z = Mul (s, s) }")
+    sess = autoclust.InferenceSession(model.SerializeToString(), autotune=False,
+                                      min_cluster_size=1)
+    for n in (5, 7):
+        sess.run(None, {"x": np.ones((n, 3), F), "i": np.array([0, 1, 2, -1])})
+    programs = [c.exe.program for r in sess._runtime.runners for c in r.classes]
+    assert len(programs) == 2
+    assert all(symbolic.symbols_of(p.buffers) == {"n"} for p in programs)
+    for program in programs:
+        broken = _broken(program, "x", 3)  # one row past x in every kernel
+        for n in (1, 6):
+            bounds.check_program(program, {"n": n})
+            bounds.check_program(symbolic.substitute(program, {"n": n}))
+            with pytest.raises(CompileError) as whole:
+                bounds.check_program(symbolic.substitute(broken, {"n": n}))
+            with pytest.raises(CompileError) as parts:
+                bounds.check_program(broken, {"n": n})
+            assert str(parts.value) == str(whole.value)
+            assert f"[{n}, 3], {3 * n} elements)" in str(parts.value)
+    # n = 0: the kernel of extent 3n runs nothing, so even broken indexing proves nothing
+    bounds.check_program(_broken(programs[1], "x", 3), {"n": 0})
 
 
 def test_bounds_of_selects_narrow_their_operand():
