@@ -348,6 +348,8 @@ def test_exports_compile_autoclust_to_bytecode_first():
     """The measured child processes import bytecode, as an installed package does: without
     it (an editable checkout, PYTHONDONTWRITEBYTECODE) every one compiled our sources."""
     compiled = [importlib.util.cache_from_source(m.__file__) for m in (flags, timing)]
+    if not all(os.access(os.path.dirname(os.path.dirname(p)), os.W_OK) for p in compiled):
+        pytest.skip("the installed package is read-only here")
     for path in compiled:
         if os.path.exists(path):
             os.remove(path)
