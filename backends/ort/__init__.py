@@ -73,16 +73,32 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
         kept = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
                 for a in external.values()]
         options.add_external_initializers(list(external), kept)
-    try:
-        session = ORIGINAL_SESSION(model, options, providers=providers,
-                                   provider_options=provider_options,
-                                   **({"disabled_optimizers": disabled} if disabled else {}))
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph/...
-        where = model if isinstance(model, str) else "model bytes"
-        raise load_error(f"onnxruntime could not load {where}: {exc}", exc) from None
+    while True:
+        try:
+            session = ORIGINAL_SESSION(model, options, providers=providers,
+                                       provider_options=provider_options,
+                                       **({"disabled_optimizers": disabled} if disabled else {}))
+            break
+        except Exception as exc:  # noqa: BLE001 - onnxruntime's own Fail/InvalidGraph/...
+            guilty = [o for node, o in INSERTED_BY.items()
+                      if f"Node ({node})" in str(exc) and o not in disabled]
+            if not guilty:
+                where = model if isinstance(model, str) else "model bytes"
+                raise load_error(f"onnxruntime could not load {where}: {exc}", exc) from None
+            disabled = disabled + guilty
     if kept is not None:
         session._autoclust_external = kept  # onnxruntime reads them in place
     return session
+
+
+# Nodes an onnxruntime optimizer inserts, by the name it gives them, and the optimizer: a
+# load failure naming one is that optimizer's, and the session is made again without it.
+# MatMulAddFusion reshapes a 1-D A to [1, K] for its Gemm, and its Reshape to [1, 0] fails
+# shape inference where onnxruntime knows K = 0 ("Node (gemm_input_reshape) Op (Reshape)
+# [ShapeInferenceError] Invalid position of 0", fuzz 100/794: a Split's empty output @
+# [0, 2] + b; plain onnxruntime cannot load the model either, and without the fusion it
+# answers b). Known only once onnxruntime has inferred the shapes, hence no check ahead.
+INSERTED_BY = {"gemm_input_reshape": "MatMulAddFusion"}
 
 
 def broken_optimizers(model: onnx.ModelProto) -> list[str]:
