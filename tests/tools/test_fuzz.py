@@ -253,14 +253,26 @@ def test_onnxruntime_crash_is_its_own_and_never_runs_in_process(monkeypatch, tmp
     assert "onnxruntime crashes" in meta["expected_error"]
 
 
-def test_worker_hang_times_out(monkeypatch):
-    monkeypatch.setenv(fuzz.INJECT_ENV, "hang:Tanh")
+def _injected_outcome(monkeypatch, spec: str, timeout: float) -> fuzz.Outcome:
+    """A worker's outcome on a Tanh case with the fault `spec` injected."""
+    monkeypatch.setenv(fuzz.INJECT_ENV, spec)
     case = _case_with("Tanh")
-    worker = fuzz.Worker(timeout=5)
+    worker = fuzz.Worker(timeout=timeout)
     try:
-        outcome = worker(case.model, case.feeds, [])
+        return worker(case.model, case.feeds, [])
     finally:
         worker.close()
+
+
+def test_worker_exit_reports_its_status_not_our_kill(monkeypatch):
+    # an exception escaping the oracle ends the worker with a status; it was killed while
+    # exiting and reported as "killed by signal 9" (seen triaging fuzz 94/1877)
+    outcome = _injected_outcome(monkeypatch, "exit:Tanh", 120)
+    assert outcome.kind == "crash" and outcome.message == "worker exited with status 3"
+
+
+def test_worker_hang_times_out(monkeypatch):
+    outcome = _injected_outcome(monkeypatch, "hang:Tanh", 5)
     assert outcome.kind == "crash" and "timed out" in outcome.message
 
 

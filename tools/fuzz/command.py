@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -44,8 +45,8 @@ from autoclust import registry
 from autoclust.report.progress import Progress
 
 DEVICE_ENV = "AUTOCLUST_FUZZ_DEVICE"
-# Fault injection for testing the isolation itself: "crash:OP" or "hang:OP" makes the
-# worker's reference of OP segfault or sleep forever.
+# Fault injection for testing the isolation itself: "crash:OP", "hang:OP" or "exit:OP"
+# makes the worker's reference of OP segfault, sleep forever or exit with status 3.
 INJECT_ENV = "AUTOCLUST_FUZZ_INJECT"
 Checker = Callable[[onnx.ModelProto, dict[str, np.ndarray], list[dict]], Outcome]
 
@@ -198,6 +199,11 @@ class Worker:
     def _crashed(self, why: str) -> Outcome:
         proc = self.proc
         if proc is not None and proc.poll() is None:
+            # It closed its output (why ""): let it exit with its own status, not our kill
+            # (a Python error in the oracle read as "killed by signal 9").
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0 if why else 10)
+        if proc is not None and proc.poll() is None:
             proc.kill()
         code = proc.wait() if proc is not None else None
         self.proc = None
@@ -223,12 +229,14 @@ def _inject_fault(spec: str) -> None:
     from autoclust import ops
     mode, _, op = spec.partition(":")
     d = ops.get(op)
-    if d is None or mode not in ("crash", "hang"):
-        raise SystemExit(f"{INJECT_ENV}={spec!r}: expected crash:OP or hang:OP")
+    if d is None or mode not in ("crash", "hang", "exit"):
+        raise SystemExit(f"{INJECT_ENV}={spec!r}: expected crash:OP, hang:OP or exit:OP")
 
     def ref(inputs: list, attrs: dict) -> list:
         if mode == "crash":
             ctypes.string_at(0)  # a NULL read: SIGSEGV, as a miscompiled kernel would
+        if mode == "exit":  # past check's `except Exception`, as an error of the oracle
+            raise SystemExit(3)
         time.sleep(1e6)
         return []
 
