@@ -288,9 +288,34 @@ def test_reference_float16_intermediates_are_not_rounded(op, opset):
                                   {"x": x.astype(F16).astype(np.float64)})
     assert got.dtype == F16
     np.testing.assert_array_equal(got, wide.astype(F16))
-    f32 = _sum_model(op, opset, "float")  # float32 stays onnx.reference's own
-    np.testing.assert_array_equal(fuzz_truth.evaluate(f32, {"x": x.astype(F32)})[0],
-                                  ReferenceEvaluator(f32).run(None, {"x": x.astype(F32)})[0])
+    f32 = _sum_model(op, opset, "float")  # float32 stays onnx.reference's own, but LSE's
+    want = ReferenceEvaluator(f32).run(None, {"x": x.astype(F32)})[0]
+    if op == "ReduceLogSumExp":
+        want = fuzz_truth.evaluate(_sum_model(op, opset, "double"),
+                                   {"x": x.astype(F32).astype(np.float64)})[0].astype(F32)
+    np.testing.assert_array_equal(fuzz_truth.evaluate(f32, {"x": x.astype(F32)})[0], want)
+
+
+def test_reference_log_sum_exp_of_infinite_rows_is_the_spec_s():
+    # fuzz 102/633: ReduceSum of [-0.] is -0 in onnxruntime (its last-axis sum keeps it),
+    # +0 in NumPy and ours, so 1 / it is -inf or inf; ReduceLogSumExp of [inf] is inf
+    # (log(sum(exp(x)))), where the reference shifted by a finite max there was none of:
+    # inf - inf, NaN, no opinion for ours
+    model = _model("g (float[1] z) => (float y) { a = Constant <value = int64[1] {0}> () "
+                   "s = ReduceSum <keepdims = 1> (z, a) r = Reciprocal (s) "
+                   "y = ReduceLogSumExp <axes = [0], keepdims = 0> (r) }", opset=17)
+    feeds = {"z": np.array([-0.0], F32)}
+    assert fuzz_check.run_ort(model, feeds)[0] == -np.inf
+    np.testing.assert_array_equal(fuzz_truth.Arbiter(model, feeds).reference(0), np.inf)
+    variants = [{"device": "interpreter", "min_cluster_size": 1},
+                {"device": "cpu", "min_cluster_size": 1}]
+    assert fuzz_check.run_autoclust(model, feeds, variants[0])[0][0] == np.inf
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+    lse = _model("g (float[?] x) => (float y) { y = ReduceLogSumExp <keepdims = 0> (x) }")
+    for row, want in (([np.inf], np.inf), ([-np.inf, -np.inf], -np.inf),
+                      ([np.inf, -np.inf], np.inf), ([np.nan, 1], np.nan), ([-np.inf, 1], 1)):
+        np.testing.assert_array_equal(fuzz_truth.evaluate(lse, {"x": np.array(row, F32)})[0],
+                                      np.array(want, F32))
 
 
 def test_reference_arbiter_pad_crops_as_onnxruntime_does():

@@ -500,21 +500,26 @@ def _rounded_once_ops(opset: int) -> list[type]:
     [0.3481, 0.6523] for [0.348, 0.652], and its ReduceLogSum of [0.348, 0.652] rounded
     the sum, exactly 0.99976, to 1.0: log 0, where the exact -2.44e-4 is ours
     (onnxruntime, not rounding the Softmax, 0: fuzz 97/7157). Computed in float64 and
-    rounded once, as _log_softmax_op is."""
+    rounded once, as _log_softmax_op is. ReduceLogSumExp too in float32, with +-inf as
+    +-1e300: it shifts a row by its largest finite element, and a row without one, [inf]
+    (1 / +0), was inf - inf, NaN, where the spec's log(sum(exp(x))) is inf (102/633)."""
     from onnx.reference.ops import load_op
 
-    def wide_run(base: type) -> Callable[..., tuple]:
+    def wide_run(base: type, finite: bool) -> Callable[..., tuple]:
         def _run(self: object, data: np.ndarray, *args: object, **kwargs: object) -> tuple:
-            if data.dtype != np.float16:
+            if data.dtype != np.float16 and not (finite and data.dtype == np.float32):
                 return base._run(self, data, *args, **kwargs)
-            outs = base._run(self, data.astype(np.float64), *args, **kwargs)
-            return tuple(np.asarray(o).astype(np.float16) for o in outs)
+            wide = data.astype(np.float64)
+            outs = base._run(self, np.clip(wide, -1e300, 1e300) if finite else wide,
+                             *args, **kwargs)
+            return tuple(np.asarray(o).astype(data.dtype) for o in outs)
         return _run
 
     out = []
     for name in ROUNDED_INTERMEDIATES:
         base = load_op("", name, opset)
-        out.append(type(name, (base,), {"op_domain": "", "_run": wide_run(base),
+        run = wide_run(base, name == "ReduceLogSumExp")
+        out.append(type(name, (base,), {"op_domain": "", "_run": run,
                                         "op_schema": onnx.defs.get_schema(name, opset)}))
     return out
 
