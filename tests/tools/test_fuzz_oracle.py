@@ -406,6 +406,25 @@ def test_reference_arbiter_takes_onnxruntime_float16_sign_of_nan_left_to_it():
     assert fuzz_check.check(model, feeds, variants).kind == "ok"
 
 
+def test_reference_arbiter_takes_onnxruntime_arg_min_of_nan():
+    # fuzz 102/502: our ReduceMax keeps the NaN of rows 0 and 3 (onnxruntime skips it),
+    # and ArgMin (select_last_index) of [nan, 0.58, -0.06, nan] is 0 by onnxruntime's rule,
+    # which ours copy; the reference's NumPy rule gave 3, and onnxruntime's ReduceMax 3 too
+    model = _model("g (float[1,4,4] x) => (int64[1,1] y) { a = Constant <value = int64[1] "
+                   "{2}> () r = ReduceMax <keepdims = 1> (x, a) y = ArgMin <axis = -2, "
+                   "keepdims = 0, select_last_index = 1> (r) }", opset=18)
+    feeds = {"x": np.array([[[-1.86, np.nan, -1.5e-16, -1.1e13], [-1.86, -1.37, 0.578, -0.2],
+                             [-1.86, -1.37, -0.0557, -0.572],
+                             [-1.86, -1.37, -9.5e18, np.nan]]], F32)}
+    (want,) = fuzz_check.run_ort(model, feeds)
+    assert want.tolist() == [[3]]
+    variants = [{"device": "interpreter", "min_cluster_size": 1}]
+    assert fuzz_check.run_autoclust(model, feeds, variants[0])[0][0].tolist() == [[0]]
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+    assert "differ" in fuzz_check.compare([np.array([[1]])], [want],
+                                          arbiter=fuzz_truth.Arbiter(model, feeds))
+
+
 @pytest.mark.parametrize("largest", [0, 1])
 @pytest.mark.parametrize("order", ["last", "onnxruntime", "no NaN"])
 def test_reference_top_k_fix_orders_nan_rows(largest, order):

@@ -345,7 +345,7 @@ class Arbiter:
         """The reference's opinions on output `index`: one per treatment of NaN that
         autoclust gives, else one; none where it fails. Behind a TopK, onnxruntime's kernel
         too (_top_k_op); behind a ReduceMax, ReduceMin or Sign, onnxruntime's for those and
-        TopK ("fallback": _fallback_nan_ops)."""
+        TopK ("fallback": _onnxruntime_nan_ops)."""
         orders = ["last"]
         ops_in = {n.op_type for n in only_output(self.model, index).graph.node}
         if "TopK" in ops_in:
@@ -448,22 +448,30 @@ def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
 def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
     """onnx.reference ops replaced where they depart from the spec's text (and TopK's
     order of NaN, which the spec leaves open: _top_k_op); with the model's `opset`, its
-    float16 Softmax and reductions too (_rounded_once_ops), and onnxruntime's FALLBACK_NAN
-    ops of NaN where `nan_order` is "fallback" (_fallback_nan_ops)."""
+    float16 Softmax and reductions too (_rounded_once_ops), onnxruntime's ArgMax and
+    ArgMin of NaN, and its FALLBACK_NAN ops of NaN where `nan_order` is "fallback"
+    (_onnxruntime_nan_ops)."""
     return [_gather_elements_op(), _clip_op(), _log_softmax_op(), _pad_op(),
             _layer_normalization_op(), _group_normalization_op(), _top_k_op(nan_order),
             *([] if opset is None else _rounded_once_ops(opset)),
-            *([] if opset is None or nan_order != "fallback" else _fallback_nan_ops(opset))]
+            *([] if opset is None else _onnxruntime_nan_ops(ARG_OPS, opset)),
+            *([] if opset is None or nan_order != "fallback" else
+              _onnxruntime_nan_ops(FALLBACK_NAN, opset))]
 
 
 # Ops whose answer for NaN is onnxruntime's own where a fallback segment runs them.
 FALLBACK_NAN = frozenset({"ReduceMax", "ReduceMin", "Sign"})
+# Ops whose answer for NaN is onnxruntime's own wherever they run (ours copy its rule).
+ARG_OPS = frozenset({"ArgMax", "ArgMin"})
 
 
-def _fallback_nan_ops(opset: int) -> list[type]:
-    """FALLBACK_NAN at `opset` by onnxruntime's kernel, on the reference's own input, where
-    that holds NaN (else the reference's); an op autoclust leaves to onnxruntime (a
-    fallback segment) gives onnxruntime's:
+def _onnxruntime_nan_ops(names: frozenset, opset: int) -> list[type]:
+    """The ops `names` at `opset` by onnxruntime's kernel, on the reference's own input,
+    where that holds NaN (else the reference's). An op autoclust leaves to onnxruntime (a
+    fallback segment) gives onnxruntime's, and ArgMax and ArgMin anywhere: ours copy its
+    first-NaN rule, which the spec leaves open (NumPy's first NaN wins, [nan, 0.58, -0.06,
+    nan] -> 3 with select_last_index; onnxruntime's and ours 0: after our ReduceMax's NaN,
+    which onnxruntime skips, neither opinion had ours, fuzz 102/502). FALLBACK_NAN:
       - ReduceMax and ReduceMin: ours give NaN wherever it sits in the row, as the
         reference does, onnxruntime only where it comes first. A ReduceMin of [0.50, nan]
         left to onnxruntime (0.50) beside our ReduceSum of -0 (NumPy's +0), into
@@ -484,7 +492,7 @@ def _fallback_nan_ops(opset: int) -> list[type]:
 
     return [type(name, (base,), {"op_domain": "", "_run": run(base),
                                  "op_schema": onnx.defs.get_schema(name, opset)})
-            for name in FALLBACK_NAN for base in [load_op("", name, opset)]]
+            for name in sorted(names) for base in [load_op("", name, opset)]]
 
 
 # Ops whose onnx.reference implementation rounds a float16 intermediate to float16 (a sum,
