@@ -448,30 +448,34 @@ def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
 def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
     """onnx.reference ops replaced where they depart from the spec's text (and TopK's
     order of NaN, which the spec leaves open: _top_k_op); with the model's `opset`, its
-    float16 Softmax and reductions too (_rounded_once_ops), onnxruntime's ArgMax and
-    ArgMin of NaN, and its FALLBACK_NAN ops of NaN where `nan_order` is "fallback"
+    float16 Softmax and reductions too (_rounded_once_ops), onnxruntime's COPIED_RULES ops
+    of NaN or -0, and its FALLBACK_NAN ops of them where `nan_order` is "fallback"
     (_onnxruntime_nan_ops)."""
     return [_gather_elements_op(), _clip_op(), _log_softmax_op(), _pad_op(),
             _layer_normalization_op(), _group_normalization_op(), _top_k_op(nan_order),
             *([] if opset is None else _rounded_once_ops(opset)),
-            *([] if opset is None else _onnxruntime_nan_ops(ARG_OPS, opset)),
+            *([] if opset is None else _onnxruntime_nan_ops(COPIED_RULES, opset)),
             *([] if opset is None or nan_order != "fallback" else
               _onnxruntime_nan_ops(FALLBACK_NAN, opset))]
 
 
 # Ops whose answer for NaN is onnxruntime's own where a fallback segment runs them.
 FALLBACK_NAN = frozenset({"ReduceMax", "ReduceMin", "Sign"})
-# Ops whose answer for NaN is onnxruntime's own wherever they run (ours copy its rule).
-ARG_OPS = frozenset({"ArgMax", "ArgMin"})
+# Ops whose answer for NaN or -0 is onnxruntime's own wherever they run (ours copy its
+# rules): ArgMax/ArgMin's first NaN, CumSum's sign of a zero sum.
+COPIED_RULES = frozenset({"ArgMax", "ArgMin", "CumSum"})
 
 
 def _onnxruntime_nan_ops(names: frozenset, opset: int) -> list[type]:
     """The ops `names` at `opset` by onnxruntime's kernel, on the reference's own input,
-    where that holds NaN (else the reference's). An op autoclust leaves to onnxruntime (a
-    fallback segment) gives onnxruntime's, and ArgMax and ArgMin anywhere: ours copy its
-    first-NaN rule, which the spec leaves open (NumPy's first NaN wins, [nan, 0.58, -0.06,
-    nan] -> 3 with select_last_index; onnxruntime's and ours 0: after our ReduceMax's NaN,
-    which onnxruntime skips, neither opinion had ours, fuzz 102/502). FALLBACK_NAN:
+    where that holds NaN or -0 (else the reference's). An op autoclust leaves to
+    onnxruntime (a fallback segment) gives onnxruntime's, and COPIED_RULES anywhere: ours
+    copy ArgMax's and ArgMin's first-NaN rule, which the spec leaves open (NumPy's first
+    NaN wins, [nan, 0.58, -0.06, nan] -> 3 with select_last_index; onnxruntime's and ours
+    0: after our ReduceMax's NaN, which onnxruntime skips, neither opinion had ours, fuzz
+    102/502), and CumSum's +0 where an exclusive scan starts (the reference: -0 for -0 +
+    -0; beside our ReduceSum of [-0.], NumPy's +0 where onnxruntime's last-axis sum keeps
+    -0, neither opinion had ours, 103/68). FALLBACK_NAN:
       - ReduceMax and ReduceMin: ours give NaN wherever it sits in the row, as the
         reference does, onnxruntime only where it comes first. A ReduceMin of [0.50, nan]
         left to onnxruntime (0.50) beside our ReduceSum of -0 (NumPy's +0), into
@@ -485,7 +489,8 @@ def _onnxruntime_nan_ops(names: frozenset, opset: int) -> list[type]:
 
     def run(base: type) -> Callable[..., tuple]:
         def _run(self: Any, data: np.ndarray, *inputs: object, **attrs: object) -> tuple:
-            if data.dtype.kind != "f" or not np.isnan(data).any():
+            if data.dtype.kind != "f" or not (np.isnan(data) | (data == 0) & np.signbit(data)
+                                              ).any():
                 return base._run(self, data, *inputs, **attrs)
             return _onnxruntime_node(self.onnx_node, [data, *inputs], opset)
         return _run
