@@ -446,6 +446,28 @@ def test_reference_arbiter_takes_onnxruntime_cum_sum_of_negative_zero():
                                           arbiter=fuzz_truth.Arbiter(model, feeds))
 
 
+def test_reference_opinion_lends_its_own_spread():
+    # fuzz 103/1696: 1 / ReduceSum([[-0.]]) is -inf in onnxruntime (its last-axis sum
+    # keeps -0), inf in NumPy and ours; clipped to +-6, Cos(Exp(6)) moves 2e-4 when 6 moves
+    # one ulp, and our Exp's 403.4288 (the reference's 403.42877, one ulp off) gives
+    # 0.26273 for 0.26276: beyond the reference's tolerance, within its own spread, where
+    # onnxruntime's Cos(Exp(-6)) has none to lend
+    model = _model("g (float[1,1] x) => (float[?,?] y) <float lo = {-6}, float hi = {6}> "
+                   "{ a = Constant <value = int64[1] {1}> () s = ReduceSum <keepdims = 1> "
+                   "(x, a) r = Reciprocal (s) c = Clip (r, lo, hi) e = Exp (c) y = Cos (e) }",
+                   opset=17)  # the bounds initializers, as the fuzzer's: the jitter moves them
+    feeds = {"x": np.array([[-0.0]], F32)}
+    (want,) = fuzz_check.run_ort(model, feeds)
+    np.testing.assert_allclose(want, [[np.cos(np.exp(-6))]], rtol=1e-6)
+    arbiter = fuzz_truth.Arbiter(model, feeds)
+    (ref,) = arbiter.references(0)
+    ours = np.array([[0.26273286]], F32)
+    assert ref[0, 0] == np.float32(0.2627623)
+    assert "differ" in fuzz_check.compare([ours], [ref])
+    assert fuzz_check.compare([ours], [want], arbiter=arbiter) == ""
+    assert "differ" in fuzz_check.compare([np.array([[0.27]], F32)], [want], arbiter=arbiter)
+
+
 @pytest.mark.parametrize("largest", [0, 1])
 @pytest.mark.parametrize("order", ["last", "onnxruntime", "no NaN"])
 def test_reference_top_k_fix_orders_nan_rows(largest, order):
