@@ -116,7 +116,9 @@ def broken_optimizers(model: onnx.ModelProto) -> list[str]:
         and B is 1-D: Transpose([3, 2]) @ [3] gave [0.014, 1.365] for [-0.690, 0.985]
         (seed 80). It has no float16 CPU kernel to fuse into, and the A side with a vector
         B is not where attention's transposes are (K^T is B's), so turning it off costs
-        nothing that matters; a B of unknown rank counts as 1-D;
+        nothing that matters; a B of unknown rank counts as 1-D; nor where a fused MatMul
+        or its Transpose has an operand the graph states a zero-size dim for (an empty
+        batch fails, K = 0 leaves garbage: 105/1067, 105/1295; _empty_operand);
       - the transpose optimizer (ORT_ENABLE_BASIC and up), moving a Transpose through a Pad
         with an axes input (opset 18+), reads 2 x rank pads where there are 2 x len(axes)
         and fails at run time ("Gather ... indices element out of data bounds", every mode;
@@ -148,7 +150,7 @@ def _matmul_transpose_fusion(model: onnx.ModelProto) -> list[str]:
            and transposed.intersection(n.input)]
     if not fed:
         return []
-    if _has_float16(graph):
+    if _has_float16(graph) or _empty_operand(graph, fed, transposed):
         return ["MatmulTransposeFusion"]
     a_side = [n for n in fed if n.op_type == "MatMul" and n.input[0] in transposed
               and len(n.input) > 1]
@@ -193,6 +195,27 @@ def _has_float16(graph: onnx.GraphProto) -> bool:
             or any(t.data_type == f16 for t in graph.initializer)
             or any(n.op_type == "Cast" and any(a.name == "to" and a.i == f16
                                                for a in n.attribute) for n in graph.node))
+
+
+def _empty_operand(graph: onnx.GraphProto, fed: list, transposed: set[str]) -> bool:
+    """Whether a MatMul/Gemm the fusion would take, or a Transpose feeding one, has an
+    operand the graph states a zero-size dim for. FusedMatMul over such operands fails
+    ("left operand cannot broadcast on dim 0": [0, 2, 1] transposed @ [2, 1], fuzz
+    105/1067) or, with K = 0, leaves its output unwritten: garbage where zeros are due
+    ([2, 0, 2] transposed @ [2, 0, 1], 105/1295). Plain onnxruntime 1.31 does the same;
+    a dim that is 0 only at run time is not seen here."""
+    zero = {t.name for t in graph.initializer if 0 in t.dims}
+    for v in [*graph.input, *graph.output, *graph.value_info]:
+        if v.type.tensor_type.HasField("shape") and any(
+                d.HasField("dim_value") and d.dim_value == 0
+                for d in v.type.tensor_type.shape.dim):
+            zero.add(v.name)
+    if not zero:
+        return False
+    names = {x for n in fed for x in n.input}
+    names |= {x for n in graph.node if n.op_type in ("Transpose", *PASS_THROUGH)
+              and transposed.intersection(n.output) for x in n.input[:1]}
+    return bool(zero & names)
 
 
 def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
