@@ -37,9 +37,9 @@ def whole_model_answer(runtime: Any, feeds: dict[str, np.ndarray], step: int,
             or any(kind not in ("ClusterRunner", "SegmentRunner") or
                    (kind == "ClusterRunner" and r.unmeasurable()) for r, kind in zip(runners, kinds))):
         raise exc
+    fed = {v.name: feeds[v.name] for v in runtime.graph.inputs if v.name in feeds}
     try:  # the session measured placement uses, built at its first call
-        outs = runtime.whole_model_segment().run_feeds({v.name: feeds[v.name] for v in runtime.graph.inputs
-                                if v.name in feeds})
+        outs = runtime.whole_model_segment().run_feeds(fed)
     except Exception:  # noqa: BLE001 - onnxruntime refuses these feeds too: ours stands
         raise exc from None
     if not runtime.rescued:

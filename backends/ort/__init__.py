@@ -204,12 +204,7 @@ def _empty_operand(graph: onnx.GraphProto, fed: list, transposed: set[str]) -> b
     105/1067) or, with K = 0, leaves its output unwritten: garbage where zeros are due
     ([2, 0, 2] transposed @ [2, 0, 1], 105/1295). Plain onnxruntime 1.31 does the same;
     a dim that is 0 only at run time is not seen here."""
-    zero = {t.name for t in graph.initializer if 0 in t.dims}
-    for v in [*graph.input, *graph.output, *graph.value_info]:
-        if v.type.tensor_type.HasField("shape") and any(
-                d.HasField("dim_value") and d.dim_value == 0
-                for d in v.type.tensor_type.shape.dim):
-            zero.add(v.name)
+    zero = {name for name, dims in _stated_shapes(graph).items() if 0 in dims}
     if not zero:
         return False
     names = {x for n in fed for x in n.input}
@@ -218,13 +213,20 @@ def _empty_operand(graph: onnx.GraphProto, fed: list, transposed: set[str]) -> b
     return bool(zero & names)
 
 
-def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
-    """The ranks the graph states: initializers, inputs, outputs, value_info."""
-    ranks = {t.name: len(t.dims) for t in graph.initializer}
+def _stated_shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
+    """The shapes the graph states (initializers, inputs, outputs, value_info), a dim
+    None where it is symbolic or unknown."""
+    shapes: dict[str, list[int | None]] = {t.name: list(t.dims) for t in graph.initializer}
     for v in [*graph.input, *graph.output, *graph.value_info]:
         if v.type.tensor_type.HasField("shape"):
-            ranks.setdefault(v.name, len(v.type.tensor_type.shape.dim))
-    return ranks
+            shapes.setdefault(v.name, [d.dim_value if d.HasField("dim_value") else None
+                                       for d in v.type.tensor_type.shape.dim])
+    return shapes
+
+
+def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
+    """The ranks the graph states (_stated_shapes)."""
+    return {name: len(dims) for name, dims in _stated_shapes(graph).items()}
 
 
 # ---- errors: ours, and also the type onnxruntime raises for the same mistake ------------
