@@ -249,18 +249,21 @@ def _scale_pow2(o: _Ops, p: ir.Value, n: ir.Value) -> ir.Value:
     return o.mul(o.mul(p, s1), s2)
 
 
-def _exp(o: _Ops, x: ir.Value, bounded: bool = False, sign: int = 0) -> ir.Value:
+def _exp(o: _Ops, x: ir.Value, bounded: bool = False, sign: int = 0,
+         lo: float | None = None) -> ir.Value:
     """e^x; bounded: the caller guarantees x is finite with a normal result (no clamps);
-    sign 1 / -1: the caller guarantees x >= 0 / x <= 0 (or NaN), dropping one clamp."""
+    sign 1 / -1: the caller guarantees x >= 0 / x <= 0 (or NaN), dropping one clamp;
+    lo: x below it gives exactly 0 (at least exp_lo, where e^x leaves the denormals)."""
     k = o.k
     if bounded:
         return _scale_pow2(o, *_exp_reduced(o, x))
+    lo = k["exp_lo"] if lo is None else max(lo, k["exp_lo"])
     if _full_zmm(o):
-        return _exp_zmm(o, x, sign)
-    # Below exp_lo the result is exactly 0. Selecting it (and feeding 0 through the math)
+        return _exp_zmm(o, x, sign, lo)
+    # Below lo the result is exactly 0. Selecting it (and feeding 0 through the math)
     # keeps such lanes off the denormal path: an underflowing multiply costs a microcode
     # assist of ~100 cycles per instruction on Intel cores (masked softmax hits it per row).
-    zero = o.cmp("<", x, o.c(k["exp_lo"])) if sign <= 0 else None
+    zero = o.cmp("<", x, o.c(lo)) if sign <= 0 else None
     xc = x if zero is None else o.sel(zero, o.c(0.0), x)
     xc = o.min(xc, o.c(k["exp_hi"])) if sign >= 0 else xc
     y = _scale_pow2(o, *_exp_reduced(o, xc))
@@ -273,7 +276,7 @@ def _full_zmm(o: _Ops) -> bool:
     return o.lanes * o.k["bits"] == 512 and _has_avx512()
 
 
-def _exp_zmm(o: _Ops, x: ir.Value, sign: int) -> ir.Value:
+def _exp_zmm(o: _Ops, x: ir.Value, sign: int, lo: float) -> ir.Value:
     """e^x on a full AVX-512 vector in 4 fewer instructions than the generic recipe (softmax
     rows spend most of their time here): lanes below exp_lo are zeroed by the mask of one
     masked vscalef, which never computes them (an underflowing vscalef costs a microcode
@@ -281,7 +284,7 @@ def _exp_zmm(o: _Ops, x: ir.Value, sign: int) -> ir.Value:
     the clamp at exp_hi is a compare-select that keeps NaN (no NaN test after); and vscalef
     takes the integral float n as it is (llvm.ldexp converts it to int and back)."""
     k, b = o.k, o.b
-    keep = b.not_(o.cmp("<", x, o.c(k["exp_lo"]))) if sign <= 0 else None
+    keep = b.not_(o.cmp("<", x, o.c(lo))) if sign <= 0 else None
     # ordered >: NaN is not above, so it stays and runs through the math as NaN
     xc = o.sel(o.cmp(">", x, o.c(k["exp_hi"])), o.c(k["exp_hi"]), x) if sign >= 0 else x
     p, n = _exp_reduced(o, xc)
@@ -482,6 +485,17 @@ _UNARY: dict[str, Callable[[_Ops, ir.Value], ir.Value]] = {
 }
 
 SUPPORTED: frozenset[str] = frozenset(_UNARY)
+
+
+def exp_below(builder: ir.IRBuilder, x: ir.Value, lo: float | None = None,
+              nonpositive: bool = False) -> ir.Value:
+    """e^x where x < lo gives exactly 0 -- exp(select(x < lo, -inf, x)) in one masked
+    step, the same bits (Softmax's flush of results below the smallest normal,
+    autoclust/ops/normalization.py) -- and, with `nonpositive`, no clamp at the top:
+    the caller guarantees x <= 0 or NaN (x minus the maximum of its row)."""
+    if not _is_float_type(x.type):
+        raise CompileError(f"mathlib.exp_below: argument type {x.type} is not float/double")
+    return _exp(_Ops(builder, x.type), x, sign=-1 if nonpositive else 0, lo=lo)
 
 
 def _is_float_type(ty: ir.Type) -> bool:

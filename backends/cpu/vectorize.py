@@ -134,6 +134,8 @@ class VectorExprs:
                 widen = b.zext if e.dtype.startswith("u") else b.sext
                 return widen(raw, self.vec(COMPUTE[e.dtype]))
             return raw
+        if e.name == "exp" and e.dtype in ("float32", "float64"):
+            return self._exp(e.args[0])
         args = [self.value(a) for a in e.args]
         if e.name == "cast":
             return k.math.cast(b, args[0], e.args[0].dtype, e.dtype)
@@ -142,6 +144,27 @@ class VectorExprs:
         if e.name == "div" and "fast" not in flags and k._invariant(e.args[1]):
             flags = flags + ("arcp",)  # as the scalar path: both round alike
         return k.math.primitive(b, e.name, args, arg_dtype, flags)
+
+    def _exp(self, x: kir.Expr) -> ir.Value:
+        """e^x, Softmax's shape of it in fewer instructions (its rows spend most of their
+        time here): exp(select(d < c, -inf, d)) as one masked exp of d zeroing lanes below
+        c, and d = X - max(X) over the row (no lane above 0) without the overflow clamp.
+        The same bits either way (tests/cpu/test_mathlib.py)."""
+        lo = None
+        if isinstance(x, kir.Op) and x.name == "select" and isinstance(x.args[0], kir.Op) \
+                and x.args[0].name == "lt" and x.args[0].args[0] == x.args[2] \
+                and isinstance(x.args[0].args[1], kir.Const) \
+                and isinstance(x.args[1], kir.Const) and x.args[1].value == float("-inf"):
+            lo, x = float(x.args[0].args[1].value), x.args[2]
+        return mathlib.exp_below(self.b, self.value(x), lo, self._row_max_shifted(x))
+
+    def _row_max_shifted(self, x: kir.Expr) -> bool:
+        """Whether x is X - r with r this kernel's max reduction of X over the row: never
+        above 0 (X = +inf gives inf - inf = NaN, which the exp keeps)."""
+        if not (isinstance(x, kir.Op) and x.name == "sub" and isinstance(x.args[1], kir.Reduced)):
+            return False
+        red = self.k.kernel.reductions[x.args[1].phase]
+        return red.kind == "max" and red.expr == x.args[0] and red.dtype == x.dtype
 
     def intrinsic(self, name: str, args: list[ir.Value], fastmath: tuple = ()) -> ir.Value:
         ty = args[0].type

@@ -43,13 +43,28 @@ def _loop_module(name: str, fty: ir.Type, align: int | None = None) -> ir.Module
     i = b.phi(i64)
     i.add_incoming(i64(0), entry)
     v = b.load(b.gep(src, [i], inbounds=True), align=align)
-    b.store(mathlib.call(b, name, [v]), b.gep(dst, [i], inbounds=True), align=align)
+    b.store(_emit(b, name, v), b.gep(dst, [i], inbounds=True), align=align)
     nxt = b.add(i, i64(1))
     i.add_incoming(nxt, loop)
     b.cbranch(b.icmp_signed("<", nxt, n), loop, done)
     b.position_at_end(done)
     b.ret_void()
     return mod
+
+
+def _emit(b: ir.IRBuilder, name: str, v: ir.Value) -> ir.Value:
+    """mathlib function `name` of v; two made-up names for Softmax's exp:
+    "exp_select:C" is exp(select(v < C, -inf, v)) as the Softmax lowering writes it, and
+    "exp_below:C[:nonpositive]" the one masked step vectorize.py emits for it."""
+    fn, _, rest = name.partition(":")
+    if fn == "exp_select":
+        c = ir.Constant(v.type, float(rest))
+        return mathlib.call(b, "exp", [b.select(b.fcmp_ordered("<", v, c),
+                                                ir.Constant(v.type, float("-inf")), v)])
+    if fn == "exp_below":
+        c, _, sign = rest.partition(":")
+        return mathlib.exp_below(b, v, float(c), nonpositive=sign == "nonpositive")
+    return mathlib.call(b, name, [v])
 
 
 _CACHE: dict[tuple[str, type, int], tuple[object, str]] = {}
@@ -478,3 +493,32 @@ def test_exp_on_full_vectors_skips_underflowing_lanes() -> None:
 
     assert np.all(run_vectors("exp", masked) == 0)
     assert best(masked) < 3 * best(normal)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("vectors", [True, False])
+def test_exp_below_gives_the_bits_of_exp_of_the_flush_select(dtype: type, vectors: bool,
+                                                             sweep32: np.ndarray) -> None:
+    """Softmax's exp(select(d < log(tiny), -inf, d)) emitted as one masked exp of d
+    (vectorize.py) gives the same bits on the sweep, the band around the threshold, +-inf
+    and NaN; with `nonpositive` (d = x - max(x): no overflow clamp) on every d <= 0 or
+    NaN. The folded form has fewer compares."""
+    c = float(np.log(np.finfo(dtype).tiny))
+    with np.errstate(invalid="ignore"):  # signalling NaNs in the sweep
+        x = sweep32.astype(dtype)
+    band = np.linspace(c - 3, c + 3, 20001).astype(dtype)
+    near = np.array([c, np.nextafter(dtype(c), dtype(0)), np.nextafter(dtype(c), dtype(-1)),
+                     -np.inf, np.inf, np.nan, 0.0, -0.0, 1e20, -1e20], dtype)
+    x = np.concatenate([x, band, near])
+    go = run_vectors if vectors else run
+    lanes = 64 // np.dtype(dtype).itemsize if vectors else 0
+    want = go(f"exp_select:{c!r}", x)
+    assert np.array_equal(go(f"exp_below:{c!r}", x), want, equal_nan=True)
+    assert (want[x < c] == 0).all() and (want[(x >= c) & (x < 0)] > 0).all()
+    low = ~(x > 0)  # <= 0 and NaN
+    assert np.array_equal(go(f"exp_below:{c!r}:nonpositive", x[low]), want[low], equal_nan=True)
+    compares = {name: _compile(name, dtype, lanes)[1].count(" fcmp ")
+                for name in (f"exp_select:{c!r}", f"exp_below:{c!r}",
+                             f"exp_below:{c!r}:nonpositive")}
+    assert list(compares.values()) == sorted(compares.values(), reverse=True), compares
+    assert compares[f"exp_below:{c!r}:nonpositive"] < compares[f"exp_select:{c!r}"], compares

@@ -199,6 +199,26 @@ def test_softmax_sum_phase_is_vector_code(n, vector):
     assert bool(re.search(r"llvm\.vector\.reduce\.fadd\.v16f32", text)) == vector
 
 
+@pytest.mark.parametrize("gemm_reader", [True, False])
+def test_softmax_exp_is_one_masked_step(gemm_reader):
+    """The sum phase's exp of x - max(x) compares each chunk once: against log(2^-126)
+    where the softmax flushes (read only by a GEMM: ops/normalization.py), else against
+    exp's own underflow bound; no overflow clamp (x - max(x) is never above 0) and no
+    separate flush select (vectorize.VectorExprs._exp). Two chunks over a row of 750:
+    the 16-lane ones, then the overlapping last one."""
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1)]
+    inputs = [("x", F32, [8, 750])]
+    if gemm_reader:
+        nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+        inputs.append(("v", F32, [750, 4]))
+    text = llvm_ir(model(nodes, inputs, [("y" if gemm_reader else "p", F32)]))
+    compares = re.findall(r"fcmp (\w+) <16 x float> %\S+, <float (\w+),", text)
+    bound = np.float32(np.log(np.finfo(np.float32).tiny)) if gemm_reader else -104.0
+    want = "0x" + np.float64(bound).tobytes()[::-1].hex().upper()
+    assert [(kind, c.upper().replace("0X", "0x")) for kind, c in compares] == \
+        [("olt", want)] * 2, compares
+
+
 def gather_model(n_uses: int) -> onnx.ModelProto:
     """One embedding Gather whose result feeds n_uses LayerNorm-like row kernels, each also
     reading the running sum: the gather is recomputed in each of them."""
