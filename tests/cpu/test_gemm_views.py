@@ -208,6 +208,50 @@ def test_primitives_share_the_packing_of_one_weights_array():
     assert not any(owner() is None for owner, _ in onednn._PACKINGS.values())
 
 
+@needs_dnnl
+def test_a_packing_under_way_holds_back_only_its_own_weights(monkeypatch):
+    """While one thread reorders weights (the background packing of a warm first run), a
+    primitive looking for an earlier packing of them does not wait (it reads the weights
+    as they are), another weights array packs meanwhile, and a second packing of the same
+    weights waits for the first and shares it: one reorder."""
+    import threading
+    w, other = (RNG.standard_normal((256, 512)).astype(np.float32) for _ in range(2))
+    gate, started, reorders = threading.Event(), threading.Event(), []
+    real = onednn.Matmul._reorder
+
+    def slow(self, weights, b, md):
+        reorders.append(weights is w)
+        if weights is w:
+            started.set()
+            assert gate.wait(10)
+        return real(self, weights, b, md)
+
+    monkeypatch.setattr(onednn.Matmul, "_reorder", slow)
+
+    def matmul(weights, pack=True):
+        a = RNG.standard_normal((64, 256)).astype(np.float32)
+        y = np.empty((64, 512), np.float32)
+        mm = onednn.Matmul(onednn.Operand(a.shape), onednn.Operand(weights.shape),
+                           onednn.Operand(y.shape), weights=weights, threads=2, pack=pack)
+        mm([a, y] if mm.skip_b else [a, weights, y])
+        np.testing.assert_allclose(y, a @ weights, rtol=1e-4, atol=1e-3)
+        return mm
+
+    made: list = []
+    threads = [threading.Thread(target=lambda: made.append(matmul(w))) for _ in range(2)]
+    threads[0].start()
+    assert started.wait(30)
+    threads[1].start()
+    plain = matmul(w, pack=False)  # returns while the reorder is held back
+    assert not plain.skip_b
+    matmul(other)  # packs its own weights meanwhile
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert len(made) == 2 and made[0]._packed[0] is made[1]._packed[0]
+    assert reorders.count(True) == 1 and matmul(w, pack=False).skip_b
+
+
 def test_empty_and_one_dimensional_gemms_fall_back():
     a, b = np.zeros((0, 8), np.float32), RNG.standard_normal((8, 4)).astype(np.float32)
     fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
