@@ -23,7 +23,7 @@ from autoclust.ir import Graph
 from autoclust.kernel import ir as kir
 from autoclust.registry import policy
 from autoclust.runtime import disk_cache
-from autoclust.version import __version__
+from autoclust.version import __version__, source_digest
 
 COUNTS = {"program_hits": 0}  # Programs read from --cache_dir
 PROGRAM_FORMAT = 3  # bump when kernel IR or this entry's layout changes
@@ -33,7 +33,6 @@ PROGRAM_FORMAT = 3  # bump when kernel IR or this entry's layout changes
 # weights: lowering only loads them from their buffers, so they key by name, dtype and
 # shape, and a loaded Program takes their values from the graph at hand.
 KEY_VALUE_BYTES = 1 << 16
-_SOURCES: dict[str, str] = {}
 
 
 def load_or_lower(graph: Graph, flags: Flags, backend: Any,
@@ -71,7 +70,7 @@ def _load(cache_dir: str, key: str, graph: Graph) -> kir.Program | None:
 def program_key(graph: Graph, flags: Flags, backend: Any) -> str:
     """sha256 of everything lowering reads: the graph, the code flags, the backend's
     policy and the lowering code itself."""
-    h = hashlib.sha256(f"{PROGRAM_FORMAT}|{__version__}|{_source_digest()}|"
+    h = hashlib.sha256(f"{PROGRAM_FORMAT}|{__version__}|{source_digest()}|"
                        f"{getattr(backend, 'NAME', backend)}|{_policy_key(backend)}|"
                        f"{flags.code_key()!r}\n".encode())
     for v in graph.inputs:
@@ -109,31 +108,6 @@ def _attr_key(value: Any) -> bytes:
     if isinstance(value, (list, tuple)):
         return b"[" + b",".join(_attr_key(x) for x in value) + b"]"
     return repr(value).encode()  # repr: full float precision (str(graph) rounds to %g)
-
-
-def _source_digest() -> str:
-    """sha1 of autoclust's Python sources (~1 MB, read once per process): a Program cached
-    by one version of the lowering code is never read by another."""
-    if not _SOURCES:
-        import importlib.util
-        import pathlib
-        h = hashlib.sha1()
-        root = pathlib.Path(__file__).parent.parent
-        # a source checkout maps autoclust.backends, .importers... to folders beside
-        # autoclust/ (pyproject's package-dir); installed, they are inside it
-        trees = [("", root)]
-        for sub in ("backends", "importers", "serve", "tools"):
-            spec = importlib.util.find_spec(f"autoclust.{sub}")
-            for where in (spec.submodule_search_locations or []) if spec else []:
-                path = pathlib.Path(where)
-                if root not in path.parents:
-                    trees.append((sub, path))
-        for prefix, tree in trees:
-            for path in sorted(tree.rglob("*.py")):
-                name = pathlib.Path(prefix, path.relative_to(tree))
-                h.update(str(name).encode() + b"\0" + path.read_bytes())
-        _SOURCES["digest"] = h.hexdigest()
-    return _SOURCES["digest"]
 
 
 def _pack(program: kir.Program, graph: Graph) -> bytes | None:

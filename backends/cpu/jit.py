@@ -16,7 +16,7 @@ from llvmlite import binding as llvm
 
 from autoclust.errors import CompileError
 from autoclust.runtime import disk_cache as cache
-from autoclust.version import __version__
+from autoclust.version import __version__, source_digest
 
 LLVM_LOCK = threading.RLock()
 COUNTS = {"compiles": 0}
@@ -49,8 +49,11 @@ def _new_target_machine() -> llvm.TargetMachine:
 
 
 def version_key() -> str:
-    """Everything besides the IR that changes object code."""
-    return "|".join([__version__, llvmlite.__version__,
+    """Everything besides the IR that changes object code. Kernels key by their kernel IR
+    (share_code), not by the LLVM IR codegen makes of it, so the sources' digest stands
+    for codegen's version: without it a --cache_dir kept serving the object code an
+    earlier codegen made."""
+    return "|".join([__version__, source_digest(), llvmlite.__version__,
                      ".".join(map(str, llvm.llvm_version_info)), llvm.get_host_cpu_name(),
                      llvm.get_host_cpu_features().flatten()])
 

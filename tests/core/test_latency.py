@@ -201,11 +201,15 @@ def test_program_key_reads_values_attributes_and_types():
 
 def test_source_digest_reads_the_backends_where_they_live(monkeypatch, tmp_path):
     """A source checkout maps autoclust.backends (and .importers...) to folders beside
-    autoclust/: the code key reads their sources too, so an edit there is a new key."""
+    autoclust/: the code key reads their sources too, so an edit there is a new key, of
+    cached Programs and of cached object code alike (an edit of codegen.py changes no
+    kernel IR, only the code LLVM gets)."""
     import importlib.util
     import types
 
-    from autoclust.runtime import program_cache
+    from autoclust.backends.cpu import jit
+
+    from autoclust import version
     (tmp_path / "codegen.py").write_text("A = 1\n")
     real = importlib.util.find_spec
 
@@ -215,12 +219,13 @@ def test_source_digest_reads_the_backends_where_they_live(monkeypatch, tmp_path)
         return real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    digests = []
+    digests, object_keys = [], []
     for text in ("A = 1\n", "A = 2\n"):
         (tmp_path / "codegen.py").write_text(text)
-        monkeypatch.setattr(program_cache, "_SOURCES", {})
-        digests.append(program_cache._source_digest())
-    assert digests[0] != digests[1]
+        monkeypatch.setattr(version, "_SOURCES", {})
+        digests.append(version.source_digest())
+        object_keys.append(jit.version_key())
+    assert digests[0] != digests[1] and object_keys[0] != object_keys[1]
 
 @pytest.mark.speed
 def test_warm_process_first_run_is_much_faster(tmp_path):
