@@ -255,6 +255,29 @@ def test_a_new_length_takes_its_shape_class_decision(monkeypatch, compiled_ms, w
     assert (target is runner.onnxruntime_segment()) == (winner == ONNXRUNTIME)
 
 
+def test_a_new_length_takes_the_cached_decision_of_its_shape_class(monkeypatch, tmp_path):
+    """A second process (a session on the same --cache_dir) reads its first signature's
+    decision from the cache; a new batch size bound to the same shape class then takes
+    that decision too, without a Trial or an onnxruntime session built to measure it."""
+    _inject(monkeypatch, compiled_ms=1.0, ort_ms=3.0)
+    model, feeds, sess = _session(cache_dir=str(tmp_path))
+    _run_until_decided(sess, feeds)
+    monkeypatch.setattr(autotune.Trial, "_time", None)  # measuring again would crash
+    again = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
+    again.run(None, feeds)
+    name = again.get_inputs()[0].name
+    other = {name: np.concatenate([feeds[name]] * 3)}
+    want = ort.InferenceSession(model.SerializeToString()).run(None, other)
+    np.testing.assert_allclose(again.run(None, other)[0], want[0], rtol=1e-5, atol=1e-6)
+    first, second = again.explain(as_json=True)["placement"]
+    assert first["source"] == "cache" and first["winner"] == COMPILED
+    assert second["source"] == "inherited" and second["winner"] == COMPILED
+    assert "the same shape class" in second["reason"] and second["pairs"] == 0
+    runner = again._runtime.compiled_clusters()[0]
+    assert len(runner.classes) == 1 and runner._stand_in is None  # no onnxruntime built
+    assert not any(isinstance(t, autotune.Trial) for t in runner.route.values())
+
+
 def test_log_shows_decision_and_budget(monkeypatch, capsys):
     _inject(monkeypatch, compiled_ms=1.0, ort_ms=3.0)
     _, feeds, sess = _session(log=True, autotune_budget_ms=500)

@@ -2,9 +2,9 @@
 
     python -m autoclust.tools.bench.latency MODEL.onnx FEEDS.npz [--threads 2] [--profile DIR]
 
-Three fresh processes share one temporary --cache_dir: `cold` (session, first run, three
-steady runs, then a first run at 3/4 of the sequence length, as `bench --exports` orders
-them), then `warm` twice (the same, with the cache filled by `cold`). Prints one line per
+Three fresh processes share one temporary --cache_dir: `cold` (session, first run, the
+runs until measured placement has decided, three steady runs, then a first run at 3/4 of
+the sequence length, as `bench --exports` orders them), then `warm` twice (the same, with the cache filled by `cold`). Prints one line per
 process: session s, first run s, new length s, the median steady run s, and the LLVM
 compiles of the first run + the new length. `--profile DIR` writes a cProfile of each process to DIR.
 """
@@ -24,7 +24,6 @@ import numpy as np
 
 def _measure(model: str, feeds_path: str, threads: int, cache_dir: str) -> dict:
     from autoclust.backends import cpu
-    from autoclust.backends.cpu import library
     from autoclust.tools.bench import exports as bench_exports
     from autoclust.tools.bench import timing
     with np.load(feeds_path) as z:
@@ -35,8 +34,9 @@ def _measure(model: str, feeds_path: str, threads: int, cache_dir: str) -> dict:
     sess.run(None, feeds)
     t2 = time.perf_counter()
     first = cpu.COMPILE_COUNT
-    # as bench_exports: the new length comes after steady-state runs (prepacking done)
-    getattr(library, "wait_background", lambda timeout: True)(60)
+    # as bench_exports: the new length comes after the steady state (prepacking done,
+    # measured placement decided: its trials make the runs before it 3-4x slower)
+    settle_runs = timing.settle(sess, feeds)
     steady = []
     for _ in range(3):
         t = time.perf_counter()
@@ -48,7 +48,7 @@ def _measure(model: str, feeds_path: str, threads: int, cache_dir: str) -> dict:
         sess.run(None, alt)
     t4 = time.perf_counter()
     return {"session_s": t1 - t0, "first_run_s": t2 - t1, "new_seq_s": t4 - t3,
-            "steady_s": sorted(steady)[1], "compiles_first": first,
+            "steady_s": sorted(steady)[1], "settle_runs": settle_runs, "compiles_first": first,
             "compiles_new_seq": cpu.COMPILE_COUNT - first}
 
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             row = json.loads(out.strip().splitlines()[-1])
             print(f"{name:6s} session {row['session_s']:6.2f} s  first run "
                   f"{row['first_run_s']:6.2f} s  new seq {row['new_seq_s']:6.2f} s  steady "
-                  f"{row['steady_s']:6.2f} s  "
+                  f"{row['steady_s']:6.2f} s (after {row['settle_runs']} runs)  "
                   f"LLVM compiles {row['compiles_first']} + {row['compiles_new_seq']}",
                   flush=True)
     return 0
