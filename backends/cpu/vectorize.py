@@ -28,6 +28,8 @@ vectorize a loop that already holds vector code.
 
 from __future__ import annotations
 
+import math
+
 from autoclust.backends.cpu import mathlib
 from autoclust.backends.cpu.llvm_types import COMPUTE, NARROW_INTS, STORAGE, constant
 from llvmlite import ir
@@ -149,11 +151,13 @@ class VectorExprs:
         """e^x, Softmax's shape of it in fewer instructions (its rows spend most of their
         time here): exp(select(d < c, -inf, d)) as one masked exp of d zeroing lanes below
         c, and d = X - max(X) over the row (no lane above 0) without the overflow clamp.
-        The same bits either way (tests/cpu/test_mathlib.py)."""
+        The same bits either way (tests/cpu/test_mathlib.py). A c that is not finite
+        (a graph's own Where(x < NaN, -inf, x)) keeps the select."""
         lo = None
         if isinstance(x, kir.Op) and x.name == "select" and isinstance(x.args[0], kir.Op) \
                 and x.args[0].name == "lt" and x.args[0].args[0] == x.args[2] \
                 and isinstance(x.args[0].args[1], kir.Const) \
+                and math.isfinite(float(x.args[0].args[1].value)) \
                 and isinstance(x.args[1], kir.Const) and x.args[1].value == float("-inf"):
             lo, x = float(x.args[0].args[1].value), x.args[2]
         return mathlib.exp_below(self.b, self.value(x), lo, self._row_max_shifted(x))
