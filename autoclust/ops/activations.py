@@ -181,6 +181,15 @@ def _lower_prelu(ctx: LowerCtx):
     return _if_negative(x, op("mul", x, slope))
 
 
+def _sigmoid_ref(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x) in float64, rounded once to x's type by the caller: NumPy's float32
+    exp is not correctly rounded (exp(1.234e-7) one ulp high), which gave Sigmoid(-1.234e-7)
+    = 0.49999994 against onnxruntime's 0.49999997, and a comparison downstream flipped
+    (fuzz 108/301). The reference serves the interpreter and constant folding."""
+    wide = x.astype(np.float64) if x.dtype.itemsize < 8 else x
+    return 1 / (1 + np.exp(-wide))
+
+
 unary("Relu", _relu, SIGNED, lower=lambda c: op("max", _x(c), const(0, _x(c).dtype)),
       facts={"exact": "copy", "groups": ("CONV_EPILOGUE",)})
 unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, alpha * x), lower=_lower_leaky,
@@ -193,7 +202,7 @@ unary("Selu", lambda x, alpha, gamma: gamma * np.where(x > 0, x, alpha * np.expm
 unary("Celu", lambda x, alpha: np.maximum(x, 0) + np.minimum(0, alpha * np.expm1(x / alpha)),
       lower=_lower_celu, cost=4, alpha=1.0)
 unary("Gelu", gelu, infer=_infer_gelu, lower=_lower_gelu, cost=4, approximate="none")
-unary("Sigmoid", lambda x: 1 / (1 + np.exp(-x)), lower=lambda c: op("sigmoid", _x(c)), cost=4,
+unary("Sigmoid", _sigmoid_ref, lower=lambda c: op("sigmoid", _x(c)), cost=4,
       facts={"groups": ("CONV_EPILOGUE",)})
 unary("HardSigmoid", hard_sigmoid,
       lower=lambda c: _hard_sigmoid(_x(c), c.attr("alpha", 0.2), c.attr("beta", 0.5)),
