@@ -80,8 +80,14 @@ def _log_softmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
     ax = _axis(x, attrs)
     if x.size == 0:
         return x.copy()
-    s = x - np.max(x, axis=ax, keepdims=True)
-    return s - np.log(np.sum(np.exp(s), axis=ax, keepdims=True))
+    xs = x.astype(np.float32) if x.dtype == np.float16 else x
+    m = np.max(xs, axis=ax, keepdims=True)
+    s = xs - m
+    # as the compiled kernel (_lower_softmax): the maxima counted, not summed as 1 + ...
+    top = xs == m
+    small = np.sum(np.where(top, s, np.exp(s)), axis=ax, keepdims=True)
+    k = np.sum(top, axis=ax, keepdims=True).astype(s.dtype)
+    return (s - np.log1p(small + (k - 1))).astype(x.dtype)
 
 
 def _hardmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
@@ -128,10 +134,24 @@ def _lower_softmax(ctx: LowerCtx):
             x = select(op("lt", x, const(math.log(tiny), ct)), const(float("-inf"), ct), x)
         return op("exp", x)
 
-    s = ctx.reduce("sum", shape, [axis], kept, lambda ix: exp_of(op("sub", load(ix), m)), ct)
     shifted = op("sub", load(ctx.idx), m)
     if ctx.node.op == "LogSoftmax":
-        return op("sub", shifted, op("log", s))
+        # A row one element dominates sums to 1 + s with s small; rounded, 1 + s keeps s
+        # to ~1e-7 / s relative, and log(1 + s) ~ s passes that on (a LogSoftmax of -4.5e-4
+        # off by 2e-4 relative, fuzz 109/750; onnxruntime's too). So the maxima's terms
+        # (exactly 1 each) are left out of the sum and counted: log(k + s) = log1p(s + k - 1),
+        # s the others' share. A maximum's term is its x - max (0, or NaN for an inf max,
+        # as exp(inf - inf) gives), so NaN rows stay NaN (_log_softmax does the same).
+        def term(ix: Any) -> Expr:
+            d = op("sub", load(ix), m)
+            return select(op("eq", load(ix), m), d, op("exp", d))
+        small = ctx.reduce("sum", shape, [axis], kept, term, ct)
+        maxima = ctx.reduce("sum", shape, [axis], kept,
+                            lambda ix: select(op("eq", load(ix), m), const(1, ct),
+                                              const(0, ct)), ct)
+        return op("sub", shifted,
+                  op("log1p", op("add", small, op("sub", maxima, const(1, ct)))))
+    s = ctx.reduce("sum", shape, [axis], kept, lambda ix: exp_of(op("sub", load(ix), m)), ct)
     # One division per row, a multiply per element.
     y = op("mul", exp_of(shifted), op("div", const(1, ct), s))
     return select(op("lt", y, const(tiny, ct)), const(0, ct), y) if flush else y
