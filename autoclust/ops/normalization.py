@@ -142,13 +142,15 @@ def _lower_softmax(ctx: LowerCtx):
         # (exactly 1 each) are left out of the sum and counted: log(k + s) = log1p(s + k - 1),
         # s the others' share. A maximum's term is its x - max (0, or NaN for an inf max,
         # as exp(inf - inf) gives), so NaN rows stay NaN (_log_softmax does the same).
+        def top(ix: Any) -> Expr:
+            return op("eq", load(ix), m)
+
         def term(ix: Any) -> Expr:
             d = op("sub", load(ix), m)
-            return select(op("eq", load(ix), m), d, op("exp", d))
+            return select(top(ix), d, op("exp", d))
         small = ctx.reduce("sum", shape, [axis], kept, term, ct)
         maxima = ctx.reduce("sum", shape, [axis], kept,
-                            lambda ix: select(op("eq", load(ix), m), const(1, ct),
-                                              const(0, ct)), ct)
+                            lambda ix: select(top(ix), const(1, ct), const(0, ct)), ct)
         return op("sub", shifted,
                   op("log1p", op("add", small, op("sub", maxima, const(1, ct)))))
     s = ctx.reduce("sum", shape, [axis], kept, lambda ix: exp_of(op("sub", load(ix), m)), ct)

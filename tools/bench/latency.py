@@ -4,9 +4,11 @@
 
 Three fresh processes share one temporary --cache_dir: `cold` (session, first run, the
 runs until measured placement has decided, three steady runs, then a first run at 3/4 of
-the sequence length, as `bench --exports` orders them), then `warm` twice (the same, with the cache filled by `cold`). Prints one line per
-process: session s, first run s, new length s, the median steady run s, and the LLVM
-compiles of the first run + the new length. `--profile DIR` writes a cProfile of each process to DIR.
+the sequence length, as `bench --exports` orders them), then `warm` twice (the same, with
+the cache filled by `cold`). Prints one line per process: session s, first run s, new
+length s, the median steady run s (and the runs it took to settle), and the LLVM compiles
+of the first run + the new length. `--profile DIR` writes a cProfile of each process to
+DIR.
 """
 
 from __future__ import annotations
