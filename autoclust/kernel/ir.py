@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from autoclust.symbolic import is_sym, same, substitute
@@ -101,16 +102,32 @@ def _same_field(a: Any, b: Any) -> bool:
 def structural(cls: type) -> type:
     """Make a frozen dataclass compare field by field structurally: a symbolic dim equals
     only an identical one (symbolic.same), so comparing or looking up IR records never
-    records a guard (symbolic.py). The hash stays the dataclass's (Sym hashes are
-    structural too)."""
+    records a guard (symbolic.py). The hash is the dataclass's (Sym hashes are structural
+    too), remembered on the record: an expression tree's hash walked the whole tree at
+    every lookup (fusion looks reduction phases up by hash). It is dropped when pickled,
+    since a str's hash differs between processes."""
     names = [f.name for f in dataclasses.fields(cls)]
+    field_hash: Callable[[Any], int] = cls.__dict__["__hash__"]  # the dataclass's
 
     def __eq__(self, other: Any) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return all(_same_field(getattr(self, n), getattr(other, n)) for n in names)
 
+    def __hash__(self) -> int:
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = field_hash(self)
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     setattr(cls, "__eq__", __eq__)  # noqa: B010 - mypy refuses assigning to a method
+    setattr(cls, "__hash__", __hash__)  # noqa: B010
+    setattr(cls, "__getstate__", __getstate__)  # noqa: B010
     return cls
 
 
