@@ -87,7 +87,10 @@ def _log_softmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
     top = xs == m
     small = np.sum(np.where(top, s, np.exp(s)), axis=ax, keepdims=True)
     k = np.sum(top, axis=ax, keepdims=True).astype(s.dtype)
-    return (s - np.log1p(small + (k - 1))).astype(x.dtype)
+    t = small + (k - 1)
+    one = s.dtype.type(1)
+    with np.errstate(invalid="ignore"):
+        return (s - np.where(one + t == one, 0, np.log1p(t))).astype(x.dtype)
 
 
 def _hardmax(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
@@ -142,6 +145,9 @@ def _lower_softmax(ctx: LowerCtx):
         # (exactly 1 each) are left out of the sum and counted: log(k + s) = log1p(s + k - 1),
         # s the others' share. A maximum's term is its x - max (0, or NaN for an inf max,
         # as exp(inf - inf) gives), so NaN rows stay NaN (_log_softmax does the same).
+        # Where 1 + s rounds to 1 the log is 0, as onnxruntime, the ONNX reference and
+        # torch give: the maximum's log-probability is exactly 0, not -s (a -1.8e-18 for
+        # onnxruntime's 0, fuzz 114/232).
         def top(ix: Any) -> Expr:
             return op("eq", load(ix), m)
 
@@ -151,8 +157,9 @@ def _lower_softmax(ctx: LowerCtx):
         small = ctx.reduce("sum", shape, [axis], kept, term, ct)
         maxima = ctx.reduce("sum", shape, [axis], kept,
                             lambda ix: select(top(ix), const(1, ct), const(0, ct)), ct)
-        return op("sub", shifted,
-                  op("log1p", op("add", small, op("sub", maxima, const(1, ct)))))
+        t = op("add", small, op("sub", maxima, const(1, ct)))
+        vanish = op("eq", op("add", const(1, ct), t), const(1, ct))
+        return op("sub", shifted, select(vanish, const(0, ct), op("log1p", t)))
     s = ctx.reduce("sum", shape, [axis], kept, lambda ix: exp_of(op("sub", load(ix), m)), ct)
     # One division per row, a multiply per element.
     y = op("mul", exp_of(shifted), op("div", const(1, ct), s))

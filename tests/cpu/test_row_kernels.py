@@ -133,7 +133,8 @@ def test_log_softmax_of_a_dominated_row(elem):
     """A row one element dominates: its LogSoftmax there is -log(1 + s), s the others'
     share. Rounding 1 + s to float32 loses s to ~1e-7 / s relative (fuzz 109/750:
     -4.5e-4 off by 2e-4); summed and logged in float64, ours is the float64 value rounded
-    (onnxruntime's is not: it is skipped here)."""
+    (onnxruntime's is not: it is skipped here). Where 1 + s rounds to 1 in float32 (the
+    gap of 30), the maximum's value is 0, as onnxruntime's."""
     dtype = helper.tensor_dtype_to_np_dtype(elem)
     gaps = np.array([2.0, 5.0, 9.4118, 12.0, 16.0, 30.0])
     x = np.zeros((len(gaps), 8))
@@ -144,10 +145,28 @@ def test_log_softmax_of_a_dominated_row(elem):
     got = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1).run(
         None, {"x": x})[0]
     x64 = x.astype(np.float64)  # each row's maximum is x[:, 0] = 0: log1p of the others
-    want = x64 - np.log1p(np.exp(x64[:, 1:]).sum(axis=1, keepdims=True))
+    share = np.exp(x64[:, 1:]).sum(axis=1, keepdims=True)
+    want = x64 - np.where(share < 2.0 ** -24, 0, np.log1p(share))
     # float32 exps (an ulp each) and one rounding: a few ulps of the result
     np.testing.assert_allclose(got.astype(np.float64), want.astype(dtype).astype(np.float64),
                                rtol=4 * float(np.finfo(dtype).eps), atol=0)
+
+
+@pytest.mark.parametrize("elem", [F32, F16, F64])
+def test_log_softmax_max_is_zero_where_the_others_vanish(elem):
+    """The others' share below half an ulp of 1: the maximum's LogSoftmax is 0, as
+    onnxruntime's (fuzz 114/232: -1.76e-18, the exact -log(1 + e^-40.88), against its 0),
+    and the rest as onnxruntime gives them; NaN rows stay NaN."""
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    x = np.array([[0.0, -40.88142], [np.nan, np.nan], [3.0, -14.0], [-1.0, -100.0],
+                  [5.0, 5.0 - 2e-4]]).astype(dtype)
+    if dtype == np.float64:
+        x[2, 1] = -40.0  # e^-43 is below float64's half ulp of 1; e^-17 is not
+    m = model([helper.make_node("LogSoftmax", ["x"], ["y"], axis=-1)],
+              [("x", elem, list(x.shape))], [("y", elem)])
+    (got,), (want,) = run_both(m, {"x": x})
+    np.testing.assert_array_equal(got[:, 0][:4], want[:, 0][:4])
+    np.testing.assert_allclose(got, want, rtol=2 * float(np.finfo(dtype).eps), atol=0)
 
 
 def masked_softmax(n: int, elem: int = F32) -> onnx.ModelProto:
