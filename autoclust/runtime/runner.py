@@ -263,10 +263,20 @@ class ClusterRunner:
             segment.run(self._host(inputs))
         except Exception as ort_exc:  # onnxruntime's own error, quoted
             self.signatures.pop()
-            shapes = ", ".join(f"{n} {list(x.shape)}" for n, x in zip(self.input_names, inputs))
+            shapes = ", ".join(f"{n} {list(x.shape)}{self._origin(n)}"
+                               for n, x in zip(self.input_names, inputs))
             raise InvalidInputError(
                 f"{self.name}: the inputs' shapes disagree ({shapes}): {exc}; onnxruntime: "
                 f"{str(ort_exc).strip()[:300]}") from ort_exc
+
+    def _origin(self, name: str) -> str:
+        """' from OP 'node'' for a cluster input another step computes (an onnxruntime
+        segment's shape can differ from the one inferred: its ReduceMax over an empty axis
+        keeps the 0, fuzz 114/1053), '' for a model input."""
+        for v in getattr(self.cluster, "inputs", ()):
+            if v.name == name and v.producer is not None:
+                return f" from {v.producer.op} {v.producer.name!r}"
+        return ""
 
     def _host(self, inputs: list[Any]) -> list[Any]:
         """inputs as host arrays (device values copied back) for onnxruntime and dumps."""

@@ -413,6 +413,22 @@ CASES = [
                    {"x": LOG_SOFTMAX_ROWS}, flags, "ort",
                    id=f"new-LogSoftmax-vanishing-share-{mode}")
       for mode, flags in (("compiled", COMPILED), ("interp", INTERP))],
+    # fixed: onnxruntime's ReduceMax over an empty axis keeps the 0 (81/558); left to an
+    # onnxruntime segment, it fed a cluster a shape our inference did not give, and the
+    # cluster's error named the value only (fuzz 114/1053): it names its producer now
+    pytest.param(_model("""g (float[1,1,1,0] x) => (float[3,1,3,1] y) {
+                          c = Constant <value = int64 {3}> ()
+                          ax = Constant <value = int64[1] {-1}> ()
+                          s = Constant <value = int64[5] {3,1,1,3,1}> ()
+                          t = Constant <value = int64[4] {3,1,3,1}> ()
+                          b = Constant <value = float[1,1,1] {0.1278336}> ()
+                          cs = CumSum <exclusive = 1, reverse = 1> (x, c)
+                          r = ReduceMax <keepdims = 1> (cs, ax)
+                          u = Reshape (r, s) v = Add (u, b) w = LeakyRelu (v)
+                          y = Reshape (w, t) }""", check=False),
+                 {"x": np.zeros((1, 1, 1, 0), F)},
+                 {"min_cluster_size": 2, "cluster_exclude_ops": ["ReduceMax"]}, "raises",
+                 id="new-ReduceMax-empty-from-a-segment"),
     # ---- integer Div/Mod by zero: onnxruntime raises, so must autoclust -------------------
     *[pytest.param(_model(f"g (int32[3] a, int32[3] b) => (int32[3] y) {{ y = {op} (a, b) }}"),
                    {"a": np.array([7, -7, 5], np.int32), "b": np.array([2, 2, 0], np.int32)},
