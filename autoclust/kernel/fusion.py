@@ -789,6 +789,9 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
         buffers.append(kir.Buffer(bid, name, v.dtype.name, tuple(v.shape), role))
     notes = notes + [f"{v} shares {x}'s buffer: a view, no copy" for v, x in f.aliases.items()]
     aliases = {f.buffers[v]: f.buffers[x] for v, x in f.aliases.items() if v in f.buffers}
-    return kir.Program(buffers, thunks, [f.buffers[v.name] for v in graph.inputs],
-                       [f.buffers[v.name] for v in graph.outputs], notes, constants,
-                       aliases=aliases)
+    program = kir.Program(buffers, thunks, [f.buffers[v.name] for v in graph.inputs],
+                          [f.buffers[v.name] for v in graph.outputs], notes, constants,
+                          aliases=aliases)
+    # a buffer named but never used (an empty root no thunk reads) left an id out
+    return kir.dense(program)
+

@@ -567,6 +567,50 @@ def remap(k: Kernel, fn, dim_fn=None) -> Kernel:
     return dataclasses.replace(k, reductions=reds, stores=stores)
 
 
+def rename_buffers(t: Thunk, new: dict[int, int]) -> Thunk:
+    """Thunk t with every buffer id b replaced by new[b] (a call's epilogue included)."""
+    if isinstance(t, Check):
+        return dataclasses.replace(t, buf=new[t.buf])
+    if isinstance(t, LibraryCall):
+        epi = None if t.epilogue is None else rename_buffers(t.epilogue, new)
+        return dataclasses.replace(t, inputs=tuple(None if b is None else new[b]
+                                                   for b in t.inputs),
+                                   outputs=tuple(new[b] for b in t.outputs), epilogue=epi)
+    memo: dict[int, Any] = {}
+
+    def expr(e):
+        key = id(e)
+        if key not in memo:
+            if isinstance(e, Load):
+                memo[key] = dataclasses.replace(e, buf=new[e.buf],
+                                                dyn=tuple((expr(x), s) for x, s in e.dyn))
+            elif isinstance(e, Op):
+                memo[key] = dataclasses.replace(e, args=tuple(expr(a) for a in e.args))
+            else:
+                memo[key] = e
+        return memo[key]
+
+    reds = tuple(dataclasses.replace(r, expr=expr(r.expr)) for r in t.reductions)
+    stores = tuple(dataclasses.replace(st, buf=new[st.buf], expr=expr(st.expr))
+                   for st in t.stores)
+    return dataclasses.replace(t, reductions=reds, stores=stores)
+
+
+def dense(p: Program) -> Program:
+    """p with buffer ids 0..n-1 in its buffers' order (executables index buffers densely;
+    fusion leaves an id out where it named a buffer no thunk uses: fuzz 114/2750)."""
+    new = {b.id: i for i, b in enumerate(p.buffers)}
+    if all(old == i for old, i in new.items()):
+        return p
+    return dataclasses.replace(
+        p, buffers=[dataclasses.replace(b, id=new[b.id]) for b in p.buffers],
+        thunks=[rename_buffers(t, new) for t in p.thunks], inputs=[new[b] for b in p.inputs],
+        outputs=[new[b] for b in p.outputs],
+        constants={new[b]: v for b, v in p.constants.items()},
+        aliases={new[a]: new[b] for a, b in p.aliases.items()},
+        sharing={k: (c, tuple(new[b] for b in ids)) for k, (c, ids) in p.sharing.items()})
+
+
 def collapse(k: Kernel) -> Kernel:
     """Merge adjacent loop dims that every index map walks contiguously, drop size-1 dims.
 

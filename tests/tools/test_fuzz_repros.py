@@ -28,6 +28,16 @@ SIGMOID_ULP = np.array([-345916.4, -1.2342173e-07, -1.5520782e-41], np.float32)
 SIGMOID_ULP_CONSTANT = ("x = Constant <value = float[3] {-345916.4, -1.2342173e-07, "
                         "-1.5520782e-41}> ()")
 LOG_SOFTMAX_ROWS = np.array([[[[np.nan, np.nan], [0.0, -40.88142]]]], np.float32)
+EMPTY_ROOT_HOLE = """g (float[3] x) => (float r, float[1,1] p) {
+    c2 = Constant <value = int64[2] {3, 0}> ()  ax = Constant <value = int64[1] {0}> ()
+    e = Constant <value = float[0] {}> ()  c9 = Constant <value = float {-0.5}> ()
+    b0 = Constant <value = bool[0] {}> ()  c13 = Constant <value = float {-0.9}> ()
+    c19 = Constant <value = float[1] {1.5}> ()  c32 = Constant <value = float[1,1] {1.2}> ()
+    s3, s4 = Split <axis = 0> (x, c2)  l7 = Less (s4, e)  w10 = Where (l7, s4, c9)
+    w14 = Where (b0, c13, w10)  l17 = Less (w14, e)  w20 = Where (l17, w14, c19)
+    r = ReduceLogSum <keepdims = 0> (w20, ax)  g33 = Greater (w20, c32)
+    w36 = Where (g33, w20, e)  f38 = Flatten <axis = 2> (w36)
+    p = ReduceProd <keepdims = 1> (f38) }"""
 DEFAULT: dict = {}
 INTERP = {"device": "interpreter", "min_cluster_size": 1}
 
@@ -429,6 +439,13 @@ CASES = [
                  {"x": np.zeros((1, 1, 1, 0), F)},
                  {"min_cluster_size": 2, "cluster_exclude_ops": ["ReduceMax"]}, "raises",
                  id="new-ReduceMax-empty-from-a-segment"),
+    # fixed: an empty value placed as a root (no kernel computes it) was given a buffer id
+    # that no thunk then used; the Program dropped the buffer and left its id out, and the
+    # executable, indexing buffers densely, raised IndexError (fuzz 114/2750). Ids are made
+    # dense (kernel/ir.dense)
+    *[pytest.param(_model(EMPTY_ROOT_HOLE), {"x": np.array([-0.19, -0.47, 0.64], F)}, flags,
+                   "ort", id=f"new-empty-root-buffer-hole-{mode}")
+      for mode, flags in (("compiled", COMPILED), ("default", DEFAULT))],
     # ---- integer Div/Mod by zero: onnxruntime raises, so must autoclust -------------------
     *[pytest.param(_model(f"g (int32[3] a, int32[3] b) => (int32[3] y) {{ y = {op} (a, b) }}"),
                    {"a": np.array([7, -7, 5], np.int32), "b": np.array([2, 2, 0], np.int32)},
