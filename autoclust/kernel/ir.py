@@ -534,27 +534,19 @@ def _affines(k: Kernel) -> list[Affine]:
     return out
 
 
-def remap(k: Kernel, fn, dim_fn=None) -> Kernel:
-    """Apply fn(Affine) -> Affine to every index of kernel k, dim_fn(dim) to clamped dims."""
+def _rewrite(k: Kernel, leaf: Callable[[Any, tuple], Any],
+             store: Callable[[Store, Any], Store]) -> Kernel:
+    """Kernel k with every Load and Index e replaced by leaf(e, e's rewritten dyn terms)
+    and every Store s by store(s, its rewritten expression); shared subtrees stay shared."""
     memo: dict[int, Any] = {}
 
     def expr(e):
         key = id(e)
         if key not in memo:
             if isinstance(e, Load):
-                clamps, index = e.clamps, fn(e.index)
-                if clamps and dim_fn is not None:
-                    moved = [(dim_fn(d), lo, hi) for d, lo, hi in e.clamps]
-                    clamps = tuple(c for c in moved if c[0] is not None)
-                    # a dropped dim (size 1: its index is 0) keeps its clamp as a constant:
-                    # an edge Pad's column read through a one-column slice is clamp(0)
-                    shift = sum(e.index.coeffs[d] * min(max(0, lo), hi)
-                                for (d, lo, hi), (m, _, _) in zip(e.clamps, moved) if m is None)
-                    index = Affine(index.const + shift, index.coeffs)
-                dyn = tuple((expr(x), s) for x, s in e.dyn)
-                memo[key] = dataclasses.replace(e, index=index, clamps=clamps, dyn=dyn)
+                memo[key] = leaf(e, tuple((expr(x), s) for x, s in e.dyn))
             elif isinstance(e, Index):
-                memo[key] = dataclasses.replace(e, index=fn(e.index))
+                memo[key] = leaf(e, ())
             elif isinstance(e, Op):
                 memo[key] = dataclasses.replace(e, args=tuple(expr(a) for a in e.args))
             else:
@@ -562,9 +554,28 @@ def remap(k: Kernel, fn, dim_fn=None) -> Kernel:
         return memo[key]
 
     reds = tuple(dataclasses.replace(r, expr=expr(r.expr)) for r in k.reductions)
-    stores = tuple(dataclasses.replace(s, index=fn(s.index), expr=expr(s.expr))
-                   for s in k.stores)
-    return dataclasses.replace(k, reductions=reds, stores=stores)
+    return dataclasses.replace(k, reductions=reds,
+                               stores=tuple(store(s, expr(s.expr)) for s in k.stores))
+
+
+def remap(k: Kernel, fn, dim_fn=None) -> Kernel:
+    """Apply fn(Affine) -> Affine to every index of kernel k, dim_fn(dim) to clamped dims."""
+
+    def leaf(e, dyn):
+        if isinstance(e, Index):
+            return dataclasses.replace(e, index=fn(e.index))
+        clamps, index = e.clamps, fn(e.index)
+        if clamps and dim_fn is not None:
+            moved = [(dim_fn(d), lo, hi) for d, lo, hi in e.clamps]
+            clamps = tuple(c for c in moved if c[0] is not None)
+            # a dropped dim (size 1: its index is 0) keeps its clamp as a constant: an
+            # edge Pad's column read through a one-column slice is clamp(0)
+            shift = sum(e.index.coeffs[d] * min(max(0, lo), hi)
+                        for (d, lo, hi), (m, _, _) in zip(e.clamps, moved) if m is None)
+            index = Affine(index.const + shift, index.coeffs)
+        return dataclasses.replace(e, index=index, clamps=clamps, dyn=dyn)
+
+    return _rewrite(k, leaf, lambda s, e: dataclasses.replace(s, index=fn(s.index), expr=e))
 
 
 def rename_buffers(t: Thunk, new: dict[int, int]) -> Thunk:
@@ -572,28 +583,17 @@ def rename_buffers(t: Thunk, new: dict[int, int]) -> Thunk:
     if isinstance(t, Check):
         return dataclasses.replace(t, buf=new[t.buf])
     if isinstance(t, LibraryCall):
-        epi = None if t.epilogue is None else rename_buffers(t.epilogue, new)
+        epi = None if t.epilogue is None else _renamed_kernel(t.epilogue, new)
         return dataclasses.replace(t, inputs=tuple(None if b is None else new[b]
                                                    for b in t.inputs),
                                    outputs=tuple(new[b] for b in t.outputs), epilogue=epi)
-    memo: dict[int, Any] = {}
+    return _renamed_kernel(t, new)
 
-    def expr(e):
-        key = id(e)
-        if key not in memo:
-            if isinstance(e, Load):
-                memo[key] = dataclasses.replace(e, buf=new[e.buf],
-                                                dyn=tuple((expr(x), s) for x, s in e.dyn))
-            elif isinstance(e, Op):
-                memo[key] = dataclasses.replace(e, args=tuple(expr(a) for a in e.args))
-            else:
-                memo[key] = e
-        return memo[key]
 
-    reds = tuple(dataclasses.replace(r, expr=expr(r.expr)) for r in t.reductions)
-    stores = tuple(dataclasses.replace(st, buf=new[st.buf], expr=expr(st.expr))
-                   for st in t.stores)
-    return dataclasses.replace(t, reductions=reds, stores=stores)
+def _renamed_kernel(k: Kernel, new: dict[int, int]) -> Kernel:
+    return _rewrite(k, lambda e, dyn: e if isinstance(e, Index) else
+                    dataclasses.replace(e, buf=new[e.buf], dyn=dyn),
+                    lambda s, e: dataclasses.replace(s, buf=new[s.buf], expr=e))
 
 
 def dense(p: Program) -> Program:
