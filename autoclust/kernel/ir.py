@@ -102,31 +102,38 @@ def _same_field(a: Any, b: Any) -> bool:
 def structural(cls: type) -> type:
     """Make a frozen dataclass compare field by field structurally: a symbolic dim equals
     only an identical one (symbolic.same), so comparing or looking up IR records never
-    records a guard (symbolic.py). The hash is the dataclass's (Sym hashes are structural
-    too), remembered on the record: an expression tree's hash walked the whole tree at
-    every lookup (fusion looks reduction phases up by hash). It is dropped when pickled,
-    since a str's hash differs between processes."""
+    records a guard (symbolic.py). The hash stays the dataclass's (Sym hashes are
+    structural too)."""
     names = [f.name for f in dataclasses.fields(cls)]
-    field_hash: Callable[[Any], int] = cls.__dict__["__hash__"]  # the dataclass's
 
     def __eq__(self, other: Any) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
         return all(_same_field(getattr(self, n), getattr(other, n)) for n in names)
 
+    setattr(cls, "__eq__", __eq__)  # noqa: B010 - mypy refuses assigning to a method
+    return cls
+
+
+def remembers_hash(cls: type) -> type:
+    """Make a structural record remember its hash: an expression tree's hash walked the
+    whole tree at every lookup (fusion looks reduction phases up by hash). Only the tree
+    nodes (Op, Reduction) do: a record hashed once, as most leaves are, paid ~0.3-1 us more
+    for the remembering. The hash is dropped when pickled: a str's hash differs between
+    processes."""
+    field_hash: Callable[[Any], int] = cls.__dict__["__hash__"]  # the dataclass's
+
     def __hash__(self) -> int:
-        try:
-            return self.__dict__["_hash"]
-        except KeyError:
-            h = field_hash(self)
-            object.__setattr__(self, "_hash", h)
-            return h
+        d = self.__dict__  # not setattr: the record is frozen
+        h = d.get("_hash")
+        if h is None:
+            h = d["_hash"] = field_hash(self)
+        return h
 
     def __getstate__(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
-    setattr(cls, "__eq__", __eq__)  # noqa: B010 - mypy refuses assigning to a method
-    setattr(cls, "__hash__", __hash__)  # noqa: B010
+    setattr(cls, "__hash__", __hash__)  # noqa: B010 - mypy refuses assigning to a method
     setattr(cls, "__getstate__", __getstate__)  # noqa: B010
     return cls
 
@@ -212,6 +219,7 @@ class Index:
     dtype: str = "int64"
 
 
+@remembers_hash
 @structural
 @dataclasses.dataclass(frozen=True)
 class Op:
@@ -233,6 +241,7 @@ class Reduced:
 Expr = Load | Const | Index | Op | Reduced
 
 
+@remembers_hash
 @structural
 @dataclasses.dataclass(frozen=True)
 class Reduction:
