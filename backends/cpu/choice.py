@@ -143,6 +143,11 @@ def measure(key: tuple, builders: dict[str, Callable], in_types: list, out_types
     return best, note
 
 
+def remember(key: tuple, choice: str, note: str) -> None:
+    """Record a decision made after `measure` (in the plan: inplan.py) for --cache_dir."""
+    _disk_put(_disk_key(key), choice, note)
+
+
 def _built(builders: dict[str, Callable], ins: list, outs: list
            ) -> tuple[dict[str, Callable], list[str]]:
     """Each implementation built and run once, untimed (first touch, lazy setup): ({name:

@@ -299,9 +299,12 @@ class Executable:
 
     def settled(self) -> bool:
         """Whether background work that changes this executable's speed is done (prepacked
-        GEMM weights: autoclust/runtime/autotune.py times the executable only then)."""
+        GEMM weights) and no call still tries two implementations (backends/cpu/inplan.py):
+        autoclust/runtime/autotune.py times the executable only then."""
         wait = getattr(self._library, "wait_background", None)
-        return wait is None or wait(timeout=0)
+        trying = getattr(self._library, "in_trial", None)
+        return (wait is None or wait(timeout=0)) and not (
+            trying is not None and any(trying(fn) for fn in self.library_fns.values()))
 
     def _fixed(self, constants: dict[int, np.ndarray]) -> None:
         slot_bytes: dict[int, int] = {}

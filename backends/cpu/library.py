@@ -48,11 +48,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from autoclust.backends import ort as ort_backend
 from autoclust.backends.cpu import choice as gemm_choice
-from autoclust.backends.cpu import epilogue, onednn
+from autoclust.backends.cpu import epilogue, inplan, mlas, onednn
 from autoclust.backends.cpu.numpy_library import (
     NUMPY_BUILDERS,
     Arrays,
@@ -61,7 +59,6 @@ from autoclust.backends.cpu.numpy_library import (
     ref_run,
     staged,
 )
-from onnx import helper
 
 from autoclust import ops
 from autoclust.errors import UnsupportedOpError
@@ -77,9 +74,7 @@ MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
               "AveragePool": (F32,), "GlobalAveragePool": (F32,), "GlobalMaxPool": (F32,)}
 SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
 POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
-OPSET = 18
 FUSED = "onednn+post-ops"  # the impl of a call that runs its epilogue too
-CONTRIB = ("FusedMatMul",)  # ops of onnxruntime's com.microsoft domain
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
 
@@ -99,10 +94,30 @@ class LibraryFn:
         """Run `impl` from now on (a background measurement found it faster)."""
         self.impl, self.note = impl, note
         # one attribute, swapped at once: a call on another thread sees both or neither
-        self._current = (run, impl == "onednn")  # oneDNN writes strided outputs in place
+        self._current = (run, impl == "onednn", None)  # oneDNN writes strided outputs in place
+
+    def try_both(self, trial: inplan.Trial, runs: dict[str, RunFn]) -> None:
+        """Alternate between the implementations `runs` (by name) as `trial` says, timing
+        each call, until the trial switches this call to its winner (backends/cpu/inplan.py)."""
+        self._current = (self._current[0], self._current[1], (trial, runs))
+
+    def in_trial(self) -> bool:
+        """Whether the calls still alternate between implementations (try_both)."""
+        return self._current[2] is not None
 
     def __call__(self, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        run, strided = self._current
+        run, strided, trying = self._current
+        if trying is not None and trying[0].ready():
+            trial, runs = trying
+            impl = trial.side()
+            start = trial.clock()
+            self._run(runs[impl], impl == "onednn", inputs, outputs)
+            trial.record(impl, trial.clock() - start)
+        else:
+            self._run(run, strided, inputs, outputs)
+
+    @staticmethod
+    def _run(run: RunFn, strided: bool, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
         if strided or all(y.flags.c_contiguous for y in outputs):
             run(inputs, outputs)
             return
@@ -194,28 +209,64 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
             waiting.append((fn, builders))
             return
         _MEASURING[key] = [(fn, builders)]
-    in_types, out_types, constants = call[2], call[3], call[5]
+    op, in_types, out_types, constants = call[0], call[2], call[3], call[5]
 
     def measure() -> None:
         try:
             choice, note = gemm_choice.measure(
-                key, {"mlas": _forced_mlas(*call), "onednn": builders["onednn"]},
+                key, {"mlas": _as_called(op, "mlas", _forced_mlas(*call)),
+                      "onednn": _as_called(op, "onednn", builders["onednn"])},
                 in_types, out_types, layouts, constants, quiet_cores)
         except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
             choice, note = "mlas", f"not measured: {str(exc)[:80]}"
         with _SESSIONS_LOCK:
             _DECISIONS[key] = (choice, note)
             waiting = _MEASURING.pop(key)
-        for each, their_builders in waiting:
-            if choice == "mlas":
-                each.note = note if note.startswith("measured") else f"{each.note}; {note}"
-                continue
-            try:
-                each.switch(choice, their_builders[choice](), note)
-            except Exception as exc:  # noqa: BLE001 - its own weights refused: keep MLAS
-                each.note += f"; {choice} measured faster but failed here: {str(exc)[:80]}"
+        if not note.startswith("measured"):
+            for each, _ in waiting:
+                each.note = f"{each.note}; {note}"
+            return
+        _try_in_plan(key, choice, note, waiting)
 
     _in_background(measure)
+
+
+def _as_called(op: str, impl: str, build: Callable[[], RunFn]) -> Callable[[], RunFn]:
+    """`build`'s run timed as a plan calls it: through LibraryFn, which writes MLAS's
+    strided outputs through a dense stand-in and copies them back. Timed bare, onnxruntime
+    copied a strided output into a buffer of its own and the copy back went unmeasured."""
+    return lambda: LibraryFn(op, impl, build())
+
+
+def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
+    """Start the calls `waiting` (LibraryFn, builders) of signature `key`, all on MLAS, on
+    an in-plan trial of `first` (choice.measure's answer) against the other (inplan.py);
+    its winner serves them all and is remembered (--cache_dir). A call whose oneDNN build
+    fails stays on MLAS."""
+    other = "onednn" if first == "mlas" else "mlas"
+    settled = note.endswith("(--cache_dir)")  # an earlier process's answer: no trial
+    calls = []
+    for fn, their_builders in waiting:
+        try:
+            runs = {"mlas": fn._current[0], "onednn": their_builders["onednn"]()}
+        except Exception as exc:  # noqa: BLE001 - its own weights refused: keep MLAS
+            fn.note = f"{note}; onednn failed here: {str(exc)[:80]}"
+            continue
+        calls.append((fn, runs))
+
+    def decided(winner: str, how: str) -> None:
+        full = f"{note}; {how}"
+        with _SESSIONS_LOCK:
+            _DECISIONS[key] = (winner, full)
+        gemm_choice.remember(key, winner, full)
+        for fn, runs in calls:
+            fn.switch(winner, runs[winner], full)
+
+    trial = inplan.Trial(first, other, decided, ready=lambda: wait_background(timeout=0))
+    for fn, runs in calls:
+        fn.switch(first, runs[first], note)
+        if not settled:
+            fn.try_both(trial, runs)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
@@ -392,6 +443,14 @@ def current_impl(fn: Callable) -> str:
     return getattr(fn, "impl", "")
 
 
+def in_trial(fn: Callable) -> bool:
+    """Whether a call built by make_call_for still alternates between implementations in
+    an in-plan trial (inplan.py): its executable has not settled."""
+    while getattr(fn, "inner", None) is not None:
+        fn = fn.inner  # type: ignore[attr-defined]
+    return bool(getattr(fn, "in_trial", lambda: False)())
+
+
 def decisions() -> dict[tuple, tuple[str, str]]:
     """The cached (impl, note) choices of this process, keyed by call signature."""
     return dict(_DECISIONS)
@@ -425,7 +484,7 @@ def _forced_mlas(op: str, attrs: dict[str, Any], in_types: list, out_types: list
     except Exception as exc:  # noqa: BLE001 - turned into our error below
         raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation 'mlas' is "
                                  f"not available: onnxruntime refused it ({exc})") from None
-    return lambda: _bound_runner(sess, in_types, out_types, constants)
+    return lambda: mlas.bound_runner(sess, in_types, out_types, constants)
 
 
 def _build(op: str, choice: str, builders: dict[str, Callable], note: str) -> LibraryFn:
@@ -469,7 +528,7 @@ def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
     if len(builders) == 1:
         return next(iter(builders)), "only implementation"
     fallback = "numpy" if "numpy" in builders else "ref"
-    opdef = ops.get(op, "com.microsoft" if op in CONTRIB else "")
+    opdef = ops.get(op, "com.microsoft" if op in mlas.CONTRIB else "")
     work = opdef.flops(attrs, in_types, out_types)
     small = POOL_SMALL_WORK if "Pool" in op else SMALL_FLOPS
     if work < small or any(math.prod(t[1]) == 0 for t in out_types):
@@ -502,10 +561,10 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
             return hit[0]
     args = (op, attrs, in_types, out_types, threads, constants)
     if background:
-        future = _in_background(_new_session, *args)
+        future = _in_background(mlas.new_session, *args)
     else:
         future = concurrent.futures.Future()
-        future.set_result(_new_session(*args))  # a refusal raises here, caching nothing
+        future.set_result(mlas.new_session(*args))  # a refusal raises here, caching nothing
     with _SESSIONS_LOCK:
         _SESSIONS[key] = (future, dict(constants))  # holding the arrays keeps ids unique
         if len(_SESSIONS) > MAX_SESSIONS:
@@ -603,17 +662,17 @@ def _mlas_runner(op: str, attrs: dict[str, Any], in_types: list, out_types: list
     background build: still, BERT-base's warm first run went from 1.0-1.5 s to 0.4-0.6 s
     on the loaded 2-core machine, against 0.13-0.15 s steady)."""
     if not constants or not BACKGROUND_PREPACK:
-        return _bound_runner(_session(op, attrs, in_types, out_types, threads, constants),
+        return mlas.bound_runner(_session(op, attrs, in_types, out_types, threads, constants),
                              in_types, out_types, constants)
     future = _session_future(op, attrs, in_types, out_types, threads, constants, True)
     if future.done() and future.exception() is None:
-        return _bound_runner(future.result(), in_types, out_types, constants)
+        return mlas.bound_runner(future.result(), in_types, out_types, constants)
     # raises when onnxruntime refuses the op: _build then takes the NumPy implementation
     shared = _session(op, attrs, in_types, out_types, threads, {})
-    stand_in = _with_constants(constants, in_types, _bound_runner(shared, in_types,
+    stand_in = _with_constants(constants, in_types, mlas.bound_runner(shared, in_types,
                                                                    out_types, {}))
     return _until_ready(future, stand_in,
-                        lambda sess: _bound_runner(sess, in_types, out_types, constants))
+                        lambda sess: mlas.bound_runner(sess, in_types, out_types, constants))
 
 
 def _until_ready(future: concurrent.futures.Future, stand_in: RunFn,
@@ -665,84 +724,6 @@ def _with_constants(constants: dict[int, np.ndarray], in_types: list, run: RunFn
         run(full, outputs)
 
     return with_constants
-
-
-def _new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
-                 threads: int, constants: dict[int, np.ndarray]) -> ort.InferenceSession:
-    """A single-node onnxruntime session for op, its non-constant dims symbolic.
-
-    Constants travel as external initializers (OrtValues over our arrays), not inside the
-    serialized model: building, checking and serializing a 768x3072 weight into a model
-    took ~80 ms, handing it over takes nothing (MLAS then prepacks it, ~5-15 ms)."""
-    names, graph_inputs, inits, external = [], [], [], {}
-    for i, t in enumerate(in_types):
-        if t is None:
-            names.append("")
-            continue
-        names.append(f"in{i}")
-        elem = helper.np_dtype_to_tensor_dtype(t[0])
-        if i in constants:
-            stub = onnx.TensorProto(name=f"in{i}", data_type=elem, dims=list(t[1]),
-                                    data_location=onnx.TensorProto.EXTERNAL)
-            stub.external_data.add(key="location", value=f"in{i}")
-            inits.append(stub)
-            value = np.ascontiguousarray(constants[i], t[0]).reshape(t[1])
-            external[f"in{i}"] = ort.OrtValue.ortvalue_from_numpy(value)
-        else:
-            dims = [f"in{i}_{k}" for k in range(len(t[1]))]
-            graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, dims))
-    outs = [f"out{j}" for j in range(len(out_types))]
-    node = helper.make_node(op, names, outs, domain="com.microsoft" if op in CONTRIB else "",
-                            **attrs)
-    out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(d),
-                                              [f"{o}_{k}" for k in range(len(s))])
-                for o, (d, s) in zip(outs, out_types)]
-    graph = helper.make_graph([node], f"library_{op}", graph_inputs, out_info, inits)
-    imports = [helper.make_opsetid("", OPSET)]
-    if op in CONTRIB:
-        imports.append(helper.make_opsetid("com.microsoft", 1))
-    model = helper.make_model(graph, opset_imports=imports)
-    model.ir_version = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = max(threads, 0)
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    # Spinning threads steal the cores our own kernels run on between calls.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    if external:
-        so.add_external_initializers(list(external), list(external.values()))
-    # Not ort.InferenceSession: under the hook that is autoclust's own session class.
-    sess = ort_backend.ORIGINAL_SESSION(model.SerializeToString(), so,
-                                        providers=["CPUExecutionProvider"])
-    sess._autoclust_keep = external  # the session reads the initializers in place
-    return sess
-
-
-def _bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
-                  constants: dict[int, np.ndarray]) -> RunFn:
-    """Run sess into the callers' arrays, rebinding only arrays not bound last time."""
-    fed = [i for i, t in enumerate(in_types) if t is not None and i not in constants]
-    binding = sess.io_binding()
-    last_in: list[Any] = [None] * len(fed)
-    last_out: list[Any] = [None] * len(out_types)
-
-    def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        for k, i in enumerate(fed):
-            x = inputs[i]
-            if x is not last_in[k]:  # holding the array keeps its identity meaningful
-                if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
-                    x = np.array(x, order="C")  # keeps 0-d, unlike ascontiguousarray
-                binding.bind_cpu_input(f"in{i}", x)
-                last_in[k] = inputs[i] if x is inputs[i] else None
-        for j, y in enumerate(outputs):
-            if y is not last_out[j]:
-                binding.bind_ortvalue_output(f"out{j}", ort.OrtValue.ortvalue_from_numpy(y))
-                last_out[j] = y
-        sess.run_with_iobinding(binding)
-
-    return run
 
 
 # ---- helpers -----------------------------------------------------------------------------------

@@ -243,17 +243,17 @@ def test_warm_process_first_run_is_much_faster(tmp_path):
 # ---- library calls: prepacked sessions built in the background -------------------------------
 
 def recording_sessions(monkeypatch, gate=None, fail_prepacked=False):
-    """Fresh session cache; every _new_session call recorded as (thread name, constant
+    """Fresh session cache; every mlas.new_session call recorded as (thread name, constant
     slots). Background builds wait for `gate`; with fail_prepacked they raise."""
     import collections
     import threading
 
-    from autoclust.backends.cpu import library
+    from autoclust.backends.cpu import library, mlas
     library.wait_background(30)  # an earlier test's background work must not land here
     monkeypatch.setattr(library, "_SESSIONS", collections.OrderedDict())
     monkeypatch.setattr(library, "_DECISIONS", {})
     made = []
-    real = library._new_session
+    real = mlas.new_session
 
     def new_session(op, attrs, in_types, out_types, threads, constants):
         made.append((threading.current_thread().name, sorted(constants)))
@@ -263,7 +263,7 @@ def recording_sessions(monkeypatch, gate=None, fail_prepacked=False):
             raise RuntimeError("refused on purpose")
         return real(op, attrs, in_types, out_types, threads, constants)
 
-    monkeypatch.setattr(library, "_new_session", new_session)
+    monkeypatch.setattr(mlas, "new_session", new_session)
     return library, made
 
 

@@ -1,0 +1,76 @@
+"""GEMM implementations timed where the plan calls them: the second half of choosing one.
+
+choice.measure times MLAS against oneDNN on a call alone, in a loop on probe arrays: warm
+caches, the same output buffer each time, no kernel before or after. A plan's call follows
+other kernels and writes a buffer the next one reads, and its time there can differ from
+its time alone by more than the two implementations differ. BERT-base (2 threads, one
+process, every call timed where it ran): the attention's P.V MatMul measured 0.19 ms on
+MLAS and 0.20 ms on oneDNN alone, and took 0.41-0.52 ms on MLAS and 0.25 ms on oneDNN in
+the plan. A [4500, 64] x [64, 750] GEMM into a Softmax (Whisper-tiny's six heads' scores
+stacked), oneDNN 7% faster alone, took 5.5 ms on oneDNN and 3.5 ms on MLAS in the plan
+(one thread).
+
+So once choice.measure has answered for a signature, its calls enter a `Trial`: they
+alternate between the two implementations (call by call over every call of the signature,
+so a layer's neighbours see both), each call timed where it runs, until each side has
+MIN_SAMPLES. The faster median then serves every call of the signature, the measured
+answer unless the other is faster by more than MARGIN; `explain` and --cache_dir keep
+both medians, so a second process takes the answer without a trial. An executable whose
+calls are in a trial is not settled (measured placement waits for it: autotune.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+MIN_SAMPLES = 6   # timed calls of each implementation before the trial decides
+MARGIN = 0.03     # the other implementation must be faster than this to take over
+
+
+class Trial:
+    """The calls of one signature alternating between `first` (choice.measure's answer)
+    and `other`; `decided(winner, note)` is called once, by the call that completes the
+    samples. While `ready()` is false (the background thread still packs weights or
+    measures another signature, on the same cores) calls run `first`, untimed. `clock` is
+    injectable for tests."""
+
+    def __init__(self, first: str, other: str, decided: Callable[[str, str], None],
+                 ready: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.sides = (first, other)
+        self.times: dict[str, list[float]] = {first: [], other: []}
+        self.ready = ready
+        self.clock = clock
+        self.done = False
+        self._decided = decided
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def side(self) -> str:
+        """The implementation the next call runs: each call the other one."""
+        with self._lock:
+            self._count += 1
+            return self.sides[(self._count - 1) % 2]
+
+    def record(self, impl: str, seconds: float) -> None:
+        """One call's time; decides when both sides have MIN_SAMPLES."""
+        with self._lock:
+            if self.done:
+                return
+            self.times[impl].append(seconds)
+            if min(len(t) for t in self.times.values()) < MIN_SAMPLES:
+                return
+            self.done = True
+        self._decided(*self.verdict())
+
+    def verdict(self) -> tuple[str, str]:
+        """(winner, note): `other` where its median call is more than MARGIN faster."""
+        first, other = self.sides
+        a, b = (statistics.median(self.times[s]) for s in self.sides)
+        winner = other if b < a * (1 - MARGIN) else first
+        n = min(len(t) for t in self.times.values())
+        return winner, (f"in the plan: {first} {a * 1e3:.3f} ms, {other} {b * 1e3:.3f} ms "
+                        f"(medians of {n} calls each)")

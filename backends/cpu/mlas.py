@@ -1,0 +1,99 @@
+"""onnxruntime's kernels (MLAS) for one op: a single-node session over our arrays.
+
+`new_session` builds the session (its non-constant dims symbolic, constant weights handed
+over in place so MLAS prepacks them); `bound_runner` runs it into the caller's arrays
+through an io_binding. library.py caches the sessions and chooses when to use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from autoclust.backends import ort as ort_backend
+from autoclust.backends.cpu.numpy_library import Arrays, RunFn
+from onnx import helper
+
+OPSET = 18
+CONTRIB = ("FusedMatMul",)  # ops of onnxruntime's com.microsoft domain
+
+
+def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
+                 threads: int, constants: dict[int, np.ndarray]) -> ort.InferenceSession:
+    """A single-node onnxruntime session for op, its non-constant dims symbolic.
+
+    Constants travel as external initializers (OrtValues over our arrays), not inside the
+    serialized model: building, checking and serializing a 768x3072 weight into a model
+    took ~80 ms, handing it over takes nothing (MLAS then prepacks it, ~5-15 ms)."""
+    names, graph_inputs, inits, external = [], [], [], {}
+    for i, t in enumerate(in_types):
+        if t is None:
+            names.append("")
+            continue
+        names.append(f"in{i}")
+        elem = helper.np_dtype_to_tensor_dtype(t[0])
+        if i in constants:
+            stub = onnx.TensorProto(name=f"in{i}", data_type=elem, dims=list(t[1]),
+                                    data_location=onnx.TensorProto.EXTERNAL)
+            stub.external_data.add(key="location", value=f"in{i}")
+            inits.append(stub)
+            value = np.ascontiguousarray(constants[i], t[0]).reshape(t[1])
+            external[f"in{i}"] = ort.OrtValue.ortvalue_from_numpy(value)
+        else:
+            dims = [f"in{i}_{k}" for k in range(len(t[1]))]
+            graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, dims))
+    outs = [f"out{j}" for j in range(len(out_types))]
+    node = helper.make_node(op, names, outs, domain="com.microsoft" if op in CONTRIB else "",
+                            **attrs)
+    out_info = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(d),
+                                              [f"{o}_{k}" for k in range(len(s))])
+                for o, (d, s) in zip(outs, out_types)]
+    graph = helper.make_graph([node], f"library_{op}", graph_inputs, out_info, inits)
+    imports = [helper.make_opsetid("", OPSET)]
+    if op in CONTRIB:
+        imports.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = max(threads, 0)
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # Spinning threads steal the cores our own kernels run on between calls.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if external:
+        so.add_external_initializers(list(external), list(external.values()))
+    # Not ort.InferenceSession: under the hook that is autoclust's own session class.
+    sess = ort_backend.ORIGINAL_SESSION(model.SerializeToString(), so,
+                                        providers=["CPUExecutionProvider"])
+    sess._autoclust_keep = external  # the session reads the initializers in place
+    return sess
+
+
+def bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
+                  constants: dict[int, np.ndarray]) -> RunFn:
+    """Run sess into the callers' arrays, rebinding only arrays not bound last time."""
+    fed = [i for i, t in enumerate(in_types) if t is not None and i not in constants]
+    binding = sess.io_binding()
+    last_in: list[Any] = [None] * len(fed)
+    last_out: list[Any] = [None] * len(out_types)
+
+    def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
+        for k, i in enumerate(fed):
+            x = inputs[i]
+            if x is not last_in[k]:  # holding the array keeps its identity meaningful
+                if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
+                    x = np.array(x, order="C")  # keeps 0-d, unlike ascontiguousarray
+                binding.bind_cpu_input(f"in{i}", x)
+                last_in[k] = inputs[i] if x is inputs[i] else None
+        for j, y in enumerate(outputs):
+            if y is not last_out[j]:
+                binding.bind_ortvalue_output(f"out{j}", ort.OrtValue.ortvalue_from_numpy(y))
+                last_out[j] = y
+        sess.run_with_iobinding(binding)
+
+    return run

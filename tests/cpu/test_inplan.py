@@ -1,0 +1,130 @@
+"""GEMM implementations timed in the plan (backends/cpu/inplan.py): the trial's verdict,
+a call alternating under it, and the library's trial after its isolated measurement."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from autoclust.backends.cpu import choice, inplan, library, onednn
+from autoclust.backends.cpu.executable import Executable
+
+RNG = np.random.default_rng(11)
+needs_dnnl = pytest.mark.skipif(bool(onednn.unavailable()), reason=f"oneDNN: {onednn.unavailable()}")
+
+
+def timed(trial: inplan.Trial, first_ms: float, other_ms: float, calls: int) -> list[str]:
+    """Feed `calls` calls to `trial`, each side taking its fixed time; the sides run."""
+    ran = []
+    for _ in range(calls):
+        side = trial.side()
+        ran.append(side)
+        trial.record(side, (first_ms if side == trial.sides[0] else other_ms) / 1e3)
+    return ran
+
+
+@pytest.mark.parametrize("first_ms, other_ms, winner", [
+    (2.0, 1.0, "onednn"),     # the other side is faster in the plan: it takes over
+    (1.0, 2.0, "mlas"),       # the measured answer holds
+    (1.0, 0.98, "mlas"),      # 2% is within MARGIN: the measured answer holds
+])
+def test_trial_alternates_and_decides_once(first_ms, other_ms, winner):
+    verdicts = []
+    trial = inplan.Trial("mlas", "onednn", lambda w, note: verdicts.append((w, note)))
+    ran = timed(trial, first_ms, other_ms, 2 * inplan.MIN_SAMPLES + 4)
+    assert ran[:4] == ["mlas", "onednn", "mlas", "onednn"]
+    assert len(verdicts) == 1 and verdicts[0][0] == winner
+    assert f"mlas {first_ms:.3f} ms, onednn {other_ms:.3f} ms" in verdicts[0][1]
+    assert f"medians of {inplan.MIN_SAMPLES} calls each" in verdicts[0][1]
+
+
+def test_call_in_a_trial_runs_both_then_the_winner():
+    """A LibraryFn under a trial alternates its two run functions (both right), timed by
+    the trial's clock; not ready, it runs the first untimed; decided, the winner alone."""
+    now = [0.0]
+    ran: list[str] = []
+
+    def run_of(name: str, cost: float):
+        def run(inputs, outputs):
+            ran.append(name)
+            now[0] += cost
+            np.matmul(inputs[0], inputs[1], out=outputs[0])
+        return run
+
+    runs = {"mlas": run_of("mlas", 2.0), "onednn": run_of("onednn", 1.0)}
+    fn = library.LibraryFn("MatMul", "mlas", runs["mlas"], "measured")
+    ready = [False]
+    trial = inplan.Trial("mlas", "onednn", lambda w, note: fn.switch(w, runs[w], note),
+                         ready=lambda: ready[0], clock=lambda: now[0])
+    fn.try_both(trial, runs)
+    a, b = RNG.standard_normal((4, 5)).astype(np.float32), RNG.standard_normal((5, 3)).astype(np.float32)
+    out = np.empty((4, 3), np.float32)
+    fn([a, b], [out])
+    assert ran == ["mlas"] and trial.times == {"mlas": [], "onednn": []}  # not ready: untimed
+    ready[0] = True
+    while library.in_trial(fn):
+        out[:] = 0
+        fn([a, b], [out])
+        np.testing.assert_allclose(out, a @ b, rtol=1e-6)
+    assert len(ran) == 1 + 2 * inplan.MIN_SAMPLES
+    assert fn.impl == "onednn" and "in the plan: mlas 2000.000 ms" in fn.note
+    ran.clear()
+    fn([a, b], [out])
+    assert ran == ["onednn"]
+
+
+@needs_dnnl
+def test_library_tries_both_in_the_plan_and_remembers(monkeypatch, tmp_path):
+    """After the isolated measurement, the calls of one signature (two layers' weights)
+    share one in-plan trial; its answer serves both, goes to explain's note and to
+    --cache_dir, and a new process takes it without a trial."""
+    assert library.wait_background(60)
+    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k:
+                        ("mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)"))
+    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    choice.use_cache_dir(str(tmp_path))
+    in_types = [(np.dtype("float32"), (64, 96)), (np.dtype("float32"), (96, 80))]
+    out_types = [(np.dtype("float32"), (64, 80))]
+    weights = [RNG.standard_normal((96, 80)).astype(np.float32) for _ in range(2)]
+    x = RNG.standard_normal((64, 96)).astype(np.float32)
+    try:
+        library._DECISIONS.clear()
+        fns = [library.make_call("MatMul", {}, in_types, out_types, 2, {1: w}) for w in weights]
+        assert library.wait_background(60)
+        assert all(library.in_trial(fn) for fn in fns)
+        for _ in range(2 * inplan.MIN_SAMPLES):  # a run: each layer's call once
+            for fn, w in zip(fns, weights):
+                out = np.empty((64, 80), np.float32)
+                fn([x, None], [out])
+                np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+        assert not any(library.in_trial(fn) for fn in fns)
+        assert len({fn.impl for fn in fns}) == 1 and "; in the plan: mlas" in fns[0].note
+        (impl, note), = library.decisions().values()
+        assert impl == fns[0].impl and note == fns[0].note
+        entries = json.loads((tmp_path / "gemm_choices.json").read_text())
+        assert [v for v in entries.values()] == [[impl, note]]
+        library._DECISIONS.clear()
+        monkeypatch.undo()  # choice.known reads the file again
+        choice.use_cache_dir(str(tmp_path))  # a new process
+        again = library.make_call("MatMul", {}, in_types, out_types, 2, {1: weights[0]})
+        assert library.wait_background(60)
+        assert again.impl == impl and not library.in_trial(again)
+    finally:
+        choice.use_cache_dir(None)
+        library._DECISIONS.clear()
+
+
+def test_executable_in_a_trial_has_not_settled():
+    """Measured placement times an executable only once it has settled: no call of it in
+    an in-plan trial."""
+    run = lambda inputs, outputs: None
+    fn = library.LibraryFn("MatMul", "mlas", run)
+    trial = inplan.Trial("mlas", "onednn", lambda w, note: fn.switch(w, run, note))
+    holder = type("Exe", (), {"_library": library, "library_fns": {0: fn}})()
+    assert library.wait_background(60)
+    assert Executable.settled(holder)
+    fn.try_both(trial, {"mlas": run, "onednn": run})
+    assert not Executable.settled(holder)
+    timed(trial, 1.0, 1.0, 2 * inplan.MIN_SAMPLES)
+    assert Executable.settled(holder)
