@@ -487,6 +487,21 @@ def test_reference_gelu_is_the_op_rounded_once(approximate):
     np.testing.assert_allclose(got, want, rtol=1e-15)
 
 
+@pytest.mark.parametrize("name", ["float", "float16"])
+def test_reference_mean_of_empty_rows_is_onnxruntimes_zero(name):
+    # the spec leaves a mean over an empty set undefined; NumPy's is NaN, onnxruntime's and
+    # ours 0. Behind onnxruntime's own MatMul error the reference's outputs are expected
+    # (fuzz 115/1735): its NaN condemned our 0
+    model = _model(f"g ({name}[2,0] x) => ({name}[2,1] y) "
+                   "{ a = Constant <value = int64[1] {1}> () y = ReduceMean (x, a) }")
+    x = np.zeros((2, 0), F32 if name == "float" else F16)
+    (got,) = onnx_reference.evaluate(model, {"x": x})
+    (want,) = fuzz_check.run_ort(model, {"x": x})
+    np.testing.assert_array_equal(want, np.zeros((2, 1)))
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got, want)
+
+
 def test_arbiter_reads_the_weights_once(monkeypatch):
     # a failing output asks for every opinion: the reference, its four jittered runs, the
     # float64 truth and its four; each copied the weights into a new proto (BERT-base's
