@@ -510,14 +510,18 @@ def test_arbiter_reads_the_weights_once(monkeypatch):
                    "10,11,12}> { m = MatMul (x, w) y = Erf (m) }")
     feeds = {"x": np.array([[0.1, -0.2, 0.05, 0.01], [0.3, 0.0, -0.1, 0.02]], F32)}
     (want,) = fuzz_check.run_ort(model, feeds)
-    reads = []
-    to_array = onnx.numpy_helper.to_array
+    reads, jittered = [], []
+    to_array, jitter = onnx.numpy_helper.to_array, fuzz_values.jitter
     monkeypatch.setattr(onnx.numpy_helper, "to_array",
                         lambda t, *a, **k: reads.append(t.name) or to_array(t, *a, **k))
+    monkeypatch.setattr(fuzz_values, "jitter",
+                        lambda rng, x: jittered.append(x.shape) or jitter(rng, x))
     arbiter = fuzz_truth.Arbiter(model, feeds)
     verdict = fuzz_check.compare([want + 0.01], [want], arbiter=arbiter)
     assert "6 of 6 elements differ" in verdict
     assert reads.count("w") == 1
+    # the reference's spread and the float64 truth's draw the same jitter: drawn once
+    assert jittered.count((4, 3)) == fuzz_truth.JITTER_RUNS
     (ref,) = arbiter.references(0)  # the weights as they are, fed
     np.testing.assert_allclose(ref, want, rtol=1e-6)
 
