@@ -241,18 +241,24 @@ def _as_called(op: str, impl: str, build: Callable[[], RunFn]) -> Callable[[], R
 def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
     """Start the calls `waiting` (LibraryFn, builders) of signature `key`, all on MLAS, on
     an in-plan trial of `first` (choice.measure's answer) against the other (inplan.py);
-    its winner serves them all and is remembered (--cache_dir). A call whose oneDNN build
-    fails stays on MLAS."""
-    other = "onednn" if first == "mlas" else "mlas"
-    settled = note.endswith("(--cache_dir)")  # an earlier process's answer: no trial
+    its winner serves them all and is remembered (--cache_dir). An answer read from
+    --cache_dir (another process wrote it meanwhile) serves at once; a call whose oneDNN
+    build fails stays on MLAS."""
+    settled = note.endswith("(--cache_dir)")
     calls = []
     for fn, their_builders in waiting:
+        if settled and first == "mlas":
+            fn.note = note
+            continue
         try:
             runs = {"mlas": fn._current[0], "onednn": their_builders["onednn"]()}
         except Exception as exc:  # noqa: BLE001 - its own weights refused: keep MLAS
             fn.note = f"{note}; onednn failed here: {str(exc)[:80]}"
             continue
+        fn.switch(first, runs[first], note)
         calls.append((fn, runs))
+    if settled or not calls:
+        return
 
     def decided(winner: str, how: str) -> None:
         full = f"{note}; {how}"
@@ -262,11 +268,10 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
         for fn, runs in calls:
             fn.switch(winner, runs[winner], full)
 
+    other = "onednn" if first == "mlas" else "mlas"
     trial = inplan.Trial(first, other, decided, ready=lambda: wait_background(timeout=0))
     for fn, runs in calls:
-        fn.switch(first, runs[first], note)
-        if not settled:
-            fn.try_both(trial, runs)
+        fn.try_both(trial, runs)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,

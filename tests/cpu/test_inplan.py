@@ -128,3 +128,36 @@ def test_executable_in_a_trial_has_not_settled():
     assert not Executable.settled(holder)
     timed(trial, 1.0, 1.0, 2 * inplan.MIN_SAMPLES)
     assert Executable.settled(holder)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("answer", ["mlas", "onednn"])
+def test_an_answer_from_cache_dir_serves_without_a_trial(monkeypatch, answer):
+    """A measurement that found another process's answer in --cache_dir (written after
+    this call was built) takes it at once: no trial, and no oneDNN packing for MLAS."""
+    assert library.wait_background(60)
+    cached = "measured mlas 1.000 ms, onednn 0.900 ms (best of 7) (--cache_dir)"
+    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k: (answer, cached))
+    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    built = []
+    real = choice.onednn_builder
+
+    def counting(*args, **kwargs):
+        build = real(*args, **kwargs)
+        return None if build is None else (lambda *a, **k: built.append(1) or build(*a, **k))
+
+    monkeypatch.setattr(choice, "onednn_builder", counting)
+    in_types = [(np.dtype("float32"), (64, 96)), (np.dtype("float32"), (96, 80))]
+    out_types = [(np.dtype("float32"), (64, 80))]
+    w, x = RNG.standard_normal((96, 80)).astype(np.float32), RNG.standard_normal((64, 96)).astype(np.float32)
+    try:
+        library._DECISIONS.clear()
+        fn = library.make_call("MatMul", {}, in_types, out_types, 2, {1: w})
+        assert library.wait_background(60)
+        assert fn.impl == answer and not library.in_trial(fn), fn.note
+        assert built == ([] if answer == "mlas" else [1])
+        out = np.empty((64, 80), np.float32)
+        fn([x, None], [out])
+        np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+    finally:
+        library._DECISIONS.clear()
