@@ -9,6 +9,7 @@ would steal the cores from the next (measured in benchmarks/bench_plan_overhead)
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -234,6 +235,9 @@ def _ranks(graph: onnx.GraphProto) -> dict[str, int]:
 # onnxruntime's exception types (pybind11-registered, in onnxruntime_pybind11_state).
 InvalidArgument = _C.InvalidArgument
 Fail = _C.Fail
+# onnxruntime's own failure that a session without buffer reuse does not make
+# (Segment._without_buffer_reuse)
+PLANNER_FAILURE = "attempting to re-use buffer"
 
 
 def input_error(message: str) -> errors.InvalidInputError:
@@ -285,6 +289,9 @@ class Segment:
                  input_names: list[str] | None = None, output_names: list[str] | None = None,
                  external: dict[str, np.ndarray] | None = None):
         self.name = name
+        # what a rebuild without buffer reuse takes (_without_buffer_reuse): the model's
+        # weights are external arrays the graph holds anyway, so this keeps a small proto
+        self._source = (model, options, providers, provider_options, external)
         if external:  # a copy (add_external_initializers mutates it), spinning off
             options = sub_session_options(options)
         self.session = create_session(model, options, providers, provider_options, external)
@@ -310,9 +317,33 @@ class Segment:
 
     def run_feeds(self, feeds: dict[str, Any], run_options: Any = None) -> list[np.ndarray]:
         """Run on feeds by name (optional inputs may be left out); outputs in order."""
-        if self.ort_values:
-            return values.run(self.session, self.output_names, feeds, run_options)
-        return self._run(self.output_names, feeds, run_options)
+        try:
+            if self.ort_values:
+                return values.run(self.session, self.output_names, feeds, run_options)
+            return self._run(self.output_names, feeds, run_options)
+        except Fail as exc:
+            if PLANNER_FAILURE not in str(exc) or self._source is None:
+                raise
+            self._without_buffer_reuse(exc)
+        return self.run_feeds(feeds, run_options)
+
+    def _without_buffer_reuse(self, exc: BaseException) -> None:
+        """Rebuild the session with the memory planner's buffer reuse off, once, warning:
+        onnxruntime 1.31's planner hands a float16 op's empty buffer to a node of another
+        shape ("Shape mismatch attempting to re-use buffer. {0} != {1}": a Softmax over a
+        [0] tensor beside a [1] one, fuzz 119/1338; 80/163, 80/591), an error of its own
+        that the same session without reuse does not make. onnxruntime over the whole
+        model (another plan) may only warn where a segment of it fails; the segment then
+        answers as onnxruntime does."""
+        model, options, providers, provider_options, external = self._source
+        self._source = None
+        retry = sub_session_options(options)
+        retry.enable_mem_reuse = False
+        first = str(exc).split("Status Message:")[-1].strip().splitlines()[0][:160]
+        warnings.warn(f"autoclust: onnxruntime's memory planner failed in {self.name} "
+                      f"({first}); it runs with buffer reuse off from now on",
+                      RuntimeWarning, stacklevel=4)
+        self.session = create_session(model, retry, providers, provider_options, external)
 
 
 def direct_run(session: Any) -> Any:

@@ -334,3 +334,47 @@ def test_transpose_into_matmul_over_an_empty_operand(flags, x_shape, perm, other
         np.testing.assert_array_equal(got, want)
     # a nonempty operand keeps the fusion (attention's K^T)
     assert ort_backend.broken_optimizers(_empty_model([2, 3, 2], perm, ("w", [2, 3, 1]))) == []
+
+
+# fuzz 119/1338: onnxruntime 1.31's memory planner hands a float16 Softmax's empty buffer to
+# a node of another shape ("Shape mismatch attempting to re-use buffer. {0} != {1}")
+PLANNER_CASE = """<ir_version: 10, opset_import: ["" : 18]>
+g (float16[1] x) => (float16[?] s0, float16[?] s1, float16[?] e, float16[?] p)
+<int64[1] one = {1}, int64[1] three = {3}, int64[2] no_pads = {0, 0}, float16[0] empty = {},
+ float16[1] zero = {0}>
+{
+   ex = Expand (x, one)
+   s0 = Softmax <axis = -1> (empty)
+   s1 = Softmax <axis = -1> (zero)
+   d = Sub (x, ex)
+   e = Expand (d, three)
+   p = Pad <mode = "reflect"> (d, no_pads)
+}"""
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_a_segment_onnxruntimes_planner_fails_runs_without_buffer_reuse(monkeypatch, retry):
+    """A fallback segment whose session fails in onnxruntime's own memory planner (the
+    whole model only warns in onnxruntime; our segment of it, the float16 Softmaxes and
+    their neighbours, fails) is rebuilt once with buffer reuse off, with one warning, and
+    answers as onnxruntime does. Without the rebuild (retry False) the run raises."""
+    import onnx.parser
+    model = onnx.parser.parse_model(PLANNER_CASE)
+    feeds = {"x": np.array([0.5], np.float16)}
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    if not retry:
+        monkeypatch.setattr(ort_backend, "PLANNER_FAILURE", "no such message")
+    sess = autoclust.InferenceSession(model.SerializeToString(), autotune=False)
+    if not retry:
+        with pytest.raises(ort_backend.Fail, match="re-use buffer"):
+            sess.run(None, feeds)
+        return
+    with pytest.warns(RuntimeWarning, match="memory planner failed") as caught:
+        got = sess.run(None, feeds)
+    assert sum("memory planner" in str(w.message) for w in caught) == 1
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    again = sess.run(None, feeds)  # the rebuilt session serves from now on, silently
+    for g, w in zip(again, want):
+        np.testing.assert_array_equal(g, w)
