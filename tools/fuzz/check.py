@@ -123,7 +123,7 @@ def spread_of(model: onnx.ModelProto, sess: ort.InferenceSession,
     exact = exact_values(model)
     # Constants too: in (x + 1e8) - 1e8 only the constant's ulp shows the rounding. They
     # are fed to one session (a session per jittered copy of BERT-base took 10 s each).
-    free, constants = _constants_as_inputs(model, exact)
+    free, constants = _constants_as_inputs(model)
     try:  # the same buffer reuse as sess (off where onnxruntime's planner failed)
         reuse = sess.get_session_options().enable_mem_reuse
         run = ort_session(free, reuse) if constants else sess
@@ -137,7 +137,7 @@ def outputs_and_spread(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
     """onnxruntime's outputs and their spread_of, from one session that takes the float
     initializers as inputs (onnxruntime copies no weights); raises what onnxruntime does."""
     exact = exact_values(model)
-    free, constants = _constants_as_inputs(model, exact)
+    free, constants = _constants_as_inputs(model)
     try:
         sess = ort_session(free)
     except Exception:  # noqa: BLE001 - an op that needs a constant: the model as it is
@@ -192,27 +192,12 @@ def _distance32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
 
 
-def _constants_as_inputs(model: onnx.ModelProto, exact: set[str]
-                         ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def _constants_as_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """`model` with its float initializers and Clip's missing bounds
-    (truth.explicit_clip_bounds) as graph inputs (but integers in `exact`), and their
-    values; ({}) when there is none to jitter."""
-    model = fuzz_truth.explicit_clip_bounds(model)
-    arrays = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer
-              if t.data_type in _FLOATS}
-    arrays = {k: v for k, v in arrays.items() if not (k in exact and integral(v))}
-    if not arrays:
-        return model, {}
-    free = onnx.ModelProto()
-    free.CopyFrom(model)
-    kept = [t for t in free.graph.initializer if t.name not in arrays]
-    del free.graph.initializer[:]
-    free.graph.initializer.extend(kept)
-    declared = {v.name for v in free.graph.input}
-    free.graph.input.extend(onnx.helper.make_tensor_value_info(
-        t.name, t.data_type, list(t.dims)) for t in model.graph.initializer
-        if t.name in arrays and t.name not in declared)
-    return free, arrays
+    (truth.explicit_clip_bounds) as graph inputs (but integers the jitter leaves), and
+    their values; ({}) when there is none to jitter."""
+    return fuzz_truth.lift_initializers(fuzz_truth.explicit_clip_bounds(model), _FLOATS,
+                                        outputs=True)
 
 
 def _distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:

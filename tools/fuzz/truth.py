@@ -457,25 +457,26 @@ def run_float64(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndar
         return outs[0]
 
 
-def lift_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """`model` with its float32 initializers graph inputs, and their values (to feed): a run
-    that moves them one ulp (Arbiter._spread) feeds moved values rather than writing them
-    into a copy of the model. Kept: those of exact_values that hold integers (the jitter
-    leaves them), and graph outputs."""
+def lift_initializers(model: onnx.ModelProto, types: tuple[int, ...] = (TensorProto.FLOAT,),
+                      outputs: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """`model` with its initializers of element `types` graph inputs, and their values (to
+    feed): a run that moves them one ulp (Arbiter._spread, check.spread_of) feeds moved
+    values rather than writing them into a copy of the model. Kept: those of exact_values
+    that hold integers (the jitter leaves them), and graph outputs unless `outputs`."""
     g, exact = model.graph, exact_values(model)
-    keep = {o.name for o in g.output}
-    values, kept = {}, []
+    keep = set() if outputs else {o.name for o in g.output}
+    values, kept, elem = {}, [], {}
     for t in g.initializer:
-        if t.data_type == TensorProto.FLOAT and t.name not in keep:
+        if t.data_type in types and t.name not in keep:
             arr = numpy_helper.to_array(t)
             if not (t.name in exact and integral(arr)):
-                values[t.name] = arr
+                values[t.name], elem[t.name] = arr, t.data_type
                 continue
         kept.append(t)
     if not values:
         return model, {}
     inputs = list(g.input) + [
-        onnx.helper.make_tensor_value_info(name, TensorProto.FLOAT, arr.shape)
+        onnx.helper.make_tensor_value_info(name, elem[name], arr.shape)
         for name, arr in values.items() if name not in {v.name for v in g.input}]
     graph = onnx.helper.make_graph(list(g.node), g.name, inputs, list(g.output), kept,
                                    value_info=list(g.value_info))
