@@ -830,6 +830,20 @@ def test_onnxruntime_own_error_leaves_its_other_outputs_to_onnxruntime():
     assert fuzz_check.check(model, feeds, variants).kind == "ok"
 
 
+def test_a_feeds_error_behind_onnxruntimes_own_error_is_expected():
+    # fuzz 121/1036: onnxruntime's MatMul error came first; the other output's
+    # LayerNormalization over an empty row is an error of the feeds (onnxruntime's and ours),
+    # so the model raises it, and an autoclust error naming that node passes
+    model = _model("g (float[3,5,0,1] a, float[1] b, float[4,0,1] x, float[4,0,1] s) => "
+                   "(float[?,?,?] z, float[?,?,?] y) { z = LayerNormalization <axis = 0> (x, s, s) "
+                   "y = MatMul (a, b) }", opset=17)
+    feeds = {**MATMUL_EMPTY_FEEDS, "x": np.zeros((4, 0, 1), F32), "s": np.ones((4, 0, 1), F32)}
+    ref = fuzz_check.reference(model, feeds)
+    assert ref.raised[0] == "LayerNormalization" and ref.expected is None
+    variants = [{"device": "interpreter", "min_cluster_size": 1}]
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+
+
 SQUEEZE_EMPTY_MAX = ("g (float[{dims}] x) => (float[?,?] y) {{ ax = Constant <value = int64[1] "
                      "{{-1}}> () r = ReduceMax <keepdims = 1> (x, ax) a = Constant <value = "
                      "int64[1] {{{axis}}}> () y = Squeeze (r, a) }}")
