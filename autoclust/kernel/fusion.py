@@ -174,7 +174,8 @@ class KernelBuilder:
         return red_idx
 
     def reduce(self, out: Value, kind: str, shape: tuple[int, ...], axes: list[int],
-               kept: dict[int, Affine], element: Element, dtype: str) -> kir.Reduced:
+               kept: dict[int, Affine], element: Element, dtype: str,
+               from_negative_zero: bool = False) -> kir.Reduced:
         """A reduction phase over `axes` of a tensor of `shape` for the row at `kept`."""
         if self.n_inner == 0:
             raise NeedRowDomain(out, shape, axes)
@@ -189,7 +190,7 @@ class KernelBuilder:
             raise Refuse(out, "its row index moves along the consumer's reduced dims")
         it = iter(red_idx)
         idx_x = tuple(kept[d] if d in kept else next(it) for d in range(len(shape)))
-        red = kir.Reduction(kind, element(idx_x), dtype)
+        red = kir.Reduction(kind, element(idx_x), dtype, from_negative_zero=from_negative_zero)
         if self.is_scan:  # the element itself made this a scan kernel (CumSum -> ReduceMax)
             raise self.scan_conflict(out, "a reduction cannot share a scan kernel")
         if not self.reductions:
@@ -345,8 +346,9 @@ class NodeLowering(LowerCtx):
         return got
 
     def reduce(self, kind: str, shape: tuple[int, ...], axes: list[int],
-               kept: dict[int, Affine], element: Element, dtype: str) -> kir.Expr:
-        return self.b.reduce(self.output, kind, shape, axes, kept, element, dtype)
+               kept: dict[int, Affine], element: Element, dtype: str,
+               from_negative_zero: bool = False) -> kir.Expr:
+        return self.b.reduce(self.output, kind, shape, axes, kept, element, dtype, from_negative_zero)
 
     def scan(self, kind: str, shape: tuple[int, ...], axis: int, element: Element,
              dtype: str, exclusive: bool = False, reverse: bool = False) -> kir.Expr:

@@ -81,12 +81,13 @@ def reduce_identity(kind: str, dtype: str, bits: int | None = None) -> int | flo
 
 
 def sum_start(red: Reduction) -> float:
-    """Where a float sum phase starts: an inclusive scan at -0.0, the exact additive
-    identity (-0.0 + x == x for every x), so CumSum([-0., -0.]) stays -0.0 and 1/it is
-    -inf, as onnxruntime and NumPy's cumsum give; any other sum at +0.0, as NumPy's sum
-    (onnxruntime's sign of a zero ReduceSum depends on its loop order) and onnxruntime's
-    exclusive scan (its first output is +0.0)."""
-    return -0.0 if red.scan == "inclusive" else 0.0
+    """Where a float sum phase starts: at -0.0, the exact additive identity (-0.0 + x == x
+    for every x), for an inclusive scan (CumSum([-0., -0.]) stays -0.0 and 1/it is -inf,
+    as onnxruntime and NumPy's cumsum give) and where `from_negative_zero` asks (a
+    ReduceSum over trailing axes, as onnxruntime's); any other sum at +0.0, as
+    onnxruntime's sums over leading or middle axes and its exclusive scan (its first
+    output is +0.0)."""
+    return -0.0 if red.scan == "inclusive" or red.from_negative_zero else 0.0
 
 
 def _same_field(a: Any, b: Any) -> bool:
@@ -256,6 +257,7 @@ class Reduction:
     dtype: str
     scan: str = ""
     reverse: bool = False
+    from_negative_zero: bool = False  # a float sum starting at -0.0 (sum_start)
 
 
 @structural

@@ -163,9 +163,11 @@ class LowerCtx(abc.ABC):
 
     @abc.abstractmethod
     def reduce(self, kind: str, shape: tuple[int, ...], axes: list[int],
-               kept: dict[int, Affine], element: Element, dtype: str) -> Expr:
+               kept: dict[int, Affine], element: Element, dtype: str,
+               from_negative_zero: bool = False) -> Expr:
         """A reduction phase over `axes` of a tensor of `shape` for the row at `kept`
-        (dim -> index); element(idx) is the expression reduced at each point of the row."""
+        (dim -> index); element(idx) is the expression reduced at each point of the row.
+        from_negative_zero: a float sum starts at -0.0, not +0.0 (ir.sum_start)."""
 
     @abc.abstractmethod
     def scan(self, kind: str, shape: tuple[int, ...], axis: int, element: Element,

@@ -1,6 +1,8 @@
 """Reductions: ReduceX (opset 18 form), ArgMax/ArgMin, CumSum, TopK.
 
 Semantics follow onnxruntime 1.31 where the spec leaves room:
+- a float Sum (and Mean) of zeros that are all -0.0 is -0.0 over trailing axes, +0.0 over
+  leading or middle ones (from_negative_zero), as onnxruntime's sums start.
 - empty reductions give the identity: 0 (Sum, Mean, L1, L2, SumSquare), 1 (Prod), -inf
   (Max, LogSum, LogSumExp), +inf (Min); for integers Max/Min give the dtype's lowest /
   highest value.
@@ -28,7 +30,7 @@ Semantics follow onnxruntime 1.31 where the spec leaves room:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -143,8 +145,21 @@ def _log_sum_exp(x: np.ndarray, axes: tuple) -> np.ndarray:
     return np.log(np.sum(e, axis=axes, keepdims=True)) + shift
 
 
+def from_negative_zero(shape: tuple, axes: Sequence[int]) -> bool:
+    """Whether a float sum over `axes` (sorted, non-negative) of `shape` starts at -0.0 (a
+    row of -0.0 sums to -0.0) rather than +0.0, as onnxruntime's do: its sums over trailing
+    axes (the whole tensor included) start from the row's own values, those over leading
+    or middle axes (even of length 1) from +0.0, and an empty row sums to +0.0 (fuzz
+    121/2925: 1 / ReduceSum([-0.]) is -inf there). A symbolic dim is at least 2 long."""
+    rank = len(shape)
+    trailing = list(axes) == list(range(rank - len(axes), rank))
+    return bool(axes) and trailing and not any(isinstance(shape[a], int) and shape[a] == 0
+                                               for a in axes)
+
+
 def _sum(x: np.ndarray, axes: tuple) -> np.ndarray:
-    return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
+    start = -0.0 if x.dtype.kind == "f" and from_negative_zero(x.shape, axes) else 0
+    return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype, initial=start)
 
 
 def _float_ops() -> dict[str, Callable[[np.ndarray, tuple], np.ndarray]]:
@@ -249,7 +264,8 @@ def _lower_reduce(ctx: LowerCtx):
         r = element(ctx.idx)
         return _finish_int(finish(r, 1) if finish else r, name, dtype)
     kept = kept_index(ctx.idx, rank, axes, ctx.attr("keepdims", 1))
-    r = ctx.reduce(kind, shape, axes, kept, element, ct)
+    r = ctx.reduce(kind, shape, axes, kept, element, ct,
+                   kind == "sum" and ct[0] == "f" and from_negative_zero(shape, axes))
     if finish:
         r = finish(r, math.prod(shape[a] for a in axes))
     return _finish_int(r, name, dtype)

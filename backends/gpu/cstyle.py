@@ -127,6 +127,8 @@ def accumulator_init(red: kir.Reduction) -> list[str]:
     """The starting values of accumulator(red)'s parts."""
     if red.kind.startswith("arg"):
         return [reduce_init(red.kind, red.expr.dtype), "-1"]
+    if red.kind == "sum" and is_float(red.dtype):
+        return [constant(kir.sum_start(red), red.dtype)]
     return [reduce_init(red.kind, red.dtype)]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from support.op_harness import check_op, one_node_model, run_ort
 
@@ -320,3 +321,64 @@ def test_lp_norm(p, shape, axis):
                                          ((3, 4), {"axes": [0, 1]})])
 def test_mean_variance_norm(shape, attrs):
     check_op("MeanVarianceNormalization", [rand(shape)], attrs, rtol=1e-4, atol=1e-4)
+
+
+# ---- the sign of a zero sum ------------------------------------------------------------
+
+NEG_ZERO_CASES = [  # (shape, axes): onnxruntime keeps -0.0 over trailing axes only
+    ((1,), [0]), ((5,), [0]), ((3, 1), [1]), ((3, 17), [1]), ((4, 1000), [1]),
+    ((3, 4), [0, 1]), ((2, 1, 3), [1, 2]), ((2, 3, 4), [-1]),
+    ((1, 3), [0]), ((2, 3, 1), [1]), ((3, 1, 4), [1]), ((2, 3, 4), [0]), ((2, 3, 4), [0, 2]),
+    ((3, 0), [1]),
+]
+
+
+def _reciprocal_of_reduce(op: str, shape: tuple, ax: list, dtype) -> onnx.ModelProto:
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    g = onnx.helper.make_graph(
+        [onnx.helper.make_node(op, ["x", "axes"], ["s"], keepdims=0),
+         onnx.helper.make_node("Reciprocal", ["s"], ["y"])], "g",
+        [onnx.helper.make_tensor_value_info("x", elem, list(shape))],
+        [onnx.helper.make_tensor_value_info("y", elem, None)],
+        [onnx.numpy_helper.from_array(np.array(ax, np.int64), "axes")])
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+@pytest.mark.parametrize("shape,ax", NEG_ZERO_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_sum_of_negative_zeros_has_onnxruntimes_sign(op, shape, ax, dtype):
+    # fuzz 121/2925: 1 / ReduceSum([-0.]) is -inf in onnxruntime (its sums over trailing
+    # axes start from the row), +inf over leading or middle axes (they start from +0.0)
+    import autoclust
+    model = _reciprocal_of_reduce(op, shape, ax, dtype)
+    feeds = {"x": np.full(shape, -0.0, dtype)}
+    (want,) = run_ort(model, feeds)
+    compiled = autoclust.InferenceSession(model.SerializeToString(), min_cluster_size=1,
+                                          autotune=False)
+    (got,) = compiled.run(None, feeds)
+    if want.size:
+        assert [c["kernels"] for c in compiled.stats()["clusters"]] == [[1]]
+    (interpreted,) = autoclust.InferenceSession(model.SerializeToString(),
+                                                device="interpreter").run(None, feeds)
+    for side in (got, interpreted):
+        np.testing.assert_array_equal(side, want)  # +-inf: the zero's sign
+        assert side.dtype == want.dtype
+
+
+@pytest.mark.parametrize("shape,ax", [((5,), [0]), ((4, 1000), [1]), ((2, 3, 4), [0])])
+def test_sum_of_negative_zeros_on_the_gpus_kernels(monkeypatch, shape, ax):
+    # the GPU backend's C-rendered reduction starts where the CPU's does (hostsim device)
+    import autoclust
+    from autoclust import registry
+    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
+    model = _reciprocal_of_reduce("ReduceSum", shape, ax, np.float32)
+    feeds = {"x": np.full(shape, -0.0, np.float32)}
+    (want,) = run_ort(model, feeds)
+    sess = autoclust.InferenceSession(model.SerializeToString(), device="gpu-sim",
+                                      min_cluster_size=1)
+    (got,) = sess.run(None, feeds)
+    assert [c["kernels"] for c in sess.stats()["clusters"]] == [[1]]
+    np.testing.assert_array_equal(got, want)
