@@ -89,6 +89,7 @@ class LibraryFn:
         # fused: the call runs its epilogue too (make_call_for), reading the inputs plus
         # the buffers `extra` and writing `dest` instead of the call's outputs
         self.fused, self.extra, self.dest = False, (), ()
+        self._stand_ins: dict[int, np.ndarray] = {}  # output -> its dense stand-in (_run)
 
     def switch(self, impl: str, run: RunFn, note: str) -> None:
         """Run `impl` from now on (a background measurement found it faster)."""
@@ -116,18 +117,26 @@ class LibraryFn:
         else:
             self._run(run, strided, inputs, outputs)
 
-    @staticmethod
-    def _run(run: RunFn, strided: bool, inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
+    def _run(self, run: RunFn, strided: bool, inputs: Arrays,
+             outputs: Sequence[np.ndarray]) -> None:
         if strided or all(y.flags.c_contiguous for y in outputs):
             run(inputs, outputs)
             return
         # The implementations write C-order memory (onnxruntime binds raw buffers, the NumPy
-        # ones reshape): strided outputs get a contiguous stand-in, copied back once.
-        dense = [y if y.flags.c_contiguous else np.empty(y.shape, y.dtype) for y in outputs]
+        # ones reshape): strided outputs get a contiguous stand-in, copied back once; kept
+        # for the next call (onnxruntime's output stays bound).
+        dense = [y if y.flags.c_contiguous else self._stand_in(j, y)
+                 for j, y in enumerate(outputs)]
         run(inputs, dense)
         for y, d in zip(outputs, dense):
             if d is not y:
                 np.copyto(y, d)
+
+    def _stand_in(self, j: int, y: np.ndarray) -> np.ndarray:
+        d = self._stand_ins.get(j)
+        if d is None or d.shape != y.shape or d.dtype != y.dtype:
+            d = self._stand_ins[j] = np.empty(y.shape, y.dtype)
+        return d
 
     def __repr__(self) -> str:
         return f"LibraryFn({self.op}, impl={self.impl}{', ' + self.note if self.note else ''})"

@@ -76,20 +76,33 @@ def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
 
 def bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
                   constants: dict[int, np.ndarray]) -> RunFn:
-    """Run sess into the callers' arrays, rebinding only arrays not bound last time."""
+    """Run sess into the callers' arrays, rebinding only arrays not bound last time. A
+    strided input (a view: V among the fused Q, K, V) is copied into a dense stand-in kept
+    for the next call: bound afresh each call (onnxruntime copying it again), Whisper's
+    [6, 750, 750] x [6, 750, 64] P.V took 1.6x its time on a dense V."""
     fed = [i for i, t in enumerate(in_types) if t is not None and i not in constants]
     binding = sess.io_binding()
     last_in: list[Any] = [None] * len(fed)
     last_out: list[Any] = [None] * len(out_types)
+    stand_ins: list[np.ndarray | None] = [None] * len(fed)
+
+    def dense(k: int, x: Any) -> np.ndarray:
+        if not isinstance(x, np.ndarray):
+            return np.array(x, order="C")  # keeps 0-d, unlike ascontiguousarray
+        d = stand_ins[k]
+        if d is None or d.shape != x.shape or d.dtype != x.dtype:
+            d = stand_ins[k] = np.empty(x.shape, x.dtype)
+        np.copyto(d, x)
+        return d
 
     def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
         for k, i in enumerate(fed):
             x = inputs[i]
+            if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
+                x = dense(k, x)
             if x is not last_in[k]:  # holding the array keeps its identity meaningful
-                if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
-                    x = np.array(x, order="C")  # keeps 0-d, unlike ascontiguousarray
                 binding.bind_cpu_input(f"in{i}", x)
-                last_in[k] = inputs[i] if x is inputs[i] else None
+                last_in[k] = x
         for j, y in enumerate(outputs):
             if y is not last_out[j]:
                 binding.bind_ortvalue_output(f"out{j}", ort.OrtValue.ortvalue_from_numpy(y))
