@@ -116,9 +116,9 @@ def _spec_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     beside the error: an exclusive CumSum of [-0., -0.] keeps -0 there, onnxruntime (and
     ours) +0, a Reciprocal then -inf against inf (fuzz 97/3101); and its Flatten of a [5,
     5, 0] at axis 3 fails, so a MatMul error elsewhere was expected (97/2198). A cut that
-    onnxruntime fails in another op raises that error: the feeds' own (a LayerNormalization
-    over an empty row, which onnxruntime and autoclust refuse), that onnxruntime's MatMul
-    error met first (fuzz 121/1036)."""
+    onnxruntime fails in another op raises that error: the feeds' own error (a
+    LayerNormalization over an empty row, which onnxruntime and autoclust refuse), hidden
+    behind onnxruntime's MatMul error, which it met first (fuzz 121/1036)."""
     if _failed_op(exc) not in SHAPE_ERRORS_ONLY:
         return None
     outs, confirmed = [], False
