@@ -27,6 +27,7 @@ from autoclust.ops.elementwise import (
     erf,
     finish,
     infer_rule,
+    pick_max,
     unary,
     upcast,
 )
@@ -92,7 +93,8 @@ def _ref_prelu(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
 
 
 def _relu(x: Array) -> Any:
-    return np.maximum(x, 0)
+    """x where not below 0: Relu(-0.0) is -0.0 and NaN stays, as onnxruntime's."""
+    return pick_max(np.zeros((), x.dtype), x)  # the second operand wins a tie
 
 
 # ---- lowerings (formulas as onnxruntime's CPU kernels evaluate them) --------------------
@@ -190,7 +192,7 @@ def _sigmoid_ref(x: np.ndarray) -> np.ndarray:
     return 1 / (1 + np.exp(-wide))
 
 
-unary("Relu", _relu, SIGNED, lower=lambda c: op("max", _x(c), const(0, _x(c).dtype)),
+unary("Relu", _relu, SIGNED, lower=lambda c: op("max", const(0, _x(c).dtype), _x(c)),
       facts={"exact": "copy", "groups": ("CONV_EPILOGUE",)})
 unary("LeakyRelu", lambda x, alpha: np.where(x >= 0, x, alpha * x), lower=_lower_leaky,
       alpha=0.01, facts={"groups": ("CONV_EPILOGUE",)})

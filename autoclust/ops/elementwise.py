@@ -25,6 +25,7 @@ from onnx import helper
 from autoclust import symbolic
 from autoclust.errors import InvalidInputError, ShapeInferenceError
 from autoclust.ir import Shape
+from autoclust.kernel.ir import Expr
 from autoclust.kernel.lowering import LowerCtx, LowerFn, cast, const, fold, op, prim, select
 from autoclust.ops.table import (
     ALL_TYPES,
@@ -168,13 +169,14 @@ def binary(op: str, fn: Callable[..., Any], types: frozenset = NUMERIC,
              **(facts or {}))
 
 
-def variadic(op: str, fn: Callable[[list[Array]], Any], types: frozenset,
+def variadic(op: str, fn: Callable[[list[Array], np.dtype], Any], types: frozenset,
              lower: LowerFn, shape_like: bool = False, **facts: Any) -> None:
-    """Register an op over 1..N broadcasting inputs (Max, Min, Sum, Mean)."""
+    """Register an op over 1..N broadcasting inputs (Max, Min, Sum, Mean): y = fn(inputs
+    widened by upcast, their dtype)."""
     def ref(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         xs = [upcast(x) for x in inputs if x is not None]
         with np.errstate(all="ignore"):
-            y = fn(xs)
+            y = fn(xs, inputs[0].dtype)
         # with one input the reduce returns that input: copy, so outputs never alias inputs
         return [np.array(y, dtype=inputs[0].dtype, copy=True)]
     register(op, ELEMENTWISE, infer_rule(types), ref, lower=lower, shape_like=shape_like,
@@ -356,11 +358,12 @@ def _ref_clip(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
         lo = np.asarray(limits[0], x.dtype) if lo is None else lo
         hi = np.asarray(limits[1], x.dtype) if hi is None else hi
     y = x
-    # min(max(x, lo), hi): NaN stays NaN, and hi wins when lo > hi (as onnxruntime)
+    # min(max(x, lo), hi): NaN stays NaN, hi wins when lo > hi, and x wins a tie (Clip of
+    # -0.0 to [0, 1] is -0.0), as onnxruntime: pick_max gives its second operand there
     if lo is not None:
-        y = np.maximum(y, lo.reshape(()))
+        y = pick_max(lo.reshape(()), y)
     if hi is not None:
-        y = np.minimum(y, hi.reshape(()))
+        y = pick_min(hi.reshape(()), y)
     return [np.array(y, dtype=x.dtype, copy=True)]  # no min/max: still a fresh array
 
 
@@ -435,11 +438,62 @@ def _lower_clip(ctx: LowerCtx):
     if limits is not None:  # missing bounds clip inf to the dtype's finite range (_ref_clip)
         lo = const(limits[0], x.dtype) if lo is None else lo
         hi = const(limits[1], x.dtype) if hi is None else hi
-    if lo is not None:
-        x = op("max", x, lo)
+    if lo is not None:  # the prims give their second operand on a tie: x (_ref_clip)
+        x = op("max", lo, x)
     if hi is not None:
-        x = op("min", x, hi)
+        x = op("min", hi, x)
     return x
+
+
+def pick_max(a: Array, b: Array) -> Array:
+    """max(a, b) as the compiled prims: NaN if either is NaN, else b where a == b (-0.0 and
+    +0.0). np.maximum's tie differs by dtype (its float16 loop gives a, float32 b)."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(a) | np.isnan(b), a + b, np.where(a > b, a, b))
+
+
+def pick_min(a: Array, b: Array) -> Array:
+    """min(a, b) as pick_max: NaN if either is NaN, else b where a == b."""
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(a) | np.isnan(b), a + b, np.where(a < b, a, b))
+
+
+def _extremum(pick: Callable[[Array, Array], Array], xs: list[Array], dtype: np.dtype) -> Array:
+    """Max/Min folded over xs (pick: pick_max or pick_min): between equal operands (-0.0 and
+    +0.0) the later one, as onnxruntime's float32/float64 kernels, and the earlier one in
+    float16, as its float16 kernels."""
+    if dtype == np.float16:
+        return functools.reduce(lambda acc, x: pick(x, acc), xs)
+    return functools.reduce(pick, xs)
+
+
+def _lower_extremum(name: str) -> LowerFn:
+    """_extremum's fold: the prims give their second operand on a tie."""
+    def lower(ctx: LowerCtx) -> Expr:
+        args = [a for a in ctx.operands() if a is not None]
+        first_wins = ctx.in_dtype(0) == "float16"
+        acc = args[0]
+        for a in args[1:]:
+            acc = op(name, a, acc) if first_wins else op(name, acc, a)
+        return acc
+    return lower
+
+
+def _ref_sign(inputs: list[Array | None], attrs: Attrs) -> list[Array]:
+    """np.sign: -0.0 gives +0.0 as onnxruntime's; its float16 kernel maps NaN to 0 too."""
+    x = inputs[0]
+    y = np.sign(upcast(x))
+    if x.dtype == np.float16:
+        y = np.where(np.isnan(y), 0, y)
+    return [finish(y, x.dtype)]
+
+
+def _lower_sign(ctx: LowerCtx):
+    x = ctx.operand(0)
+    y = op("sign", x)
+    if ctx.in_dtype(0) == "float16":
+        y = select(op("isnan", x), const(0, y.dtype), y)
+    return y
 
 
 def _lower_mean(ctx: LowerCtx):
@@ -477,16 +531,17 @@ binary("Div", trunc_div, lower=_lower_div, shape_like=True, facts={"exact": "rou
 binary("Mod", mod, infer=_infer_mod, lower=_lower_mod, shape_like=True, fmod=0,
        facts={"discrete": True})
 binary("Pow", power, POW_BASE, infer=_infer_pow, lower=_lower_pow, cost=4)
-variadic("Max", lambda xs: functools.reduce(np.maximum, xs), NUMERIC, fold("max"), True,
-         exact="copy")
-variadic("Min", lambda xs: functools.reduce(np.minimum, xs), NUMERIC, fold("min"), True,
-         exact="copy")
-variadic("Sum", lambda xs: functools.reduce(np.add, xs), FLOAT, fold("add"))
-variadic("Mean", lambda xs: functools.reduce(np.add, xs) / len(xs), FLOAT, _lower_mean)
+variadic("Max", lambda xs, dt: _extremum(pick_max, xs, dt), NUMERIC, _lower_extremum("max"),
+         True, exact="copy")
+variadic("Min", lambda xs, dt: _extremum(pick_min, xs, dt), NUMERIC, _lower_extremum("min"),
+         True, exact="copy")
+variadic("Sum", lambda xs, dt: functools.reduce(np.add, xs), FLOAT, fold("add"))
+variadic("Mean", lambda xs, dt: functools.reduce(np.add, xs) / len(xs), FLOAT, _lower_mean)
 
 unary("Neg", np.negative, SIGNED, lower=prim("neg"), shape_like=True, facts={"exact": "copy"})
 unary("Abs", np.abs, NUMERIC, lower=prim("abs"), shape_like=True, facts={"exact": "copy"})
-unary("Sign", np.sign, NUMERIC, lower=prim("sign"), facts={"exact": "copy", "discrete": True})
+register("Sign", ELEMENTWISE, infer_rule(NUMERIC), _ref_sign, lower=_lower_sign,
+         dtypes=compilable(NUMERIC), exact="copy", discrete=True)
 unary("Reciprocal", np.reciprocal, lower=_lower_reciprocal)
 unary("Sqrt", np.sqrt, lower=prim("sqrt"), facts={"exact": "rounded"})
 unary("Exp", np.exp, lower=prim("exp"), cost=4)

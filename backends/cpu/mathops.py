@@ -90,10 +90,12 @@ class MathOps:
 
     def minmax(self, b: ir.IRBuilder, which: str, x: ir.Value, y: ir.Value,
                dtype: str) -> ir.Value:
-        """NaN-propagating max/min for floats (numpy semantics), signed for ints."""
+        """max/min for floats as np.maximum and onnxruntime's float kernels: NaN if either
+        is NaN, and y where x and y compare equal (max(+0.0, -0.0) is -0.0, as
+        onnxruntime's Max; llvm.maximum's IEEE order gave +0.0); signed for ints."""
         if _is_float(x.type):
-            return self.intrinsic(b, "llvm.maximum" if which == "max" else "llvm.minimum",
-                                  [x, y])
+            pick = b.select(b.fcmp_ordered(">" if which == "max" else "<", x, y), x, y)
+            return b.select(b.fcmp_unordered("uno", x, y), b.fadd(x, y), pick)
         if _elem(x.type).width == 1:
             return b.or_(x, y) if which == "max" else b.and_(x, y)
         return self.intrinsic(b, "llvm.smax" if which == "max" else "llvm.smin", [x, y])
@@ -141,9 +143,10 @@ class MathOps:
             return b.select(fix, b.fadd(r, y), r)
         if name == "pow":
             return self.intrinsic(b, "llvm.pow", [x, y])
-        if name == "sign":
+        if name == "sign":  # -0.0 gives +0.0, NaN stays NaN (onnxruntime's Sign)
             one, zero = ir.Constant(x.type, 1.0), ir.Constant(x.type, 0.0)
-            neg = b.select(b.fcmp_ordered("<", x, zero), ir.Constant(x.type, -1.0), x)
+            same = b.select(b.fcmp_ordered("==", x, x), zero, x)
+            neg = b.select(b.fcmp_ordered("<", x, zero), ir.Constant(x.type, -1.0), same)
             return b.select(b.fcmp_ordered(">", x, zero), one, neg)
         if name in MATHLIB_OPS:
             return mathlib.call(b, name, [x])

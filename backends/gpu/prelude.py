@@ -82,18 +82,16 @@ AC_FN unsigned short ac_f2bf(float x) { return (unsigned short)(ac_bf_bits(x) >>
 
 # float helpers, written once for float ({t} = float, {f} = f) and double ({f} = "")
 FLOAT_HELPERS = r"""
-AC_FN {t} ac_max{f}({t} a, {t} b) {{  /* NaN-propagating; max(-0, +0) = +0 */
+AC_FN {t} ac_max{f}({t} a, {t} b) {{  /* NaN-propagating; b where a == b (+0, -0) */
   if (a != a || b != b) return a + b;
-  if (a == b) return copysign{f}(1.0, a) < 0 ? b : a;
   return a > b ? a : b;
 }}
 AC_FN {t} ac_min{f}({t} a, {t} b) {{
   if (a != a || b != b) return a + b;
-  if (a == b) return copysign{f}(1.0, a) < 0 ? a : b;
   return a < b ? a : b;
 }}
 AC_FN {t} ac_sigmoid{f}({t} x) {{ return ({t})1 / (({t})1 + exp{f}(-x)); }}
-AC_FN {t} ac_sign{f}({t} x) {{ return x > 0 ? ({t})1 : (x < 0 ? ({t})-1 : x); }}
+AC_FN {t} ac_sign{f}({t} x) {{ return x > 0 ? ({t})1 : (x < 0 ? ({t})-1 : (x == x ? ({t})0 : x)); }}
 AC_FN {t} ac_mod{f}({t} x, {t} y) {{  /* the result takes the divisor's sign */
   {t} r = fmod{f}(x, y);
   return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;

@@ -436,3 +436,52 @@ def test_ref_outputs_do_not_alias_inputs(op: str, inputs: list) -> None:
     [y] = ops.get(op).ref(inputs, {"to": 1})
     y[...] = 7  # constant folding may hand outputs on to in-place consumers
     assert inputs[0][0] == 1
+
+
+# ---- signed zeros and NaN where onnxruntime's kernels decide ----------------------------
+
+_Z = [-0.0, 0.0, -0.0, 0.0, np.nan, -1.5, 2.0, np.nan]
+_W = [0.0, -0.0, -0.0, 0.0, 1.0, np.nan, 2.0, np.nan]
+SIGNED_ZERO_CASES = {  # name: (nodes, inputs: x and w are _Z and _W tiled, lo and hi scalars)
+    "Relu": ("y = Relu (x)", {}),
+    "Sign": ("y = Sign (x)", {}),
+    "Max": ("y = Max (x, w)", {}),
+    "Min": ("y = Min (x, w)", {}),
+    "Max3": ("y = Max (x, w, x)", {}),
+    "Min3": ("y = Min (w, x, w)", {}),
+    "Clip": ("y = Clip (x, lo, hi)", {"lo": 0.0, "hi": 1.0}),
+    "Clip-": ("y = Clip (x, lo, hi)", {"lo": -1.0, "hi": -0.0}),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float", "double", "float16"])
+@pytest.mark.parametrize("case", sorted(SIGNED_ZERO_CASES))
+@pytest.mark.parametrize("side", ["cpu", "interpreter", "gpu-sim"])
+def test_signed_zeros_and_nan_as_onnxruntime(monkeypatch, side, case, dtype):
+    # Relu(-0.0) and Clip(-0.0, 0, 1) are -0.0, Sign(-0.0) +0.0 (float16's Sign(NaN) 0),
+    # and Max/Min give the later operand of equal ones (-0.0, +0.0), the earlier in float16:
+    # onnxruntime's kernels; llvm.maximum's IEEE order (max(-0, +0) = +0) disagreed
+    import onnx.parser
+    from support.op_harness import run_ort
+
+    import autoclust
+    from autoclust import registry
+    monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
+    body, scalars = SIGNED_ZERO_CASES[case]
+    n = 8 * 5  # a 40-wide row: the vector loop and its scalar tail
+    np_type = {"float": np.float32, "double": np.float64, "float16": np.float16}[dtype]
+    rows = {"x": _Z, "w": _W}
+    names = [x for x in ("x", "w") if f"{x})" in body or f"{x}," in body]
+    feeds = {x: np.tile(np.array(rows[x], np_type), 5) for x in names}
+    feeds.update({k: np.array(v, np_type) for k, v in scalars.items()})
+    sig = ", ".join(f"{dtype}[{n}] {x}" for x in names) + "".join(f", {dtype} {k}" for k in scalars)
+    model = onnx.parser.parse_model(f'<ir_version: 10, opset_import: ["" : 18]>\n'
+                                    f"g ({sig}) => ({dtype}[{n}] y) {{ {body} }}")
+    (want,) = run_ort(model, feeds)
+    sess = autoclust.InferenceSession(model.SerializeToString(), device=side, min_cluster_size=1,
+                                      autotune=False)
+    (got,) = sess.run(None, feeds)
+    if side != "interpreter":
+        assert [c["kernels"] for c in sess.stats()["clusters"]] == [[1]]
+    np.testing.assert_array_equal(got, want)  # NaN where NaN
+    assert np.signbit(got).tolist() == np.signbit(want).tolist()
