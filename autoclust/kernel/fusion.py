@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from autoclust import ops, symbolic
-from autoclust.errors import CompileError
+from autoclust.errors import CompileError, InvalidInputError
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import inject, recompute, views
 from autoclust.kernel import ir as kir
@@ -324,8 +324,8 @@ class NodeLowering(LowerCtx):
             if column is not None:
                 values = values[column[0]::column[1]]
             bad = (values == 0) if kind == "nonzero" else (values < lo) | (values > hi)
-            if np.any(bad) and const is not None:
-                self.refuse(f"constant input {x.name!r} fails its check: {message}")
+            if np.any(bad) and const is not None:  # every run fails, even an empty one
+                raise InvalidInputError(f"{message} (constant, holds {values[bad][0]})")
             if not np.any(bad):
                 return
         if not b.is_buffer(x):
@@ -600,13 +600,10 @@ class Fusion:
         self.group_of[v.name] = g.index
 
     def _empty_root_checks(self, v: Value) -> list[kir.Check]:
-        """The Checks a kernel computing empty value v would run. Only a probe: what
-        cannot be lowered on an empty domain (Pad reflecting nothing) has nothing to check,
-        and the buffers the probe named are given back (executables index buffers densely),
-        except those its checks read. A value the probe must read from a buffer (a Gather's
-        data) is computed first, as for any root, so the index check behind it runs (fuzz
-        93/2324); an empty one only counts as a buffer for the probe: it holds nothing to
-        read, and a buffer no thunk touches would be a hole (95/199, 95/79)."""
+        """The Checks computing empty value v would run (_probe_checks). Only a probe: the
+        buffers it named are given back (executables index buffers densely), except those
+        its checks read. A value it must read from a buffer (a Gather's data) is computed
+        first, as any root, so the index check behind it runs (fuzz 93/2324)."""
         before, saved = dict(self.buffers), set(self.materialized)
         try:
             checks = self._probe_checks(v)
@@ -622,19 +619,28 @@ class Fusion:
                 for c in checks]
 
     def _probe_checks(self, v: Value) -> list[kir.Check]:
-        """_new_kernel(v).checks with the empty values it reads from buffers marked
-        materialized; raises Materialize for a non-empty one (see _empty_root_checks)."""
+        """_new_kernel(v).checks, the empty values it reads counted as buffers (no thunk
+        may touch them: 95/199, 95/79) and their own checks added; Materialize for a
+        non-empty one. v not lowered on its empty domain: the checks of the empty values
+        its producer reads (a Pad reflecting a Gather's out-of-range index: 122/1699)."""
+        found: list[kir.Check] = []
         while True:
             try:
-                return self._new_kernel(v).checks
+                return list(dict.fromkeys(self._new_kernel(v).checks + found))
             except Materialize as m:
-                if m.value is v or m.value.name in self.materialized:
-                    return []
-                if 0 not in m.value.shape:
-                    raise
-                self.materialized.add(m.value.name)
+                if m.value is not v and m.value.name not in self.materialized:
+                    if 0 not in m.value.shape:
+                        raise
+                    self.materialized.add(m.value.name)
+                    found += self._probe_checks(m.value)
+                    continue
+                if m.value is not v:
+                    return found
             except (CompileError, Refuse):
-                return []
+                pass
+            ins = [x for x in v.producer.inputs if x is not None and x.producer is not None
+                   and 0 in x.shape] if v.producer is not None else []
+            return list(dict.fromkeys(found + [c for x in ins for c in self._probe_checks(x)]))
 
     def _new_kernel(self, v: Value) -> KernelBuilder:
         """A kernel for root v: its own elementwise nest, or the row nest it needs."""
@@ -732,26 +738,6 @@ def fuse(graph: Graph, fold_bias: str = "", library_views: frozenset = frozenset
     raise CompileError(f"fusion of {graph.name} did not settle after {MAX_RESTARTS} rounds")
 
 
-def _add_check(thunks: list[kir.Thunk], checked: dict[tuple, int], c: kir.Check) -> None:
-    """Append Check c unless the same check of the same buffer ran already.
-
-    A buffer is written once, before its first check, and stays live until its last
-    reader, so a second identical check cannot fail where the first passed (a Gather
-    recomputed in several kernels, e.g. GPT-2's embedding in each layer's LayerNorm, was
-    checked once per kernel). The first check keeps its message; it names every node.
-    """
-    key = (c.buf, c.kind, c.lo, c.hi, c.column)
-    at = checked.get(key)
-    if at is None:
-        checked[key] = len(thunks)
-        thunks.append(c)
-        return
-    first = thunks[at]
-    new_nodes = tuple(n for n in c.nodes if n not in first.nodes)
-    if new_nodes:
-        thunks[at] = dataclasses.replace(first, nodes=first.nodes + new_nodes)
-
-
 def _program(f: Fusion, notes: list[str]) -> kir.Program:
     graph = f.graph
     for v in graph.inputs + graph.outputs:
@@ -761,14 +747,14 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
     n_kernels = 0
     for g in f.groups:
         if isinstance(g.thunk, kir.Check):
-            _add_check(thunks, checked, g.thunk)
+            kir.add_check(thunks, checked, g.thunk)
             continue
         if g.builder is None:
             thunks.append(g.thunk)
             continue
         b = g.builder
         for c in b.checks:
-            _add_check(thunks, checked, c)
+            kir.add_check(thunks, checked, c)
         thunks.append(kir.Kernel(f"k{n_kernels}", b.shape, b.n_inner, tuple(b.reductions),
                                  tuple(b.stores), tuple(b.nodes)))
         n_kernels += 1

@@ -682,3 +682,23 @@ def instantiate(program: Program, env: dict[str, int]) -> Program:
     return dataclasses.replace(program, buffers=substitute(program.buffers, env, memo),
                                thunks=thunks,
                                constants=substitute(program.constants, env, memo))
+
+
+def add_check(thunks: list[Thunk], checked: dict[tuple, int], c: Check) -> None:
+    """Append Check c unless the same check of the same buffer ran already.
+
+    A buffer is written once, before its first check, and stays live until its last
+    reader, so a second identical check cannot fail where the first passed (a Gather
+    recomputed in several kernels, e.g. GPT-2's embedding in each layer's LayerNorm, was
+    checked once per kernel). The first check keeps its message; it names every node.
+    """
+    key = (c.buf, c.kind, c.lo, c.hi, c.column)
+    at = checked.get(key)
+    if at is None:
+        checked[key] = len(thunks)
+        thunks.append(c)
+        return
+    first = thunks[at]
+    new_nodes = tuple(n for n in c.nodes if n not in first.nodes)
+    if new_nodes:
+        thunks[at] = dataclasses.replace(first, nodes=first.nodes + new_nodes)

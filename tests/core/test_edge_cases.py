@@ -305,6 +305,33 @@ def test_an_empty_gather_of_an_empty_computed_value_checks_its_indices():
                r"Gather.*index out of range \[-1, 0\]")
 
 
+def test_a_constant_index_out_of_range_raises_behind_an_empty_result():
+    # the Gather's data is empty and its indices constant: the probe of the empty root saw
+    # the constant fail its check, refused, and nothing checked it; onnxruntime rejects it
+    # on every run (fuzz 122/1108), so compiling it raises, naming the node and the value
+    for shape in ([5, 0, 2], [5, 1, 2]):
+        m = model([helper.make_node("Tanh", ["x"], ["t"]),
+                   helper.make_node("Gather", ["t", "i"], ["y"], axis=-1)],
+                  [("x", F32, shape)], [("y", F32, None)], (const("i", np.array([-3, 0])),))
+        both_raise(m, {"x": np.zeros(shape, np.float32)}, "out of data bounds",
+                   r"Gather.*index out of range \[-2, 1\] in input 'i' \(constant, holds -3\)")
+
+
+def test_an_index_check_behind_an_empty_pad_runs():
+    # a reflect Pad cannot be lowered on its empty domain, so the probe of it found no
+    # checks, and the Gather before it returned nothing for an index out of range
+    # (fuzz 122/1699); the probe now takes the checks of the empty values Pad reads
+    m = model([helper.make_node("Relu", ["x"], ["r"]),
+               helper.make_node("Gather", ["r", "i"], ["g"], axis=2),
+               helper.make_node("Pad", ["g", "pads"], ["y"], mode="reflect")],
+              [("x", F32, [1, 0, 2]), ("i", I32, [3])], [("y", F32, None)],
+              (const("pads", np.array([0, 0, 1, 0, 0, 1])),))
+    x = np.zeros((1, 0, 2), np.float32)
+    assert check(m, {"x": x, "i": np.array([1, 0, -1], np.int32)})[0].shape == (1, 0, 5)
+    both_raise(m, {"x": x, "i": np.array([9, 0, -1], np.int32)}, "out of data bounds",
+               r"Gather.*index out of range \[-2, 1\]")
+
+
 def test_an_empty_tile_of_an_empty_where_runs():
     # Tile reads its input at data-dependent positions: the empty Where is no buffer to
     # materialize (IndexError binding the inputs, fuzz 95/199)
