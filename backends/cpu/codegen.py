@@ -513,12 +513,19 @@ class KernelEmitter:
         if e.name == "cast_sat":  # float64 accumulator -> integer, saturating
             return self.math.intrinsic_ret(b, "llvm.fptosi.sat", COMPUTE[e.dtype], args[0])
         arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
-        flags = self.flags
-        if e.name == "div" and "fast" not in flags and self._invariant(e.args[1]) \
+        return self.math.primitive(b, e.name, args, arg_dtype, self.op_flags(e))
+
+    def op_flags(self, e: kir.Op) -> tuple:
+        """The fast-math flags of op e, the same in scalar and vector code (vectorize.py), so
+        a value recomputed in several phases of a row rounds alike: `arcp` on x / c with c
+        invariant along the row and _reciprocal_ok (x * (1/c), 1/c hoisted out of the loop:
+        no vdivps per element). The vector code took it for any invariant c, so LogSoftmax(x
+        / 10) divided in its scalar phases and multiplied by 0.1 in its vector max phase,
+        and its count of maxima missed the maximum: 1.2e-3 off (fuzz 123/736)."""
+        if e.name == "div" and "fast" not in self.flags and self._invariant(e.args[1]) \
                 and _reciprocal_ok(e.args[1]):
-            # x / c -> x * (1/c) with 1/c hoisted out of the loop: 1 ulp, no vdivps per element
-            flags = flags + ("arcp",)
-        return self.math.primitive(b, e.name, args, arg_dtype, flags)
+            return self.flags + ("arcp",)
+        return self.flags
 
     def _invariant(self, e: kir.Expr) -> bool:
         """Whether e does not change along the innermost loop (constants, per-row values)."""

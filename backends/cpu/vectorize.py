@@ -142,10 +142,7 @@ class VectorExprs:
         if e.name == "cast":
             return k.math.cast(b, args[0], e.args[0].dtype, e.dtype)
         arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
-        flags = k.flags
-        if e.name == "div" and "fast" not in flags and k._invariant(e.args[1]):
-            flags = flags + ("arcp",)  # as the scalar path: both round alike
-        return k.math.primitive(b, e.name, args, arg_dtype, flags)
+        return k.math.primitive(b, e.name, args, arg_dtype, k.op_flags(e))
 
     def _exp(self, x: kir.Expr) -> ir.Value:
         """e^x, Softmax's shape of it in fewer instructions (its rows spend most of their

@@ -115,6 +115,18 @@ REDUCE_NOOP = "g (float[2,3] x) => (float[2,3] y) {{ y = {op} <noop_with_empty_a
 REDUCE_EMPTY = ("g ({dt}[{shape}] x) => ({dt}[{out}] y) {{ ax = Constant <value = int64[1] "
                 "{{{axis}}}> () y = {op} <keepdims = {keep}> (x, ax) }}")
 
+# fuzz 123/736: the row's maximum, 101.001 / 10, is 1.2e-4 from the log of a sum its
+# neighbours' exps add 1.2e-4 to; onnxruntime rounds 1 + s (2.5e-4 off), ours counts the
+# maxima and takes log1p of the rest, exact to 2e-7 when every phase divides alike
+_LSM_ROW = np.array([[-1e-3, 101.001, 0.0, 2.34e-3]], np.float32)
+
+
+def _exact_log_softmax(x: np.ndarray) -> np.ndarray:
+    w = x.astype(np.float64)
+    m = w.max(-1, keepdims=True)
+    return (w - m - np.log1p(np.exp(w - m).sum(-1, keepdims=True) - 1)).astype(x.dtype)
+
+
 CASES = [
     # ---- A: noop_with_empty_axes=1 without axes still applies the elementwise part ----------
     *[pytest.param(_model(REDUCE_NOOP.format(op=op)), {"x": X23}, COMPILED, "ort",
@@ -213,6 +225,11 @@ CASES = [
                  {"x": np.array([[3e-37, -0.83, -9.8e-23, 1e20, -0.18]] * 2, F),
                   "c": np.array([0.83445317], F)}, COMPILED, "ort",
                  id="new-Softmax-Div-1e20"),  # fixed: x / c is a division in every phase
+    pytest.param(_model("g (float[1,4] x) => (float[1,4] y) "
+                        "{ c = Constant <value = float {10}> () d = Div (x, c) "
+                        "y = LogSoftmax <axis = -1> (d) }"),
+                 {"x": _LSM_ROW}, COMPILED, _exact_log_softmax(_LSM_ROW / np.float32(10)),
+                 id="new-LogSoftmax-Div-10"),  # fixed: the vector max phase multiplied by 0.1
     *[pytest.param(_model("g (float[4] x) => (float[4] y) { y = Gelu (x) }", opset=20),
                    {"x": np.array([-5.6330442, -3.4610007, -0.06330656, 2.272581], F)}, flags,
                    "ort",
