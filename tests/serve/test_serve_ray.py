@@ -41,10 +41,20 @@ APP = "autoclust-mlp_gelu"
 REF = ort.InferenceSession(MODEL, providers=["CPUExecutionProvider"])
 
 
+# Ray's fixed default ports (GCS, dashboard, client server, dashboard agent): a free port
+# handed to Ray as its metrics port that one of its own components then takes fails
+# ray.init ("metrics_export is trying to use a port number 52365 that is used by other
+# components", seen once)
+RAY_DEFAULT_PORTS = frozenset({6379, 8265, 10001, 52365})
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in RAY_DEFAULT_PORTS:
+            return port
 
 
 def close(got, x):
