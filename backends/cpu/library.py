@@ -125,18 +125,12 @@ class LibraryFn:
         # The implementations write C-order memory (onnxruntime binds raw buffers, the NumPy
         # ones reshape): strided outputs get a contiguous stand-in, copied back once; kept
         # for the next call (onnxruntime's output stays bound).
-        dense = [y if y.flags.c_contiguous else self._stand_in(j, y)
+        dense = [y if y.flags.c_contiguous else mlas.stand_in(self._stand_ins, j, y)
                  for j, y in enumerate(outputs)]
         run(inputs, dense)
         for y, d in zip(outputs, dense):
             if d is not y:
                 np.copyto(y, d)
-
-    def _stand_in(self, j: int, y: np.ndarray) -> np.ndarray:
-        d = self._stand_ins.get(j)
-        if d is None or d.shape != y.shape or d.dtype != y.dtype:
-            d = self._stand_ins[j] = np.empty(y.shape, y.dtype)
-        return d
 
     def __repr__(self) -> str:
         return f"LibraryFn({self.op}, impl={self.impl}{', ' + self.note if self.note else ''})"

@@ -74,6 +74,15 @@ def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
     return sess
 
 
+def stand_in(kept: dict[int, np.ndarray], k: int, like: np.ndarray) -> np.ndarray:
+    """A C-contiguous array of `like`'s shape and dtype, kept as kept[k] for later calls
+    (a strided operand's dense copy: bound_runner's inputs, LibraryFn's outputs)."""
+    d = kept.get(k)
+    if d is None or d.shape != like.shape or d.dtype != like.dtype:
+        d = kept[k] = np.empty(like.shape, like.dtype)
+    return d
+
+
 def bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
                   constants: dict[int, np.ndarray]) -> RunFn:
     """Run sess into the callers' arrays, rebinding only arrays not bound last time. A
@@ -84,22 +93,17 @@ def bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
     binding = sess.io_binding()
     last_in: list[Any] = [None] * len(fed)
     last_out: list[Any] = [None] * len(out_types)
-    stand_ins: list[np.ndarray | None] = [None] * len(fed)
-
-    def dense(k: int, x: Any) -> np.ndarray:
-        if not isinstance(x, np.ndarray):
-            return np.array(x, order="C")  # keeps 0-d, unlike ascontiguousarray
-        d = stand_ins[k]
-        if d is None or d.shape != x.shape or d.dtype != x.dtype:
-            d = stand_ins[k] = np.empty(x.shape, x.dtype)
-        np.copyto(d, x)
-        return d
+    stand_ins: dict[int, np.ndarray] = {}
 
     def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
         for k, i in enumerate(fed):
             x = inputs[i]
-            if not isinstance(x, np.ndarray) or not x.flags.c_contiguous:
-                x = dense(k, x)
+            if not isinstance(x, np.ndarray):
+                x = np.array(x, order="C")  # keeps 0-d, unlike ascontiguousarray
+            elif not x.flags.c_contiguous:
+                d = stand_in(stand_ins, k, x)
+                np.copyto(d, x)
+                x = d
             if x is not last_in[k]:  # holding the array keeps its identity meaningful
                 binding.bind_cpu_input(f"in{i}", x)
                 last_in[k] = x
