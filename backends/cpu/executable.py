@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
+from autoclust.backends.cpu import gemm as gemm_code
 from autoclust.backends.cpu import pool
 from autoclust.backends.cpu.codegen import GUARD_SIZES
 
@@ -388,7 +389,8 @@ class Executable:
             name, spec = gemm
             ids = tuple(b for b in t.inputs if b is not None) + t.outputs
             big = threads > 1 and spec.flops >= 4 * PARALLEL_FLOPS and spec.rows > 1
-            return self._native(name, addrs[name], self._site(ids), spec.rows,
+            site = self._site(ids, None, gemm_code.descriptor(spec))
+            return self._native(name, addrs[name], site, spec.rows,
                                 int(spec.flops // 2), big, threads), False
         fn = self._library.make_call_for(t, self.program.buffers, threads, self._constants,
                                          epilogue_run, impl=self._impls.get(i))

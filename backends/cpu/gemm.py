@@ -15,16 +15,26 @@ beside the loop kernels (and in the same native driver call, see executable.py):
 
 Each B vector load feeds RB fused multiply-adds. Larger problems go to MLAS, which packs
 and blocks for the caches (~180-210 GFLOP/s per core here).
+
+Strided operands (`Strided`, from a call's views: kernel/views.py) take the same blocks one
+batch at a time, each operand at its own batch, row and column strides: attention over
+small windows, where Swin-tiny's Q.K^T is 192 products of [49, 32] x [32, 49] read in place
+from the fused Q/K/V projection. oneDNN ran those at ~55 GFLOP/s and MLAS behind copies
+slower still (the call overhead of a product this small); below `MAX_BATCH_FLOPS` per
+batch this kernel takes them. A B whose columns are not adjacent (K^T) is first copied,
+per batch, into a [k, n] block on the stack (`PACK_MAX` elements at most).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
 from autoclust.backends.cpu.loops import entry_alloca, for_range
 from llvmlite import ir
 
+from autoclust import symbolic
 from autoclust.kernel import ir as kir
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -34,6 +44,34 @@ LANES = {"float32": 16, "float64": 8}  # one 512-bit vector
 ROWS = 4           # RB: rows sharing each B load
 VECTORS = 2        # U: column vectors per block
 MAX_FLOPS = 4e6    # below: generated; above: MLAS (measured crossover, see bench_gemm)
+MAX_BATCH_FLOPS = 1e7  # batched products: below this per batch, generated (measured)
+PACK_MAX = 16384   # elements of one batch's B copied to the stack when its columns are apart
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """Where element [batch..., row, col] of an operand lives: offset + the index dotted
+    with (batch strides..., row, col), in elements of its buffer."""
+
+    offset: int
+    batch: tuple[int, ...]
+    row: int
+    col: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Strided:
+    """The layouts of a batched product's A, B and C over `batch` (C's batch dims)."""
+
+    batch: tuple[int, ...]
+    a: Operand
+    b: Operand
+    c: Operand
+
+    @property
+    def pack(self) -> bool:
+        """B's columns are not adjacent: copy each batch's B to the stack first."""
+        return self.b.col != 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +87,7 @@ class GemmSpec:
     alpha: float
     beta: float
     dtype: str
+    strided: Strided | None = None  # None: A, B, C dense as their shapes say
 
     @property
     def rows(self) -> int:
@@ -61,8 +100,10 @@ class GemmSpec:
 
 def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | None:
     """The GemmSpec of a MatMul/Gemm call this module can generate, else None."""
-    if t.op not in ("MatMul", "Gemm", "FusedMatMul") or len(t.outputs) != 1 or t.views:
-        return None  # strided operands go to a library (choice.py)
+    if t.op not in ("MatMul", "Gemm", "FusedMatMul") or len(t.outputs) != 1:
+        return None
+    if any(v is not None for v in t.views):
+        return _strided_spec(t, buffers)
     attrs = dict(t.attrs)
     ins = [None if b is None else buffers[b] for b in t.inputs]
     a, b, out = ins[0], ins[1], buffers[t.outputs[0]]
@@ -97,14 +138,109 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | N
             return None
     spec = GemmSpec(m, n, k, batch, bool(b_batch) and batch > 1, bias,
                     float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0)), dtype)
-    return spec if spec.flops <= MAX_FLOPS and k > 0 else None
+    if k == 0:
+        return None
+    if spec.flops <= MAX_FLOPS:
+        return spec
+    # many small products (attention's heads made dense): the strided path's batches
+    return _strided_spec(t, buffers) if batch > 1 and not bias else None
+
+
+def _dense(shape: tuple, batch: tuple) -> Operand:
+    """The layout of a dense operand of `shape` read over output batch dims `batch`
+    (broadcast dims: stride 0)."""
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.insert(0, step)
+        step *= d
+    lead = len(batch) - (len(shape) - 2)
+    bstr = [0] * lead + [0 if d == 1 and b != 1 else st
+                         for d, b, st in zip(shape[:-2], batch[lead:], strides[:-2])]
+    return Operand(0, tuple(bstr), strides[-2], strides[-1])
+
+
+def _layout(t: kir.LibraryCall, k: int, buf: kir.Buffer, batch: tuple) -> Operand | None:
+    """Operand k's layout over output batch dims `batch`, from its view or its buffer."""
+    v = t.view(k)
+    if v is None:
+        return _dense(tuple(buf.shape), batch)
+    if len(v.shape) < 2:
+        return None
+    lead = len(batch) - (len(v.shape) - 2)
+    if lead < 0:
+        return None
+    bstr = [0] * lead + [0 if d == 1 else st for d, st in zip(v.shape[:-2], v.strides[:-2])]
+    return Operand(v.offset, tuple(bstr), v.strides[-2], v.strides[-1])
+
+
+def _strided_spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | None:
+    """A batched MatMul/FusedMatMul with views, small per batch: the strided GemmSpec
+    (FusedMatMul's transA/transB swap that operand's row and column strides)."""
+    attrs = dict(t.attrs)
+    if t.op == "Gemm" or len(t.inputs) != 2 or any(b is None for b in t.inputs) or \
+            attrs.get("transBatchA", 0) or attrs.get("transBatchB", 0):
+        return None
+    a, b, out = buffers[t.inputs[0]], buffers[t.inputs[1]], buffers[t.outputs[0]]
+    dtype = out.dtype
+    if dtype not in SCALAR or a.dtype != dtype or b.dtype != dtype:
+        return None
+    shapes = [list(v.shape) if v is not None else list(x.shape)
+              for v, x in zip([t.view(0), t.view(1), t.view(2)], (a, b, out))]
+    if any(len(sh) < 2 for sh in shapes) or symbolic.has_syms(shapes):
+        return None
+    trans = (attrs.get("transA", 0), attrs.get("transB", 0), 0)
+    for sh, tr in zip(shapes, trans):
+        if tr:
+            sh[-2], sh[-1] = sh[-1], sh[-2]
+    (m, k), (k2, n), (m2, n2) = shapes[0][-2:], shapes[1][-2:], shapes[2][-2:]
+    batch = tuple(shapes[2][:-2])
+    if (k, m, n) != (k2, m2, n2) or 0 in (m, n, k) or math.prod(batch) == 0:
+        return None
+    layouts = [_layout(t, j, x, batch) for j, x in enumerate((a, b, out))]
+    if any(lay is None for lay in layouts) or symbolic.has_syms(layouts):
+        return None  # a symbolic stride or offset: the descriptor holds plain integers
+    layouts = [dataclasses.replace(lay, row=lay.col, col=lay.row) if tr else lay
+               for lay, tr in zip(layouts, trans)]
+    strided = Strided(batch, *layouts)
+    per_batch = 2 * m * n * k
+    if not any(st and d > 1 for d, st in zip(batch, layouts[1].batch)):
+        return None  # one B for every batch (weights): one big GEMM, a library's (prepacked)
+    if layouts[2].col != 1 or per_batch > MAX_BATCH_FLOPS or \
+            (per_batch > MAX_FLOPS and math.prod(batch) == 1) or \
+            (strided.pack and k * n > PACK_MAX):
+        return None  # one big product (no batches to share out): a library's
+    return GemmSpec(m, n, k, math.prod(batch), True, "", float(attrs.get("alpha", 1.0)),
+                    1.0, dtype, strided)
 
 
 def code_spec(spec: GemmSpec) -> GemmSpec:
     """What the generated code depends on: the rows are a runtime range, so neither the
     batch count nor (with a shared B) the rows per batch is part of it. A symbolic dim
-    left in it needs a library call (the code would hold the symbol as a literal)."""
+    left in it needs a library call (the code would hold the symbol as a literal). A
+    strided product's code reads its strides, offsets and batch sizes at run time
+    (`descriptor`): its m, n, k (constant trip counts and masks: 10-30% faster than read
+    at run time), batch rank, whether B is packed, alpha and dtype count, so one object
+    serves every layer and head of a shape (each compile costs ~0.1 s)."""
+    st = spec.strided
+    if st is not None:
+        zero = Operand(0, (0,) * len(st.batch), 0, 0)
+        code = Strided((0,) * len(st.batch), zero, dataclasses.replace(zero, col=int(
+            not st.pack)), zero)
+        return dataclasses.replace(spec, batch=0, strided=code)
     return dataclasses.replace(spec, batch=0, m=spec.m if spec.b_batched else 0)
+
+
+def descriptor(spec: GemmSpec) -> tuple[int, ...]:
+    """The run-time values a strided product's code reads after its three pointers: m, n,
+    k, then (offset, row, col strides) of A, B, C, then per batch dim its size and the
+    three operands' strides. Empty for a dense spec (its numbers are in its code)."""
+    st = spec.strided
+    if st is None:
+        return ()
+    head = (spec.m, spec.n, spec.k) + tuple(v for op in (st.a, st.b, st.c)
+                                            for v in (op.offset, op.row, op.col))
+    return head + tuple(v for d in range(len(st.batch))
+                        for v in (st.batch[d], st.a.batch[d], st.b.batch[d], st.c.batch[d]))
 
 
 def code_key(spec: GemmSpec) -> str:
@@ -120,13 +256,36 @@ def emit(module: ir.Module, name: str, spec: GemmSpec) -> None:
     names = ["a", "b"] + (["bias"] if spec.bias else []) + ["c"]
     ptr = {nm: b.load(b.gep(fn.args[0], [I64(j)], source_etype=PTR), typ=PTR, name=nm)
            for j, nm in enumerate(names)}
-    _Emitter(b, spec, ptr).rows(fn.args[1], fn.args[2])
+    desc: list[ir.Value] = []
+    if spec.strided is not None:  # its descriptor's values follow the pointers
+        count = 12 + 4 * len(spec.strided.batch)
+        desc = [b.load(b.gep(fn.args[0], [I64(len(names) + j)], source_etype=I64), typ=I64)
+                for j in range(count)]
+    _Emitter(b, spec, ptr, desc).rows(fn.args[1], fn.args[2])
     b.ret_void()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Bases:
+    """One batch's operands: element offsets of A, B, C in their buffers and the row (and
+    A's column) strides; b_ptr replaces B's buffer when B was copied to the stack."""
+
+    a: ir.Value
+    b: ir.Value
+    c: ir.Value
+    a_row: ir.Value
+    a_col: ir.Value
+    b_row: ir.Value
+    c_row: ir.Value
+    b_ptr: ir.Value | None = None
+
+
 class _Emitter:
-    def __init__(self, b: ir.IRBuilder, spec: GemmSpec, ptr: dict[str, ir.Value]):
+    def __init__(self, b: ir.IRBuilder, spec: GemmSpec, ptr: dict[str, ir.Value],
+                 desc: list[ir.Value]):
         self.b, self.s, self.p = b, spec, ptr
+        self.desc = desc  # a strided product's run-time values (`descriptor`)
+        self.m, self.n, self.k = I64(spec.m), I64(spec.n), I64(spec.k)
         self.ty = SCALAR[spec.dtype]
         self.vw = LANES[spec.dtype]
         self.vty = ir.VectorType(self.ty, self.vw)
@@ -157,7 +316,10 @@ class _Emitter:
                                  I32(0))
         start = b.shuffle_vector(start, ir.Constant(ir.VectorType(I64, self.vw), ir.Undefined),
                                  ir.Constant(ir.VectorType(I32, self.vw), [0] * self.vw))
-        limit = ir.Constant(ir.VectorType(I64, self.vw), [self.s.n] * self.vw)
+        limit = b.insert_element(ir.Constant(ir.VectorType(I64, self.vw), ir.Undefined),
+                                 self.n, I32(0))
+        limit = b.shuffle_vector(limit, ir.Constant(ir.VectorType(I64, self.vw), ir.Undefined),
+                                 ir.Constant(ir.VectorType(I32, self.vw), [0] * self.vw))
         return b.icmp_signed("<", b.add(start, lanes), limit)
 
     def _load(self, base: ir.Value, off: ir.Value, mask: ir.Value) -> ir.Value:
@@ -175,47 +337,97 @@ class _Emitter:
     def rows(self, start: ir.Value, stop: ir.Value) -> None:
         """Rows [start, stop) in blocks of ROWS rows that never cross a batch of B."""
         b, s = self.b, self.s
-        if not s.b_batched:
-            self.segment(start, stop)
+        if s.strided is not None:
+            self.strided_rows(start, stop)
             return
-        m = I64(s.m)
-        first = b.sdiv(start, m)
-        last = b.sdiv(b.add(stop, I64(s.m - 1)), m)
-        with for_range(b, first, last, "batch") as bi:
-            lo = b.mul(bi, m)
-            lo = b.select(b.icmp_signed("<", lo, start), start, lo)
-            hi = b.add(b.mul(bi, m), m)
-            hi = b.select(b.icmp_signed(">", hi, stop), stop, hi)
-            self.segment(lo, hi)
+        dense = _Bases(I64(0), I64(0), I64(0), I64(s.k), I64(1), I64(s.n), I64(s.n))
+        if not s.b_batched:
+            self.segment(start, stop, dense, I64(0))
+            return
+        with self._batches(start, stop) as (bi, lo, hi, _):
+            self.segment(lo, hi, dataclasses.replace(dense, b=b.mul(bi, I64(s.k * s.n))),
+                         I64(0))
 
-    def segment(self, lo: ir.Value, hi: ir.Value) -> None:
+    @contextlib.contextmanager
+    def _batches(self, start: ir.Value, stop: ir.Value):
+        """Loop over the batches rows [start, stop) touch: (batch, its first and last+1
+        rows clipped to the range, its first row)."""
+        b = self.b
+        first = b.sdiv(start, self.m)
+        last = b.sdiv(b.add(stop, b.sub(self.m, I64(1))), self.m)
+        with for_range(b, first, last, "batch") as bi:
+            row0 = b.mul(bi, self.m)
+            lo = b.select(b.icmp_signed("<", row0, start), start, row0)
+            hi = b.add(row0, self.m)
+            hi = b.select(b.icmp_signed(">", hi, stop), stop, hi)
+            yield bi, lo, hi, row0
+
+    def strided_rows(self, start: ir.Value, stop: ir.Value) -> None:
+        """Rows [start, stop) of a strided product, batch by batch: each batch's operand
+        bases from its multi-index, its B copied to the stack first when packed."""
+        b, d = self.b, self.desc
+        (a_off, a_row, a_col, b_off, b_row, b_col, c_off, c_row, _), dims = d[3:12], d[12:]
+        scratch = None
+        if self.s.strided.pack:
+            scratch = entry_alloca(b, self.ty, "packed_b", count=PACK_MAX)
+        with self._batches(start, stop) as (bi, lo, hi, row0):
+            base = [a_off, b_off, c_off]
+            rest = bi
+            for j in reversed(range(len(dims) // 4)):  # the multi-index, innermost first
+                size, strides = dims[4 * j], dims[4 * j + 1:4 * j + 4]
+                idx = b.srem(rest, size) if j else rest
+                rest = b.sdiv(rest, size)
+                base = [b.add(x, b.mul(idx, st)) for x, st in zip(base, strides)]
+            bases = _Bases(base[0], base[1], base[2], a_row, a_col, b_row, c_row)
+            if scratch is not None:
+                bases = self.pack(scratch, bases, b_col)
+            self.segment(lo, hi, bases, row0)
+
+    def pack(self, scratch: ir.Value, bases: _Bases, b_col: ir.Value) -> _Bases:
+        """Copy this batch's B (columns b_col apart) into scratch as a dense [k, n]; the
+        bases to read it there."""
+        b = self.b
+        with for_range(b, I64(0), self.n, "pn") as j:
+            src_col = b.add(bases.b, b.mul(j, b_col))
+            with for_range(b, I64(0), self.k, "pk") as kk:
+                src = b.gep(self.p["b"], [b.add(src_col, b.mul(kk, bases.b_row))],
+                            inbounds=True, source_etype=self.ty)
+                out = b.gep(scratch, [b.add(b.mul(kk, self.n), j)], inbounds=True,
+                            source_etype=self.ty)
+                b.store(b.load(src, typ=self.ty), out)
+        return dataclasses.replace(bases, b=I64(0), b_row=self.n, b_ptr=scratch)
+
+    def segment(self, lo: ir.Value, hi: ir.Value, bases: _Bases, row0: ir.Value) -> None:
+        """Rows [lo, hi) of one batch (row0: its first row; 0 where rows are flat)."""
         b = self.b
         nblk = b.sdiv(b.sub(hi, lo), I64(ROWS))
         with for_range(b, I64(0), nblk, "blk") as i:
-            self.block(b.add(lo, b.mul(i, I64(ROWS))), ROWS)
+            self.block(b.sub(b.add(lo, b.mul(i, I64(ROWS))), row0), ROWS, bases)
         with for_range(b, b.add(lo, b.mul(nblk, I64(ROWS))), hi, "one") as r:
-            self.block(r, 1)
+            self.block(b.sub(r, row0), 1, bases)
 
-    def block(self, r0: ir.Value, rb: int) -> None:
-        """Rows r0 .. r0 + rb - 1 (one batch of B), every column block."""
-        b, s = self.b, self.s
+    def block(self, r0: ir.Value, rb: int, at: _Bases) -> None:
+        """Rows r0 .. r0 + rb - 1 of one batch (its operands at `at`), every column block."""
+        b = self.b
         width = self.vw * VECTORS
-        b_off = b.mul(b.sdiv(r0, I64(s.m)), I64(s.k * s.n)) if s.b_batched else I64(0)
+        b_ptr = at.b_ptr if at.b_ptr is not None else self.p["b"]
         accs = [[entry_alloca(b, self.vty, f"acc{j}_{u}") for u in range(VECTORS)]
                 for j in range(rb)]
-        with for_range(b, I64(0), I64(-(-s.n // width)), "col") as c:
+        a_rows = [b.add(at.a, b.mul(b.add(r0, I64(j)), at.a_row)) for j in range(rb)]
+        blocks = b.sdiv(b.add(self.n, I64(width - 1)), I64(width))
+        with for_range(b, I64(0), blocks, "col") as c:
             n0 = b.mul(c, I64(width))
             masks = [self._mask(b.add(n0, I64(u * self.vw))) for u in range(VECTORS)]
             zero = ir.Constant(self.vty, [0.0] * self.vw)
             for row in accs:
                 for acc in row:
                     b.store(zero, acc)
-            with for_range(b, I64(0), I64(s.k), "k") as kk:
-                bv = [self._load(self.p["b"], b.add(b_off, b.add(b.mul(kk, I64(s.n)),
-                                                                  b.add(n0, I64(u * self.vw)))),
-                                 masks[u]) for u in range(VECTORS)]
+            with for_range(b, I64(0), self.k, "k") as kk:
+                b_row = b.add(at.b, b.mul(kk, at.b_row))
+                bv = [self._load(b_ptr, b.add(b_row, b.add(n0, I64(u * self.vw))), masks[u])
+                      for u in range(VECTORS)]
                 for j in range(rb):
-                    a_addr = b.gep(self.p["a"], [b.add(b.mul(b.add(r0, I64(j)), I64(s.k)), kk)],
+                    a_addr = b.gep(self.p["a"], [b.add(a_rows[j], b.mul(kk, at.a_col))],
                                    inbounds=True, source_etype=self.ty)
                     av = self._splat(b.load(a_addr, typ=self.ty))
                     for u in range(VECTORS):
@@ -223,7 +435,7 @@ class _Emitter:
                                               [av, bv[u], b.load(accs[j][u])])
                         b.store(fma, accs[j][u])
             for j in range(rb):
-                row_off = b.mul(b.add(r0, I64(j)), I64(s.n))
+                row_off = b.add(at.c, b.mul(b.add(r0, I64(j)), at.c_row))
                 for u in range(VECTORS):
                     col = b.add(n0, I64(u * self.vw))
                     v = self._epilogue(b.load(accs[j][u]), col, masks[u])

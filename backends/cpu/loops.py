@@ -55,11 +55,15 @@ def if_then(builder: ir.IRBuilder, cond: ir.Value) -> Iterator[None]:
         yield
 
 
-def entry_alloca(builder: ir.IRBuilder, ty: ir.Type, name: str = "") -> ir.Value:
-    """A stack slot in the entry block (SROA turns it into registers)."""
+def entry_alloca(builder: ir.IRBuilder, ty: ir.Type, name: str = "",
+                 count: int = 0) -> ir.Value:
+    """A stack slot in the entry block (SROA turns it into registers); `count` > 0: an
+    array of that many `ty` elements, addressed through the returned pointer."""
     fn = builder.function
     with builder.goto_block(fn.entry_basic_block):
         first = fn.entry_basic_block.instructions
         if first:
             builder.position_before(first[0])
+        if count:
+            return builder.alloca(ty, size=ir.Constant(I64, count), name=name)
         return builder.alloca(ty, name=name)

@@ -166,19 +166,30 @@ def _median_ms(fn, feeds, block: int = 4, rounds: int = 5) -> list[float]:
 @pytest.mark.speed
 def test_peaked_window_attention_is_faster_than_onnxruntime():
     """Swin-tiny's stage-1 window attention (192 windows x heads, 49 keys, head dim 32)
-    with peaked scores: onnxruntime runs its softmax and P.V on denormals (~6 ms here);
-    ours drops them (~0.7 ms). Asserted: at least 2x, alternating in one process."""
+    with peaked scores. On a CPU that computes denormals in microcode (Intel: onnxruntime
+    ran its softmax and P.V on them in ~6 ms, ours ~0.7 ms, as it drops them) asserted:
+    at least 2x. On one that computes them at speed (AMD Zen 4: onnxruntime's peaked run
+    within 1.2-1.8x of its plain one) there is no such gap to win: asserted, not slower
+    than onnxruntime beyond noise. Which CPU this is, onnxruntime's own peaked / plain
+    times say; alternating in one process."""
     shape = (192, 49, 49, 32)
     model = attention(shape=shape)
-    feeds = {"s": scores(shape[:3]),
-             "v": np.random.default_rng(4).standard_normal((192, 49, 32)).astype(np.float32)}
+    v = np.random.default_rng(4).standard_normal((192, 49, 32)).astype(np.float32)
+    feeds = {"s": scores(shape[:3]), "v": v}
+    plain = {"s": np.random.default_rng(5).standard_normal(shape[:3]).astype(np.float32),
+             "v": v}
     ref = plain_ort(model)
     sess = autoclust.InferenceSession(model, must_compile=True)
     np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0],
                                rtol=1e-5, atol=1e-5, equal_nan=True)
-    ort_ms, ours_ms = [], []
+    ort_ms, ours_ms, ort_plain_ms = [], [], []
     for _ in range(3):
         ort_ms += _median_ms(lambda f: ref.run(None, f), feeds, rounds=2)
         ours_ms += _median_ms(lambda f: sess.run(None, f), feeds, rounds=2)
+        ort_plain_ms += _median_ms(lambda f: ref.run(None, f), plain, rounds=2)
     ratio = float(np.median(ort_ms) / np.median(ours_ms))
-    assert ratio >= 2.0, (ratio, ort_ms, ours_ms)
+    penalty = float(np.median(ort_ms) / np.median(ort_plain_ms))
+    if penalty >= 4.0:
+        assert ratio >= 2.0, (ratio, penalty, ort_ms, ours_ms)
+    else:
+        assert ratio >= 0.9, (ratio, penalty, ort_ms, ours_ms)
