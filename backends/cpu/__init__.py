@@ -186,7 +186,7 @@ class Parametric:
         return exe
 
 
-Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol)
+Unit = tuple  # (name, cache key, build() -> LLVM IR text, symbol[, LLVM's loop passes])
 
 
 def _kernel_unit(k: kir.Kernel, flags: Flags) -> Unit:
@@ -208,7 +208,7 @@ def _gemm_unit(spec: gemm.GemmSpec) -> Unit:
         module = ir.Module(name="autoclust_gemm")
         gemm.emit(module, sym, spec)
         return str(module)
-    return sym, key, build, sym
+    return sym, key, build, sym, gemm.loop_passes(spec)
 
 
 def _build(units: list[Unit], flags: Flags) -> tuple[object, dict[str, int], str, str]:
@@ -219,11 +219,12 @@ def _build(units: list[Unit], flags: Flags) -> tuple[object, dict[str, int], str
     in memory and in --cache_dir); a cluster's objects are loaded into one engine.
     """
     objs, lls, asms, symbols = [], [], [], {}
-    for name, key, build, sym in units:
+    for name, key, build, sym, *loops in units:
         if name in symbols:
             continue
         symbols[name] = sym
-        obj, ll, asm = jit.kernel_object(key, build, flags.cache_dir, bool(flags.dump_to))
+        obj, ll, asm = jit.kernel_object(key, build, flags.cache_dir, bool(flags.dump_to),
+                                         *loops)
         objs.append(obj)
         lls.append(f"; {name}\n{ll}")
         asms.append(f"# {name}\n{asm}")

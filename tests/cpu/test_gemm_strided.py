@@ -16,6 +16,7 @@ from llvmlite import ir
 from onnx import TensorProto, helper
 
 import autoclust
+from autoclust.compile import COUNTS as compile_counts
 from autoclust.kernel import ir as kir
 
 RNG = np.random.default_rng(23)
@@ -74,10 +75,11 @@ CASES = {  # name -> (m, n, k, batch, A, B, C, buffer sizes of A, B, C)
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_strided_generated_gemm_matches_numpy(case, dtype):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_strided_generated_gemm_matches_numpy(case, dtype, dynamic):
     m, n, k, batch, a_op, b_op, c_op, sizes = CASES[case]
     spec = gemm.GemmSpec(m, n, k, int(np.prod(batch)), True, "", 0.5, 1.0, dtype,
-                         gemm.Strided(batch, a_op, b_op, c_op))
+                         gemm.Strided(batch, a_op, b_op, c_op, dynamic))
     a, b = (RNG.standard_normal(sz).astype(dtype) for sz in sizes[:2])
     c = np.full(sizes[2], np.nan, dtype)
     splits = sorted({1, m // 2, m + 1, spec.rows // 2, spec.rows - 1} - {0, spec.rows})
@@ -201,3 +203,53 @@ def test_strided_spec_takes_small_batched_products_only():
     assert spec.strided == gemm.Strided((192,), gemm.Operand(0, (2401,), 49, 1),
                                         gemm.Operand(0, (1568,), 32, 1),
                                         gemm.Operand(0, (1568,), 32, 1))
+
+
+def _token_attention(heads: int = 4, d: int = 16) -> helper.ModelProto:
+    """BERT's attention over a fused [1, seq, 3*h*d] projection, seq symbolic."""
+    n = helper.make_node
+    nodes = [n("Reshape", ["x", "split"], ["r"]),
+             n("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4]),
+             n("Split", ["t"], ["q", "k", "v"], axis=0, num_outputs=3),
+             n("Squeeze", ["q", "zero"], ["qs"]), n("Squeeze", ["k", "zero"], ["ks"]),
+             n("Squeeze", ["v", "zero"], ["vs"]),
+             n("Transpose", ["ks"], ["kt"], perm=[0, 1, 3, 2]),
+             n("MatMul", ["qs", "kt"], ["s"]), n("Mul", ["s", "scale"], ["ss"]),
+             n("Softmax", ["ss"], ["p"], axis=-1), n("MatMul", ["p", "vs"], ["o"]),
+             n("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+             n("Reshape", ["ot", "merge"], ["y"])]
+    inits = [helper.make_tensor("split", TensorProto.INT64, [5], [1, -1, 3, heads, d]),
+             helper.make_tensor("merge", TensorProto.INT64, [3], [1, -1, heads * d]),
+             helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("scale", TensorProto.FLOAT, [], [d ** -0.5])]
+    g = helper.make_graph(nodes, "tokens", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, "seq", 3 * heads * d])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, "seq", heads * d])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    return model
+
+
+def test_sequence_lengths_share_one_dynamic_product_code():
+    """A symbolic sequence length: Q.K^T and P.V run dynamic code (sizes in the
+    descriptor), compiled once for every length of the shape class; a length past the
+    packing limit (64 * seq > PACK_MAX with head dim 64... here 16 * seq) is another
+    class, whose Q.K^T is a library call."""
+    model = _token_attention()
+    sess = autoclust.InferenceSession(model, must_compile=True)
+    ref = ort.InferenceSession(model.SerializeToString())
+    lowered = []  # shape classes lowered (compile.COUNTS) by each length's first run
+    for seq in (20, 33, 7, gemm.PACK_MAX // 16 + 1):
+        x = RNG.standard_normal((1, seq, 192)).astype(np.float32)
+        before = compile_counts["lowered"]
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                                   rtol=1e-5, atol=1e-5)
+        lowered.append(compile_counts["lowered"] - before)
+    cache = sess._runtime.compiled_clusters()[0].cache  # input types -> Executable
+    specs = {key[0][1][1]: [s for _, s in exe._gemms.values()] for key, exe in cache.items()}
+    assert lowered == [1, 0, 0, 1], lowered
+    for seq in (20, 33, 7):
+        assert [(s.m, s.n, s.k, s.strided.dynamic) for s in specs[seq]] == [
+            (seq, seq, 16, True), (seq, 16, seq, True)], specs
+    assert len({gemm.code_key(s) for seq in (20, 33, 7) for s in specs[seq]}) == 2
+    assert specs[gemm.PACK_MAX // 16 + 1] == []  # Q.K^T packs too much, P.V too big
