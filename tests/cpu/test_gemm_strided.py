@@ -70,6 +70,9 @@ CASES = {  # name -> (m, n, k, batch, A, B, C, buffer sizes of A, B, C)
                                gemm.Operand(1, (0, 0, 5 * 71), 71, 1),
                                gemm.Operand(2, (6 * 70 * 3, 0, 6 * 70), 70, 1),
                                (180, 3 * 5 * 71 + 1, 2 + 2 * 3 * 6 * 70)),
+    "row blocks, B^T": (19, 23, 6, (2,), gemm.Operand(0, (114,), 6, 1),
+                        gemm.Operand(0, (138,), 1, 6), gemm.Operand(0, (437,), 23, 1),
+                        (228, 276, 874)),
 }
 
 
