@@ -212,7 +212,8 @@ def _strided_spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpe
     per_batch = 2 * m * n * k
     if not any(st and d > 1 for d, st in zip(batch, layouts[1].batch)):
         return None  # one B for every batch (weights): one big GEMM, a library's (prepacked)
-    if per_batch > MAX_BATCH_FLOPS or (per_batch > MAX_FLOPS and math.prod(batch) == 1):
+    # (the batch count first: every decision on a symbolic size is a guard of the class)
+    if per_batch > MAX_BATCH_FLOPS or (math.prod(batch) == 1 and per_batch > MAX_FLOPS):
         return None  # big products, or one alone: a library's blocking pays
     if layouts[2].col != 1 or (strided.pack and k * n > PACK_MAX) or \
             any(v < 0 for op in layouts for v in (op.offset, op.row, op.col, *op.batch)):

@@ -236,13 +236,12 @@ def _token_attention(heads: int = 4, d: int = 16) -> helper.ModelProto:
 def test_sequence_lengths_share_one_dynamic_product_code():
     """A symbolic sequence length: Q.K^T and P.V run dynamic code (sizes in the
     descriptor), compiled once for every length of the shape class; a length past the
-    packing limit (64 * seq > PACK_MAX with head dim 64... here 16 * seq) is another
-    class, whose Q.K^T is a library call."""
+    packing limit (head dim x seq > PACK_MAX) is another class, a library's."""
     model = _token_attention()
     sess = autoclust.InferenceSession(model, must_compile=True)
     ref = ort.InferenceSession(model.SerializeToString())
     lowered = []  # shape classes lowered (compile.COUNTS) by each length's first run
-    for seq in (20, 33, 7, gemm.PACK_MAX // 16 + 1):
+    for seq in (20, 33, 7, 400, gemm.PACK_MAX // 16 + 1):
         x = RNG.standard_normal((1, seq, 192)).astype(np.float32)
         before = compile_counts["lowered"]
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
@@ -250,8 +249,10 @@ def test_sequence_lengths_share_one_dynamic_product_code():
         lowered.append(compile_counts["lowered"] - before)
     cache = sess._runtime.compiled_clusters()[0].cache  # input types -> Executable
     specs = {key[0][1][1]: [s for _, s in exe._gemms.values()] for key, exe in cache.items()}
-    assert lowered == [1, 0, 0, 1], lowered
-    for seq in (20, 33, 7):
+    # 400: a product per batch above MAX_FLOPS, in the class still (no guard on that rule
+    # where there are several batches)
+    assert lowered == [1, 0, 0, 0, 1], lowered
+    for seq in (20, 33, 7, 400):
         assert [(s.m, s.n, s.k, s.strided.dynamic) for s in specs[seq]] == [
             (seq, seq, 16, True), (seq, 16, seq, True)], specs
     assert len({gemm.code_key(s) for seq in (20, 33, 7) for s in specs[seq]}) == 2
