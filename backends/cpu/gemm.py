@@ -36,6 +36,7 @@ from llvmlite import ir
 
 from autoclust import symbolic
 from autoclust.kernel import ir as kir
+from autoclust.kernel.indexing import contiguous_strides
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -150,31 +151,17 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | N
     return _strided_spec(t, buffers) if batch > 1 and not bias else None
 
 
-def _dense(shape: tuple, batch: tuple) -> Operand:
-    """The layout of a dense operand of `shape` read over output batch dims `batch`
-    (broadcast dims: stride 0)."""
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.insert(0, step)
-        step *= d
-    lead = len(batch) - (len(shape) - 2)
-    bstr = [0] * lead + [0 if d == 1 and b != 1 else st
-                         for d, b, st in zip(shape[:-2], batch[lead:], strides[:-2])]
-    return Operand(0, tuple(bstr), strides[-2], strides[-1])
-
-
 def _layout(t: kir.LibraryCall, k: int, buf: kir.Buffer, batch: tuple) -> Operand | None:
-    """Operand k's layout over output batch dims `batch`, from its view or its buffer."""
+    """Operand k's layout over output batch dims `batch`, from its view or, without one,
+    its buffer's contiguous strides (broadcast dims: stride 0)."""
     v = t.view(k)
-    if v is None:
-        return _dense(tuple(buf.shape), batch)
-    if len(v.shape) < 2:
+    shape, strides, offset = (tuple(buf.shape), contiguous_strides(tuple(buf.shape)), 0) \
+        if v is None else (v.shape, v.strides, v.offset)
+    lead = len(batch) - (len(shape) - 2)
+    if len(shape) < 2 or lead < 0:
         return None
-    lead = len(batch) - (len(v.shape) - 2)
-    if lead < 0:
-        return None
-    bstr = [0] * lead + [0 if d == 1 else st for d, st in zip(v.shape[:-2], v.strides[:-2])]
-    return Operand(v.offset, tuple(bstr), v.strides[-2], v.strides[-1])
+    bstr = [0] * lead + [0 if d == 1 else st for d, st in zip(shape[:-2], strides[:-2])]
+    return Operand(offset, tuple(bstr), strides[-2], strides[-1])
 
 
 def _strided_spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | None:
@@ -324,8 +311,10 @@ class _Emitter:
         return self.b.call(f, args)
 
     def _splat(self, x: ir.Value) -> ir.Value:
-        v = self.b.insert_element(ir.Constant(self.vty, ir.Undefined), x, I32(0))
-        return self.b.shuffle_vector(v, ir.Constant(self.vty, ir.Undefined),
+        """x (a scalar of any type) in every lane of a vector of VW lanes."""
+        vty = ir.VectorType(x.type, self.vw)
+        v = self.b.insert_element(ir.Constant(vty, ir.Undefined), x, I32(0))
+        return self.b.shuffle_vector(v, ir.Constant(vty, ir.Undefined),
                                      ir.Constant(ir.VectorType(I32, self.vw), [0] * self.vw))
 
     def _suffix(self) -> str:
@@ -334,16 +323,8 @@ class _Emitter:
     def _mask(self, col: ir.Value) -> ir.Value:
         """Lanes col + i < n."""
         lanes = ir.Constant(ir.VectorType(I64, self.vw), list(range(self.vw)))
-        b = self.b
-        start = b.insert_element(ir.Constant(ir.VectorType(I64, self.vw), ir.Undefined), col,
-                                 I32(0))
-        start = b.shuffle_vector(start, ir.Constant(ir.VectorType(I64, self.vw), ir.Undefined),
-                                 ir.Constant(ir.VectorType(I32, self.vw), [0] * self.vw))
-        limit = b.insert_element(ir.Constant(ir.VectorType(I64, self.vw), ir.Undefined),
-                                 self.n, I32(0))
-        limit = b.shuffle_vector(limit, ir.Constant(ir.VectorType(I64, self.vw), ir.Undefined),
-                                 ir.Constant(ir.VectorType(I32, self.vw), [0] * self.vw))
-        return b.icmp_signed("<", b.add(start, lanes), limit)
+        return self.b.icmp_signed("<", self.b.add(self._splat(col), lanes),
+                                  self._splat(self.n))
 
     def _load(self, base: ir.Value, off: ir.Value, mask: ir.Value) -> ir.Value:
         addr = self.b.gep(base, [off], inbounds=True, source_etype=self.ty)
