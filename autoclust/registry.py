@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from importlib import metadata
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoclust.errors import FlagError
+
+if TYPE_CHECKING:
+    from autoclust.ir import Node
 
 BACKENDS = {
     "cpu": "autoclust.backends.cpu",
@@ -61,6 +65,9 @@ class Policy:
     # fuses into them when they follow one (Conv + BatchNorm + Relu): left unclustered.
     leave_to_onnxruntime: frozenset = frozenset()
     onnxruntime_epilogues: frozenset = frozenset()
+    # Of those ops, the nodes this backend generates code for itself (CPU: a depthwise
+    # Conv, backends/cpu/dwconv.py): clustered like any other op. None: none.
+    generates: Callable[[Node], bool] | None = None
     # MatMul + constant bias Add as one Gemm call: "" never, "alone" when no loop kernel
     # reads the sum, "always" (see fusion.bias_folds).
     fold_bias: str = ""

@@ -203,7 +203,8 @@ def _left_to_onnxruntime(an: _Analysis, i: int, flags: Flags, policy: Policy,
     if flags.must_compile:
         return None
     node = an.nodes[i]
-    if node.op in policy.leave_to_onnxruntime:
+    if node.op in policy.leave_to_onnxruntime and \
+            not (policy.generates is not None and policy.generates(node)):
         left.add(i)
         return (f"kept in onnxruntime: its {node.op} kernels (fused epilogues, blocked "
                 "layouts) beat a library call on this device")

@@ -93,10 +93,12 @@ def program_key(graph: Graph, flags: Flags, backend: Any) -> str:
 
 
 def _policy_key(backend: Any) -> str:
-    """The backend's Policy, sets sorted (a frozenset's repr order changes per process)."""
+    """The backend's Policy, sets sorted (a frozenset's repr order changes per process),
+    functions by qualified name (their repr holds an address)."""
     pol = policy(backend)
     fields = {f.name: getattr(pol, f.name) for f in dataclasses.fields(pol)}
-    return repr({k: sorted(v) if isinstance(v, (set, frozenset)) else v
+    return repr({k: sorted(v) if isinstance(v, (set, frozenset)) else
+                 f"{v.__module__}.{v.__qualname__}" if callable(v) else v
                  for k, v in sorted(fields.items())})
 
 

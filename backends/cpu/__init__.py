@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from autoclust.backends.cpu import choice, codegen, gemm, jit, library, pool
+from autoclust.backends.cpu import choice, codegen, dwconv, gemm, jit, library, pool
 from autoclust.backends.cpu.executable import Arena, Executable
 from llvmlite import ir
 
@@ -39,6 +39,7 @@ NAME = "cpu"
 # vs 49.2 ms).
 POLICY = Policy(
     leave_to_onnxruntime=ops.in_group("WINDOW"),            # Conv, ConvTranspose, pooling
+    generates=dwconv.eligible,                              # but depthwise Convs
     onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
     library_views=frozenset({"MatMul", "FusedMatMul"}),
@@ -91,13 +92,13 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
     kernels = [k for k in distinct_kernels(program) if k.name in used]
     units = [_kernel_unit(k, flags) for k in kernels]
     buffers = {b.id: b for b in program.buffers}
-    # thunk index -> (function name, GemmSpec): small GEMMs run generated code (by index:
-    # a binding's instantiated thunks are new objects where they hold symbolic dims)
+    # thunk index -> (function name, GemmSpec | DwSpec): small GEMMs and depthwise Convs
+    # run generated code (by index: a binding's instantiated thunks are new objects where
+    # they hold symbolic dims)
     gemms = {}
     for i, t in enumerate(program.thunks):
-        spec = gemm.spec_for(t, buffers) if isinstance(t, kir.LibraryCall) else None
-        # symbolic rows are a run-time range; other symbolic sizes need a library call
-        if spec is not None and not symbolic.has_syms(gemm.code_spec(spec)):
+        spec = _generated_spec(t, buffers)
+        if spec is not None:
             unit = _gemm_unit(spec)
             gemms[i] = (unit[0], spec)
             units.append(unit)
@@ -108,7 +109,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
         engine, addrs, dumps[".ll"], dumps[".s"] = _build(units, flags)
         COMPILE_COUNT += jit.COUNTS["compiles"] - before
     if gemms:
-        dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs:\n" + \
+        dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs and Convs:\n" + \
             "".join(f"  {', '.join(program.thunks[i].nodes)}: {spec}\n"
                     for i, (_, spec) in gemms.items())
     code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds, flags.cpu_helpers)
@@ -200,15 +201,28 @@ def _kernel_unit(k: kir.Kernel, flags: Flags) -> Unit:
     return k.name, key, build, sym
 
 
-def _gemm_unit(spec: gemm.GemmSpec) -> Unit:
-    key = cache.make_key(f"gemm|{gemm.code_key(spec)}", jit.version_key())
-    sym = f"g_{key[:20]}"
+def _generated_spec(t: kir.Thunk, buffers: dict) -> gemm.GemmSpec | dwconv.DwSpec | None:
+    """The spec of a library call this backend generates code for, else None."""
+    if not isinstance(t, kir.LibraryCall):
+        return None
+    if t.op == "Conv":
+        return dwconv.spec_for(t, buffers)
+    spec = gemm.spec_for(t, buffers)
+    # symbolic rows are a run-time range; other symbolic sizes need a library call
+    return spec if spec is not None and not symbolic.has_syms(gemm.code_spec(spec)) else None
+
+
+def _gemm_unit(spec: gemm.GemmSpec | dwconv.DwSpec) -> Unit:
+    conv = isinstance(spec, dwconv.DwSpec)
+    key = cache.make_key(dwconv.code_key(spec) if conv else f"gemm|{gemm.code_key(spec)}",
+                         jit.version_key())
+    sym = f"{'d' if conv else 'g'}_{key[:20]}"
 
     def build() -> str:
         module = ir.Module(name="autoclust_gemm")
-        gemm.emit(module, sym, spec)
+        (dwconv if conv else gemm).emit(module, sym, spec)
         return str(module)
-    return sym, key, build, sym, gemm.loop_passes(spec)
+    return sym, key, build, sym, conv or gemm.loop_passes(spec)
 
 
 def _build(units: list[Unit], flags: Flags) -> tuple[object, dict[str, int], str, str]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from autoclust.backends.cpu import mathops, vectorize
+from autoclust.backends.cpu import mathops, pieces, vectorize
 from autoclust.backends.cpu.llvm_types import (
     COMPUTE,
     I8,
@@ -81,6 +81,7 @@ class KernelEmitter:
         self.math = mathops.MathOps(module)
         self.dim_names = code_dims(kernel)
         self.dims: dict = {}  # Sym terms -> its i64 value (computed in the entry block)
+        self.piece: pieces.Piece | None = None  # the innermost loop's piece (pieces.py)
 
     def emit(self) -> None:
         k = self.kernel
@@ -100,9 +101,19 @@ class KernelEmitter:
         n_outer = len(k.shape) - k.n_inner
         ranges = [(start, stop)] + [(_i64(0), self.int(d)) for d in k.shape[1:n_outer]]
         order = _loop_order(k)
-        with for_nest(self.b, [ranges[d] for d in order], "o") as ivs:
-            self.outer = [ivs[order.index(d)] for d in range(n_outer)]
-            self._row()
+        cuts = pieces.split(k, order[-1]) if len(order) > 1 else None
+        if cuts is None:
+            with for_nest(self.b, [ranges[d] for d in order], "o") as ivs:
+                self.outer = [ivs[order.index(d)] for d in range(n_outer)]
+                self._row()
+        else:  # the innermost loop as consecutive pieces, each knowing its index range
+            with for_nest(self.b, [ranges[d] for d in order[:-1]], "o") as ivs:
+                for lo, hi in cuts:
+                    with for_nest(self.b, [(_i64(lo), _i64(hi))], "p") as last:
+                        self.outer = [(ivs + last)[order.index(d)] for d in range(n_outer)]
+                        self.piece = (order[-1], lo, hi - 1)
+                        self._row()
+            self.piece = None
         self.b.ret_void()
         self._wrapper(body)
 
@@ -432,6 +443,14 @@ class KernelEmitter:
         off = self.int(index.const)
         ivs = list(self.iv)
         for d, lo, hi in clamps:  # branch-free: min(max(i_d, lo), hi)
+            if self.piece is not None and d == self.piece[0]:
+                bounds = pieces.clamp(lo, hi, self.piece)
+                if bounds is None:  # the piece lies inside [lo, hi]
+                    continue
+                lo, hi = bounds
+                if isinstance(lo, int) and lo == hi:  # the piece lies beyond it: pinned
+                    ivs[d] = _i64(lo)
+                    continue
             lo_v, hi_v = self.int(lo), self.int(hi)
             v = b.select(b.icmp_signed("<", ivs[d], lo_v), lo_v, ivs[d])
             ivs[d] = b.select(b.icmp_signed(">", v, hi_v), hi_v, v)
@@ -507,6 +526,10 @@ class KernelEmitter:
             if e.dtype in NARROW_INTS:
                 return (b.zext if e.dtype.startswith("u") else b.sext)(v, I32)
             return v
+        if self.piece is not None:
+            known = self._in_piece(e)
+            if known is not None:
+                return known
         args = [self.value(a) for a in e.args]
         if e.name == "cast":
             return self.math.cast(b, args[0], e.args[0].dtype, e.dtype)
@@ -514,6 +537,26 @@ class KernelEmitter:
             return self.math.intrinsic_ret(b, "llvm.fptosi.sat", COMPUTE[e.dtype], args[0])
         arg_dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype
         return self.math.primitive(b, e.name, args, arg_dtype, self.op_flags(e))
+
+    def _in_piece(self, e: kir.Op) -> ir.Value | None:
+        """e's value where the current piece of the innermost loop decides it (pieces.py):
+        an index comparison, a logic op of decided ones, or a select's taken arm (the
+        other is never emitted); None when e depends on the index within the piece."""
+        if e.name in ("lt", "le", "gt", "ge"):
+            known = pieces.decided(e, self.piece)
+            return None if known is None else ir.Constant(ir.IntType(1), int(known))
+        if e.name == "select":
+            cond = self.value(e.args[0])
+            if isinstance(cond, ir.Constant):
+                return self.value(e.args[1] if cond.constant else e.args[2])
+        elif e.name in ("and", "or", "not") and e.dtype == "bool":
+            args = [self.value(a) for a in e.args]
+            if all(isinstance(a, ir.Constant) for a in args):  # a Pad's range test
+                bits = [bool(a.constant) for a in args]
+                got = (not bits[0]) if e.name == "not" else \
+                    (all(bits) if e.name == "and" else any(bits))
+                return ir.Constant(ir.IntType(1), int(got))
+        return None
 
     def op_flags(self, e: kir.Op) -> tuple:
         """The fast-math flags of op e, the same in scalar and vector code (vectorize.py), so

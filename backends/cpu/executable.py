@@ -267,7 +267,7 @@ class Executable:
         self._constants = constants
         self._min_chunk_work = min_chunk_work
         self.split: set[str] = set()  # kernels split over threads (names)
-        self._gemms = dict(gemms or {})  # thunk index -> (function name, GemmSpec)
+        self._gemms = dict(gemms or {})  # thunk index -> (function name, spec)
         # (thunk, step) for `profile`: the same steps one by one, without the driver; a
         # library call's epilogue kernel, when run after the call, is a step of its own
         self._ungrouped: list[tuple[kir.Thunk, Native | Callable[[], None]]] = []
@@ -385,11 +385,16 @@ class Executable:
                    ) -> tuple[Native | Callable[[], None], bool]:
         """(step, whether it runs the call's epilogue too) of a library call."""
         gemm = self._gemms.get(i)
-        if gemm is not None:  # a generated GEMM: a native kernel over output rows
+        if gemm is not None:  # generated code (GEMM, depthwise Conv) over rows or planes
             name, spec = gemm
             ids = tuple(b for b in t.inputs if b is not None) + t.outputs
-            big = threads > 1 and spec.flops >= 4 * PARALLEL_FLOPS and spec.rows > 1
-            site = self._site(ids, None, gemm_code.descriptor(spec))
+            dense = isinstance(spec, gemm_code.GemmSpec)
+            # a depthwise Conv's flops run ~4x slower than a GEMM's (no reuse across
+            # channels): split from 1/4 the size (ConvNeXt's 7x7x768 stage: 3.7 Mflop)
+            big = threads > 1 and spec.flops >= (4 if dense else 1) * PARALLEL_FLOPS \
+                and spec.rows > 1
+            desc = gemm_code.descriptor(spec) if dense else ()
+            site = self._site(ids, None, desc)
             return self._native(name, addrs[name], site, spec.rows,
                                 int(spec.flops // 2), big, threads), False
         fn = self._library.make_call_for(t, self.program.buffers, threads, self._constants,

@@ -31,7 +31,7 @@ import contextlib
 import dataclasses
 import math
 
-from autoclust.backends.cpu.loops import entry_alloca, for_range
+from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, splat
 from llvmlite import ir
 
 from autoclust import symbolic
@@ -300,22 +300,14 @@ class _Emitter:
         self.vw = LANES[spec.dtype]
         self.vty = ir.VectorType(self.ty, self.vw)
         self.align = 4 if spec.dtype == "float32" else 8
-        self.module = b.module
 
     # ---- helpers ----------------------------------------------------------------------
     def _intrinsic(self, name: str, ret: ir.Type, args: list) -> ir.Value:
-        try:
-            f = self.module.get_global(name)
-        except KeyError:
-            f = ir.Function(self.module, ir.FunctionType(ret, [a.type for a in args]), name)
-        return self.b.call(f, args)
+        return intrinsic(self.b, name, ret, args)
 
     def _splat(self, x: ir.Value) -> ir.Value:
         """x (a scalar of any type) in every lane of a vector of VW lanes."""
-        vty = ir.VectorType(x.type, self.vw)
-        v = self.b.insert_element(ir.Constant(vty, ir.Undefined), x, I32(0))
-        return self.b.shuffle_vector(v, ir.Constant(vty, ir.Undefined),
-                                     ir.Constant(ir.VectorType(I32, self.vw), [0] * self.vw))
+        return splat(self.b, x, self.vw)
 
     def _suffix(self) -> str:
         return f"v{self.vw}{'f32' if self.s.dtype == 'float32' else 'f64'}"

@@ -67,3 +67,22 @@ def entry_alloca(builder: ir.IRBuilder, ty: ir.Type, name: str = "",
         if count:
             return builder.alloca(ty, size=ir.Constant(I64, count), name=name)
         return builder.alloca(ty, name=name)
+
+
+def intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list) -> ir.Value:
+    """A call of LLVM intrinsic `name` (declared in the builder's module on first use)."""
+    module = builder.module
+    try:
+        f = module.get_global(name)
+    except KeyError:
+        f = ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(f, args)
+
+
+def splat(builder: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+    """x (a scalar of any type) in every lane of a vector of `lanes` lanes."""
+    vty = ir.VectorType(x.type, lanes)
+    i32 = ir.IntType(32)
+    v = builder.insert_element(ir.Constant(vty, ir.Undefined), x, ir.Constant(i32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined),
+                                  ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
