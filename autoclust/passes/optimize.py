@@ -11,6 +11,7 @@ from autoclust.passes.cse import cse
 from autoclust.passes.dce import dce
 from autoclust.passes.edits import copy_graph
 from autoclust.passes.fold_constants import fold_constants
+from autoclust.passes.patchify import patchify
 from autoclust.passes.siblings import fuse_siblings
 from autoclust.passes.simplify import simplify
 from autoclust.passes.specialize import not_concrete
@@ -22,6 +23,7 @@ PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_constants", fold_constants),
     ("simplify", simplify),
     ("cse", cse),
+    ("patchify", patchify),  # a Conv tiling its input: a MatMul over its patches
     ("siblings", fuse_siblings),  # after simplify: scale Muls are alphas by then
     ("dce", dce),
 ]

@@ -46,13 +46,13 @@ _LOCK = threading.Lock()
 
 def concatenated(arrays: list[np.ndarray], axis: int) -> np.ndarray:
     """np.concatenate(arrays, axis), the same array object for the same source arrays."""
-    out = _derived((axis, tuple(id(a) for a in arrays)), arrays,
+    out = derived((axis, tuple(id(a) for a in arrays)), arrays,
                    lambda: np.concatenate(arrays, axis=axis))
     assert out is not None  # a concatenation always exists
     return out
 
 
-def _derived(key: tuple, sources: list[np.ndarray], make: Callable[[], np.ndarray | None]
+def derived(key: tuple, sources: list[np.ndarray], make: Callable[[], np.ndarray | None]
              ) -> np.ndarray | None:
     """make() (read-only), the same object while the same source arrays (by identity)
     are asked for under `key`; a None answer is remembered too."""
@@ -125,7 +125,7 @@ def _scaled(w: np.ndarray, alpha: float) -> np.ndarray | None:
             exact = bool(np.array_equal(out / w.dtype.type(alpha), w, equal_nan=True)) and \
                 not np.any((out != 0) & (np.abs(out) < np.finfo(w.dtype).tiny))
         return out if exact else None
-    return _derived(("scaled", id(w), alpha), [w], make)
+    return derived(("scaled", id(w), alpha), [w], make)
 
 
 def _bias(graph: Graph, node: Node) -> tuple[Node, np.ndarray] | None:

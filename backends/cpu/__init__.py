@@ -26,6 +26,7 @@ from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
 from autoclust.kernel.bounds import check_program
 from autoclust.kernel.passes import code_key, distinct_kernels
+from autoclust.passes import patchify
 from autoclust.registry import Policy
 from autoclust.report.lazy_dumps import LazyDumps
 from autoclust.runtime import disk_cache as cache
@@ -37,9 +38,18 @@ NAME = "cpu"
 # Bias Adds fold into a MatMul's Gemm call only when no loop kernel reads the sum: in a
 # fused epilogue the bias is free, inside the Gemm it is an extra pass (bert_encoder 51.5
 # vs 49.2 ms).
+
+
+def _takes_conv(node: Node) -> bool:
+    """The Convs the CPU takes from onnxruntime after all: depthwise ones (generated code,
+    dwconv.py) and those whose windows tile their input (a MatMul over the patches,
+    passes/patchify.py), which onnxruntime ran as segments of their own between clusters."""
+    return dwconv.eligible(node) or patchify.eligible(node)
+
+
 POLICY = Policy(
     leave_to_onnxruntime=ops.in_group("WINDOW"),            # Conv, ConvTranspose, pooling
-    generates=dwconv.eligible,                              # but depthwise Convs
+    generates=_takes_conv,
     onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
     library_views=frozenset({"MatMul", "FusedMatMul"}),

@@ -227,7 +227,7 @@ def test_disable_passes():
     assert _ops(opt) == ["Mul"]
     _, opt = _check(model, [(3, 4)], FLAGS.replace(disable_passes="fold_constants,cse,dce"))
     assert _ops(opt) == []
-    with pytest.raises(FlagError, match="fold_constants, simplify, cse, siblings, dce, fuse_attention"):
+    with pytest.raises(FlagError, match="fold_constants, simplify, cse, patchify, siblings, dce, fuse_attention"):
         optimize(import_model(model), FLAGS.replace(disable_passes="simplfy"))
 
 

@@ -130,17 +130,19 @@ def test_float64_is_not_generated():
 
 def block_model(c: int = 8, hw: int = 14) -> onnx.ModelProto:
     """ConvNeXt's block: x + Transpose(Mul(Linear(Gelu(Linear(LN(Transpose(dwconv(x))))))))
-    behind a dense 2x2 stride-2 Conv (its downsampling, left to onnxruntime)."""
+    behind a dense 3x3 stride-2 Conv (left to onnxruntime: neither depthwise nor tiling
+    its input, passes/patchify.py)."""
     rng = np.random.default_rng(0)
 
     def init(name, shape):
         return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3,
                                        name)
-    inits = [init("wd", (c, c, 2, 2)), init("w", (c, 1, 7, 7)), init("b", (c,)),
+    inits = [init("wd", (c, c, 3, 3)), init("w", (c, 1, 7, 7)), init("b", (c,)),
              init("g", (c,)), init("be", (c,)), init("w1", (c, 4 * c)), init("w2", (4 * c, c)),
              init("s", (c,))]
     nodes = [
-        helper.make_node("Conv", ["x", "wd"], ["d"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["x", "wd"], ["d"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1]),
         helper.make_node("Conv", ["d", "w", "b"], ["c1"], group=c, kernel_shape=[7, 7],
                          pads=[3, 3, 3, 3]),
         helper.make_node("Transpose", ["c1"], ["t1"], perm=[0, 2, 3, 1]),

@@ -190,7 +190,8 @@ def _child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         env["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoclust-bench-inductor-")
     cmd = [sys.executable, "-m", "autoclust.tools.bench.torch", "--one", name, "--rounds",
            str(args.rounds), "--block", str(args.block), "--threads", str(args.threads),
-           "--sides", args.sides, "--flags", args.flags, "--size", args.size]
+           "--sides", args.sides, f"--flags={args.flags}", "--size", args.size]  # "=": a
+    # value that starts with "--" is not an option
     try:
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
     finally:
