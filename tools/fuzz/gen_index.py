@@ -9,7 +9,11 @@ index group:
     Trilu (k, upper), Range (int and float; a float step with an inexact count only
     feeds an output).
 export group: embedding lookups with position ids, GroupNormalization, nested Where
-chains, Softmax over a mask (Where with -inf / a large negative, or an additive mask).
+chains, Softmax over a mask (Where with -inf / a large negative, or an additive mask),
+and vision models' Convs: depthwise (group = channels, stride 1, any pads, the weights
+sometimes a graph input; generated code on the CPU), tiling (kernel = strides, no pads: a
+MatMul over the patches) and strided or dilated ones (onnxruntime's), now and then behind
+a channels-last Transpose and LayerNormalization as in ConvNeXt.
 """
 
 from __future__ import annotations
@@ -252,10 +256,61 @@ def emit_masked_softmax(b: Builder) -> None:
     b.node("Softmax", [masked.name], [(b.fdt, scores.shape)], axis=-1)
 
 
+def _conv_kind(b: Builder, c: int) -> tuple[int, int, list[int], dict]:
+    """(weight channels, output channels, kernel, attrs) of a random Conv over c channels."""
+    r = b.rng.random()
+    if r < 0.5:  # depthwise
+        k = [int(b.rng.choice([1, 3, 5, 7])), int(b.rng.choice([1, 3, 5]))]
+        if b.rng.random() < 0.2:
+            return 1, c, k, {"group": c, "auto_pad": "SAME_UPPER"}
+        pads = [int(b.rng.integers(0, k[0])), int(b.rng.integers(0, k[1])),
+                int(b.rng.integers(0, k[0])), int(b.rng.integers(0, k[1]))]
+        return 1, c, k, {"group": c, "pads": pads}
+    m = int(b.rng.integers(1, 7))
+    if r < 0.8:  # tiling: a patch embedding, a downsampling
+        k = [int(b.rng.choice([1, 2, 4])), int(b.rng.choice([1, 2, 3]))]
+        return c, m, k, {"strides": list(k)}
+    k = [int(b.rng.choice([2, 3])), int(b.rng.choice([1, 3]))]
+    return c, m, k, {"strides": [2, 1], "dilations": [1, int(b.rng.integers(1, 3))],
+                     "pads": [1, 0, 1, 1]}
+
+
+def emit_conv(b: Builder) -> None:
+    if b.fdt != F32:  # onnxruntime's CPU Conv is float32 only here
+        return
+    c = int(b.rng.integers(1, 7))
+    wc, m, k, attrs = _conv_kind(b, c)
+    strides, dil = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    dims = []
+    for i in range(2):  # input sizes the windows fit, a multiple of a tiling kernel
+        span = dil[i] * (k[i] - 1) + 1
+        dims.append(int(b.rng.integers(1, 4)) * k[i] if "strides" in attrs and
+                    "pads" not in attrs else int(b.rng.integers(max(1, span), 12)))
+    x = b.new_input((b.batch, c, *dims))
+    w = b.new_input((m, wc, *k)) if b.rng.random() < 0.2 else b.weight((m, wc, *k), 0.4)
+    args = [x.name, w.name] + ([b.weight((m,), 0.5).name] if b.rng.random() < 0.6 else [])
+    out = []
+    for i in range(2):
+        if attrs.get("auto_pad") == "SAME_UPPER":
+            out.append(dims[i])
+            continue
+        pads = attrs.get("pads", [0, 0, 0, 0])
+        span = dil[i] * (k[i] - 1) + 1
+        out.append((dims[i] + pads[i] + pads[i + 2] - span) // strides[i] + 1)
+    if min(out) < 1:
+        return
+    (y,) = b.node("Conv", args, [(F32, (b.batch, m, *out))], kernel_shape=k, **attrs)
+    if b.rng.random() < 0.4 and b.has("LayerNormalization"):
+        shape = (b.batch, *out, m)
+        (t,) = b.node("Transpose", [y.name], [(F32, shape)], perm=[0, 2, 3, 1])
+        scale, bias = b.weight((m,), 0.5), b.weight((m,), 0.5)
+        b.node("LayerNormalization", [t.name, scale.name, bias.name], [(F32, shape)], axis=-1)
+
+
 EMITTERS = [
     (emit_gather, 0.8, "index"), (emit_gather_elements, 0.8, "index"), (emit_pad, 0.8, "index"),
     (emit_split, 0.6, "index"), (emit_tile, 0.5, "index"), (emit_trilu, 0.5, "index"),
     (emit_range, 0.4, "index"), (emit_embedding, 0.6, "export"),
     (emit_group_norm, 0.5, "export"), (emit_where_chain, 0.8, "export"),
-    (emit_masked_softmax, 0.6, "export"),
+    (emit_masked_softmax, 0.6, "export"), (emit_conv, 0.6, "export"),
 ]
