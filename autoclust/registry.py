@@ -65,8 +65,9 @@ class Policy:
     # fuses into them when they follow one (Conv + BatchNorm + Relu): left unclustered.
     leave_to_onnxruntime: frozenset = frozenset()
     onnxruntime_epilogues: frozenset = frozenset()
-    # Of those ops, the nodes this backend generates code for itself (CPU: a depthwise
-    # Conv, backends/cpu/dwconv.py): clustered like any other op. None: none.
+    # Of those ops, the nodes this backend takes after all (CPU: a depthwise Conv, its
+    # generated code in backends/cpu/dwconv.py; a Conv tiling its input, a MatMul by
+    # passes/patchify.py): clustered like any other op. None: none.
     generates: Callable[[Node], bool] | None = None
     # MatMul + constant bias Add as one Gemm call: "" never, "alone" when no loop kernel
     # reads the sum, "always" (see fusion.bias_folds).

@@ -32,12 +32,6 @@ from autoclust.report.lazy_dumps import LazyDumps
 from autoclust.runtime import disk_cache as cache
 
 NAME = "cpu"
-# onnxruntime's Conv and pooling kernels keep the blocked NCHWc layout between them and
-# fuse BatchNorm, activations and residual Adds into the Conv: measured, resnet_block ran
-# 0.70x of onnxruntime with these clustered (library calls), 1.0x left to onnxruntime.
-# Bias Adds fold into a MatMul's Gemm call only when no loop kernel reads the sum: in a
-# fused epilogue the bias is free, inside the Gemm it is an extra pass (bert_encoder 51.5
-# vs 49.2 ms).
 
 
 def _takes_conv(node: Node) -> bool:
@@ -47,9 +41,15 @@ def _takes_conv(node: Node) -> bool:
     return dwconv.eligible(node) or patchify.eligible(node)
 
 
+# onnxruntime's Conv and pooling kernels keep the blocked NCHWc layout between them and
+# fuse BatchNorm, activations and residual Adds into the Conv: measured, resnet_block ran
+# 0.70x of onnxruntime with these clustered (library calls), 1.0x left to onnxruntime.
+# Bias Adds fold into a MatMul's Gemm call only when no loop kernel reads the sum: in a
+# fused epilogue the bias is free, inside the Gemm it is an extra pass (bert_encoder 51.5
+# vs 49.2 ms).
 POLICY = Policy(
     leave_to_onnxruntime=ops.in_group("WINDOW"),            # Conv, ConvTranspose, pooling
-    generates=_takes_conv,
+    generates=_takes_conv,                                  # but depthwise and tiling Convs
     onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
     library_views=frozenset({"MatMul", "FusedMatMul"}),
