@@ -158,6 +158,35 @@ def test_j_reduce_prod_then_concat_with_empty_inputs():
     check(m, {"x": x, "e": np.zeros((0, 4), np.float32)}, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [F32, TensorProto.FLOAT16])
+def test_j_reduce_prod_of_extremes_in_different_lanes_is_not_nan(dtype):
+    """A row of 80 holding 1.4e-43 and 1e-25 sixteen apart (one lane of the vectorized
+    product: 0) and 1.75e20 and 4.6e18 sixteen apart (another lane: inf): in float32 the
+    lanes' product was NaN where the exact product (-4e-53) rounds to -0.0. Accumulated in
+    float64 and rounded once it is -0.0, the spec's answer. onnxruntime's own product runs
+    in vector lanes too: NaN for this row, -0.0 for the fuzz's (129/1505, whose order kept
+    its lanes apart), so the exact product is the reference here. (float16 rows, computed
+    in float32 anyway, check the same path.)"""
+    np_type = helper.tensor_dtype_to_np_dtype(dtype)
+    rng = np.random.default_rng(5)
+    x = rng.uniform(0.5, 1.5, (16, 5)) * np.where(rng.random((16, 5)) < 0.5, -1, 1)
+    tiny, small, huge = (1.43e-43, 1.03e-25, 3.5e-24), (6e-8, 1e-4, 2e-4), (1.75e20, 4.6e18)
+    if dtype == F32:  # flat positions 0 and 16, 2; 3 and 19
+        x[0, 0], x[3, 1], x[0, 2] = tiny
+        x[0, 3], x[3, 4] = huge
+    else:
+        x[0, 0], x[3, 1], x[0, 2] = small
+        x[0, 3], x[3, 4] = 6e4, 3e4
+    x = x.astype(np_type)
+    m = model([helper.make_node("ReduceProd", ["x"], ["y"], keepdims=1)],
+              [("x", dtype, [16, 5])], [("y", dtype, None)])
+    got, _ = run_both(m, {"x": x})
+    exact = np.prod(x.astype(np.float64)).astype(np_type)
+    assert got[0].shape == (1, 1) and got[0].dtype == np_type
+    assert not np.isnan(got[0]).any() and got[0][0, 0] == exact, (got, exact)
+    assert np.signbit(got[0][0, 0]) == np.signbit(exact)
+
+
 # ---- G, I, K: numerics --------------------------------------------------------------------
 
 def test_g_layernorm_over_a_row_holding_1e20():
