@@ -314,7 +314,10 @@ def _mul(d: Dim, k: int) -> Dim:
 
 
 def _conv_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
-    x, w = _work(inputs[0]), _work(inputs[1])
+    # Summed in float64 and rounded once: a float32 window of products near 1e38 (weights
+    # fed at run time) overflowed to +inf and -inf in partial sums and gave NaN where one
+    # -inf product makes the exact sum -inf, which onnxruntime gives (fuzz 130/1004).
+    x, w = inputs[0].astype(np.float64), inputs[1].astype(np.float64)
     bias = inputs[2] if len(inputs) > 2 else None
     group = int(attrs.get("group", 1))
     kernel = list(w.shape[2:])

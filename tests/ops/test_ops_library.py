@@ -203,3 +203,39 @@ def test_einsum_unknown_output_label_raises():
 def test_pool_requires_kernel_shape():
     with pytest.raises(ShapeInferenceError, match="kernel_shape"):
         ops.get("MaxPool").infer(_ctx("MaxPool", [(1, 2, 4, 4)]))
+
+
+def _conv_loops(x: np.ndarray, w: np.ndarray, pads: list[int]) -> np.ndarray:
+    """Conv (stride 1, group 1) as the spec's sum per window, in float64, rounded once."""
+    x64 = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    m, _, kh, kw = w.shape
+    oh, ow = x64.shape[2] - kh + 1, x64.shape[3] - kw + 1
+    y = np.empty((x.shape[0], m, oh, ow))
+    with np.errstate(all="ignore"):
+        for i in range(oh):
+            for j in range(ow):
+                win = x64[:, None, :, i:i + kh, j:j + kw] * w.astype(np.float64)[None]
+                y[:, :, i, j] = win.reshape(win.shape[0], m, -1).sum(axis=-1)
+    return y.astype(x.dtype)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_conv_reference_sums_windows_of_extremes_exactly(seed):
+    """Windows of products near 1e38 beside an inf: summed in float32 (the reference's
+    BLAS im2col before) partial sums overflowed to +inf and -inf and gave NaN where the
+    exact sum is inf or -inf, as onnxruntime gave (fuzz 130/1004)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, 6, 5, 8)).astype(np.float32)
+    x.reshape(-1)[rng.choice(x.size, 24, replace=False)] = 1e20 * rng.choice([-1, 1], 24)
+    x.reshape(-1)[rng.choice(x.size, 3, replace=False)] = [np.inf, -np.inf, np.inf]
+    w = rng.standard_normal((2, 6, 3, 3)).astype(np.float32)
+    w.reshape(-1)[rng.choice(w.size, 12, replace=False)] = 1e18 * rng.choice([-1, 1], 12)
+    got = ops.get("Conv").ref([x, w], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]})[0]
+    want = _conv_loops(x, w, [1, 1, 1, 1])
+    # NaN and the infinities exactly; finite sums to the float64 rounding of 1e38 products
+    # (their cancellations depend on the order even in float64)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isposinf(got), np.isposinf(want))
+    assert np.array_equal(np.isneginf(got), np.isneginf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e24)
