@@ -69,14 +69,15 @@ def entry_alloca(builder: ir.IRBuilder, ty: ir.Type, name: str = "",
         return builder.alloca(ty, name=name)
 
 
-def intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list) -> ir.Value:
+def intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list,
+              fastmath: tuple = ()) -> ir.Value:
     """A call of LLVM intrinsic `name` (declared in the builder's module on first use)."""
     module = builder.module
     try:
         f = module.get_global(name)
     except KeyError:
         f = ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
-    return builder.call(f, args)
+    return builder.call(f, args, fastmath=fastmath)
 
 
 def splat(builder: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:

@@ -32,11 +32,12 @@ import math
 
 from autoclust.backends.cpu import mathlib
 from autoclust.backends.cpu.llvm_types import COMPUTE, NARROW_INTS, STORAGE, constant
+from autoclust.backends.cpu.loops import intrinsic, splat
 from llvmlite import ir
 
 from autoclust.kernel import ir as kir
 
-I32, I64 = ir.IntType(32), ir.IntType(64)
+I64 = ir.IntType(64)
 BITS = 512
 FLOATS = ("float16", "float32", "float64")
 INTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
@@ -99,10 +100,7 @@ class VectorExprs:
         return ir.VectorType(ty, self.v)
 
     def splat(self, x: ir.Value) -> ir.Value:
-        vty = self.vec(x.type)
-        one = self.b.insert_element(ir.Constant(vty, ir.Undefined), x, I32(0))
-        return self.b.shuffle_vector(one, ir.Constant(vty, ir.Undefined),
-                                     ir.Constant(self.vec(I32), [0] * self.v))
+        return splat(self.b, x, self.v)
 
     def value(self, e: kir.Expr) -> ir.Value:
         got = self.memo.get(e)
@@ -192,9 +190,4 @@ class VectorExprs:
 
     def _call(self, name: str, ret: ir.Type, args: list[ir.Value],
               fastmath: tuple) -> ir.Value:
-        module = self.b.module
-        try:
-            fn = module.get_global(name)
-        except KeyError:
-            fn = ir.Function(module, ir.FunctionType(ret, [a.type for a in args]), name)
-        return self.b.call(fn, args, fastmath=fastmath)
+        return intrinsic(self.b, name, ret, args, fastmath)

@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from autoclust.importers.onnx import import_model
 from onnx import TensorProto, helper
+from support import speed
 
 import autoclust
 from autoclust.kernel.lowering import read_only_by
@@ -64,14 +64,6 @@ def scores(shape: tuple = (B, M, K), seed: int = 0) -> np.ndarray:
     return s
 
 
-def plain_ort(model: onnx.ModelProto) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
-
-
 def test_gemm_read_softmax_drops_denormals_and_matches_onnxruntime():
     """P . I = P: the MatMul's output shows P. The two denormal probabilities of row 0
     become exactly 0 (onnxruntime keeps them); every other element, NaN row included,
@@ -80,7 +72,7 @@ def test_gemm_read_softmax_drops_denormals_and_matches_onnxruntime():
     v = np.broadcast_to(np.eye(K, N, dtype=np.float32), (B, K, N)).copy()
     v[1:] = np.random.default_rng(1).standard_normal((B - 1, K, N))
     model = attention()
-    want = plain_ort(model).run(None, {"s": s, "v": v})[0]
+    want = speed.ort_session(model).run(None, {"s": s, "v": v})[0]
     got = autoclust.InferenceSession(model, must_compile=True).run(None, {"s": s, "v": v})[0]
     assert 0 < want[0, 0, 1] < 1.2e-38 and 0 < want[0, 0, 2] < 1.2e-38
     assert got[0, 0, 1] == 0.0 and got[0, 0, 2] == 0.0
@@ -98,13 +90,13 @@ def test_softmax_seen_elementwise_keeps_denormals(p_out, reader):
     if reader == "MatMul":
         feeds["v"] = np.random.default_rng(2).standard_normal((B, K, N)).astype(np.float32)
     model = attention(p_out=p_out, reader=reader)
-    want = plain_ort(model).run(None, feeds)
+    want = speed.ort_session(model).run(None, feeds)
     got = autoclust.InferenceSession(model, must_compile=True).run(None, feeds)
     p_got, p_want = (got[1], want[1]) if p_out else (got[0], want[0])
     if not p_out:  # Mul(p, p) squares them to 0: look at p itself
         p_got = p_want = None
         model_p = attention(p_out=True, reader="Mul")
-        p_want = plain_ort(model_p).run(None, feeds)[1]
+        p_want = speed.ort_session(model_p).run(None, feeds)[1]
         p_got = autoclust.InferenceSession(model_p, must_compile=True).run(None, feeds)[1]
     assert p_got[0, 0, 1] == pytest.approx(float(p_want[0, 0, 1]), rel=1e-6)
     assert p_got[0, 0, 2] > 0 and abs(float(p_got[0, 0, 2]) - float(p_want[0, 0, 2])) <= 2e-45
@@ -146,7 +138,7 @@ def test_guarded_attention_matches_onnxruntime():
     s[1, 3, :] = -np.inf
     v = np.random.default_rng(3).standard_normal((B, K, N)).astype(np.float32)
     model = attention(guard=True)
-    want = plain_ort(model).run(None, {"s": s, "v": v})[0]
+    want = speed.ort_session(model).run(None, {"s": s, "v": v})[0]
     got = autoclust.InferenceSession(model, must_compile=True).run(None, {"s": s, "v": v})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
     assert (got[1, 3] == 0).all()
@@ -178,7 +170,7 @@ def test_peaked_window_attention_is_faster_than_onnxruntime():
     feeds = {"s": scores(shape[:3]), "v": v}
     plain = {"s": np.random.default_rng(5).standard_normal(shape[:3]).astype(np.float32),
              "v": v}
-    ref = plain_ort(model)
+    ref = speed.ort_session(model)
     sess = autoclust.InferenceSession(model, must_compile=True)
     np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0],
                                rtol=1e-5, atol=1e-5, equal_nan=True)
