@@ -1,16 +1,19 @@
 """Auto-jit for an unmodified onnxruntime program, driven by AUTOCLUST_FLAGS.
 
-The installed package puts autoclust-hook.pth in site-packages. An editable (development)
-install cannot, so these tests process the repository's copy of the .pth exactly as
-Python's start-up does (site.addsitedir) before running the plain onnxruntime script.
+The installed package puts autoclust-hook.pth in site-packages, an editable install too
+(setup.py; its wheels are checked below). These tests process the repository's copy of the
+.pth exactly as Python's start-up does (site.addsitedir) before running the plain
+onnxruntime script, so they do not depend on how the package under test was installed.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 
 import numpy as np
 import onnx
@@ -228,3 +231,32 @@ def test_onnxruntime_idioms_work_under_the_hook(tmp_path):
     assert "same True True" in out
     # every cluster ran 3 times: run, run_with_iobinding and run_with_ort_values
     assert "runs [3]" in out, out
+
+
+@pytest.mark.parametrize("build", ["build_wheel", "build_editable"])
+def test_regular_and_editable_wheels_put_the_hook_in_site_packages(tmp_path, build):
+    """`pip install .` and `pip install -e .` both install autoclust-hook.pth at the top
+    of site-packages (an editable wheel used to leave it out: AUTOCLUST_FLAGS then did
+    nothing for a developer's plain onnxruntime program). Built from a copy of the
+    sources with setuptools' PEP 517/660 hooks, as pip calls them."""
+    pytest.importorskip("setuptools.command.editable_wheel")
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", "__pycache__", "*.egg-info", "build", "dist", ".*_cache", ".hypothesis",
+        "bench_out", ".benchmarks"))
+    out = tmp_path / "wheels"
+    code = f"import sys; from setuptools import build_meta; print(build_meta.{build}(sys.argv[1]))"
+    proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=src, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheel = out / proc.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        assert "autoclust-hook.pth" in names, names[:20]
+        with open(os.path.join(REPO, "autoclust-hook.pth"), "rb") as f:
+            assert zf.read("autoclust-hook.pth") == f.read()
+        record = zf.read(next(n for n in names if n.endswith(".dist-info/RECORD")))
+        assert b"autoclust-hook.pth," in record  # uninstalling removes it
+    if build == "build_editable":  # processed after the finder that makes autoclust importable
+        pths = sorted(n for n in names if n.endswith(".pth"))
+        assert pths[-1] == "autoclust-hook.pth" and pths[0].startswith("__editable__"), pths
