@@ -264,17 +264,21 @@ def scaled_moments(ctx: LowerCtx, shape: tuple[int, ...], axes: list[int], kept:
                    load: Callable, ct: str, eps: float) -> tuple:
     """(mean, 1/sqrt(var + eps), idx -> (x - mean) * inv) of the row, accurate in ct.
 
-    Two passes, the second's three sums fused in one loop (backends run phases that read
-    none of each other together):
-      s = sum(x * 2^-e), 2^e >= n (no overflow)       m = s / n * 2^e
-      c = sum(d), q = sum(d^2), q' = sum((d * 2^-k)^2 for |d| > 2^32), d = x - m
+    Two passes, each pass's sums fused in one loop (backends run phases that read none of
+    each other together):
+      s = sum(x * 2^-e), a = sum(|x| * 2^-e), 2^e >= n (no overflow)       m = s / n * 2^e
+      c = sum(d), q = sum(d^2), q' = sum((d * 2^-k)^2 for |d| > 2^32), d = g * x - g * m
     c corrects m's rounding: a row 1000 +- 0.01 kept its digits only in float64 before.
     q' stands in for q when a square overflowed: x = [-1, 3.4e38] normalizes to [-1, 1]
     (the float32 square gave inv = 0: the output was the bias); 2^-k brings n squares of
     deviations up to 2^129 into range. Deviations below 2^32 are left out of q' (they are
     below its rounding then) so that it never makes denormals: they are slow, and q' is
-    read only when q overflowed. Costs 1.35x the plain float32 two-pass kernel, where
-    float64 statistics cost 3x (measured on 4 LayerNorms of [4096, 768]).
+    read only when q overflowed. g is 1, or 1/2 in a row whose magnitudes sum past half
+    the largest float, where x - m itself can overflow ([-3.4e38, 0, 3.4e38, -3.4e38]:
+    3.4e38 + 8.5e37 gave inf, the row NaN and 0, onnxruntime [-0.9, 0.3, 1.51, -0.9]);
+    the deviations are then taken halved, and eps with them (a quarter): the normalized
+    row is the same. Costs 1.35x the plain float32 two-pass kernel, where float64
+    statistics cost 3x (measured on 4 LayerNorms of [4096, 768]).
     """
     n = math.prod(shape[a] for a in axes)
     nc, zero = const(n, ct), const(0, ct)
@@ -282,10 +286,15 @@ def scaled_moments(ctx: LowerCtx, shape: tuple[int, ...], axes: list[int], kept:
     scale = 2.0 ** -(66 + math.ceil(math.log2(max(n, 1)) / 2))
     s = ctx.reduce("sum", shape, axes, kept,
                    lambda ix: op("mul", load(ix), const(shift, ct)), ct)
+    a = ctx.reduce("sum", shape, axes, kept,
+                   lambda ix: op("mul", op("abs", load(ix)), const(shift, ct)), ct)
+    # x * g is exact for g = 1 (denormals too) and, in a row this large, for g = 1/2
+    g = select(op("gt", a, const(float(np.finfo(ct).max) / 2 * shift, ct)), const(0.5, ct),
+               const(1, ct))
     m = op("mul", op("div", s, nc), const(1 / shift, ct))
 
     def dev(ix: tuple):
-        return op("sub", load(ix), m)
+        return op("sub", op("mul", load(ix), g), op("mul", m, g))
 
     def big(ix: tuple):
         d = dev(ix)
@@ -298,9 +307,12 @@ def scaled_moments(ctx: LowerCtx, shape: tuple[int, ...], axes: list[int], kept:
     q_big = ctx.reduce("sum", shape, axes, kept, big, ct)
     var = op("max", op("sub", op("div", q, nc), _square(c)), zero)
     one = const(1, ct)
-    inv = select(_finite(q, ct), op("div", one, op("sqrt", op("add", var, const(eps, ct)))),
+    eps_g = op("mul", const(eps, ct), _square(g))
+    inv = select(_finite(q, ct), op("div", one, op("sqrt", op("add", var, eps_g))),
                  op("mul", op("div", one, op("sqrt", op("div", q_big, nc))), const(scale, ct)))
-    return op("add", m, c), inv, lambda ix: op("mul", op("sub", dev(ix), c), inv)
+    # mean and 1/sqrt(var + eps) in x's units: the statistics are of g * x
+    return op("add", m, op("div", c, g)), op("mul", inv, g), \
+        lambda ix: op("mul", op("sub", dev(ix), c), inv)
 
 
 def _finite(e, ct: str):

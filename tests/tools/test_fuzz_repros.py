@@ -235,6 +235,12 @@ CASES = [
                    "ort",
                    id=f"new-Gelu-tail-{mode}")  # fixed: the reference computes in float32
       for mode, flags in (("compiled", COMPILED), ("interp", INTERP))],
+    *[pytest.param(_model("g (float[4] x, float[1] s) => (float[4] y, float[1] m, float[1] r) "
+                          "{ y, m, r = LayerNormalization <axis = 0, epsilon = 0.01> (x, s) }"),
+                   {"x": np.array([-3.4028235e38, 1.06e-37, -3.4028235e38, 3.4028235e38], F),
+                    "s": np.array([0.55643606], F)}, flags, "ort",
+                   id=f"new-LayerNorm-deviation-past-max-{mode}")  # fixed: halved deviations
+      for mode, flags in (("compiled", COMPILED), ("interp", INTERP))],
     pytest.param(_model("g (float[2,1,2,2] x, float[1,1] c) => (float[2,1,2,2] y) "
                         "{ m = Mul (x, c) y = LogSoftmax <axis = -4> (m) }"),
                  {"x": np.array([[[[0.409, 1e-43], [2.403, -1e20]]],
