@@ -91,7 +91,7 @@ def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
         # binding proves its concrete program (kernel/bounds.py: interval arithmetic on ints)
         if not symbolic.has_syms(program.buffers):
             prove_in_bounds(program)
-        program = plan_memory(share_code(program))
+        program = plan_memory(share_code(program), pol.writes_over)
     return dataclasses.replace(program, guards=tuple(rec.guards))
 
 

@@ -87,6 +87,10 @@ class Policy:
     fused_attention: int = 0
     # dtypes this backend's library calls take beyond the op table's (GPU: bfloat16 GEMMs)
     library_dtypes: frozenset = frozenset()
+    # Whether a kernel may store its output over one of its inputs, the input's last
+    # reader (kernel, input buffer, output buffer): the memory plan then gives both one
+    # slot (kernel/memplan.py). None: never.
+    writes_over: Callable[[Any, Any, Any], bool] | None = None
     # compile() takes Programs whose dims may be symbolic (autoclust/symbolic.py) and
     # returns an object whose bind(dims) gives the Executable for their values: one
     # compile serves every sequence length of a shape class (runtime/shape_class.py).

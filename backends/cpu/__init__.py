@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from autoclust.backends.cpu import choice, codegen, dwconv, gemm, jit, library, pool
+from autoclust.backends.cpu import choice, codegen, dwconv, gemm, inplace, jit, library, pool
 from autoclust.backends.cpu.executable import Arena, Executable
 from llvmlite import ir
 
@@ -54,6 +54,7 @@ POLICY = Policy(
     fold_bias="alone",
     library_views=frozenset({"MatMul", "FusedMatMul"}),
     library_epilogues=frozenset({"MatMul", "FusedMatMul", "Gemm"}),
+    writes_over=inplace.writes_over,                        # softmax over its scores, ...
     symbolic_dims=True,
 )
 # Kernels with at least this many loop iterations are split over `--threads` threads

@@ -77,7 +77,7 @@ class KernelEmitter:
         self.flags = ("fast",) if fast_math else ()
         self.invariant: dict[int, bool] = {}
         self.bufs = sorted(_buffers_of(kernel))
-        self.dtypes = _buffer_dtypes(kernel)
+        self.dtypes = buffer_dtypes(kernel)
         self.math = mathops.MathOps(module)
         self.dim_names = code_dims(kernel)
         self.dims: dict = {}  # Sym terms -> its i64 value (computed in the entry block)
@@ -160,7 +160,7 @@ class KernelEmitter:
         if k.scan:
             self._scan(inner_ranges)
             return
-        self.stash = _plan_stash(k, self.dtypes)
+        self.stash = plan_stash(k, self.dtypes)
         for group in _phase_groups(k, self.stash):
             if len(group) > 1:
                 self.reduced.extend(self._fused_sums(group, inner_ranges))
@@ -284,7 +284,7 @@ class KernelEmitter:
                                  REDUCE_FLAGS)
 
     def _stashed(self, phase: int) -> list[tuple]:
-        """(subexpression, store) pairs the reduction phase writes as it goes (_plan_stash)."""
+        """(subexpression, store) pairs the reduction phase writes as it goes (plan_stash)."""
         return [pair for key, pair in self.stash.items() if key[0] == phase]
 
     def _vector_phase(self, red: kir.Reduction, inner_ranges: list, phase: int) -> bool:
@@ -643,7 +643,7 @@ def _subexprs(e: kir.Expr, out: set) -> set:
     return out
 
 
-def _plan_stash(k: kir.Kernel, dtypes: dict[int, str]) -> dict:
+def plan_stash(k: kir.Kernel, dtypes: dict[int, str]) -> dict:
     """{(phase, store position): (subexpr, store)}: costly values a store shares with phase.
 
     Softmax computes exp(x - max) in its sum phase and again in the store; the phase writes
@@ -727,7 +727,7 @@ def _buffers_of(k: kir.Kernel) -> set[int]:
     return {s.buf for s in k.stores} | kir.loaded_buffers(k)
 
 
-def _buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
+def buffer_dtypes(k: kir.Kernel) -> dict[int, str]:
     out = {e.buf: e.dtype for e in kir.kernel_exprs(k) if isinstance(e, kir.Load)}
     for s in k.stores:
         out[s.buf] = s.expr.dtype

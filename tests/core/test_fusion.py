@@ -123,7 +123,7 @@ def test_softmax_exp_runs_once_per_element():
     mask = np.where(RNG.random((4, 1, 1, 40)) > 0.3, 0, -1e4).astype(np.float32)
     exe = check_model(model, {"s": s, "mask": mask}, kernels=1)
     (k,) = exe.program.thunks
-    plan = codegen._plan_stash(k, codegen._buffer_dtypes(k))
+    plan = codegen.plan_stash(k, codegen.buffer_dtypes(k))
     assert [sub.name for sub, _ in plan.values()] == ["exp"], plan
     assert [phase for phase, _ in plan] == [1]  # the sum phase (after max)
 
@@ -135,7 +135,7 @@ def test_layernorm_stashes_nothing():
                                                                             _floats(32)))
     exe, _ = compile_model(model, {"x": RNG.standard_normal((2, 8, 32)).astype(np.float32)})
     for k in exe.program.thunks:
-        assert codegen._plan_stash(k, codegen._buffer_dtypes(k)) == {}
+        assert codegen.plan_stash(k, codegen.buffer_dtypes(k)) == {}
 
 
 RMSNORM_GATE = """
@@ -211,7 +211,8 @@ def test_reduction_over_other_axis_is_materialized():
     assert "materialized" in text and "rows are" in text
     temps = [b for b in exe.program.buffers if b.role == "temp"]
     assert len(temps) == 3
-    assert len({b.slot for b in temps}) == 2  # a and c share memory
+    # each softmax writes over the one before it (backends/cpu/inplace.py): one slot
+    assert len({b.slot for b in temps}) == 1
 
 
 SCANS = {  # body over x: float[4,9] -> y: its shape, and the kernels it takes
