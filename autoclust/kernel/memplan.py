@@ -9,9 +9,9 @@ caller owns them.
 With `writes_over` (the backend's Policy), a kernel's output may also take the slot of an
 input whose last reader that kernel is, when the backend says the kernel reads each
 element of that input before it writes the same element of its output (a softmax over its
-scores, a GELU over its GEMM's result): k1 above then writes t1 over t0, in slot 0. The
-output lands in memory the kernel has just read (in cache) instead of a second buffer;
-Whisper's attention scores were [6, 750, 750] floats, 13.5 MB each way.
+scores, a LayerNorm over its GEMM's product): k1 above then writes t1 over t0, in slot 0,
+one buffer instead of two (Whisper's attention scores are [6, 750, 750] floats, 13.5 MB).
+A library call's epilogue kernel is part of the call and keeps its own output.
 """
 
 from __future__ import annotations
