@@ -442,9 +442,10 @@ class KernelEmitter:
         b = self.b
         off = self.int(index.const)
         ivs = list(self.iv)
+        span = self.piece  # the split dim's range so far: clamps of one read chain
         for d, lo, hi in clamps:  # branch-free: min(max(i_d, lo), hi)
-            if self.piece is not None and d == self.piece[0]:
-                bounds = pieces.clamp(lo, hi, self.piece)
+            if span is not None and d == span[0]:
+                bounds, span = pieces.clamp(lo, hi, span), pieces.through(lo, hi, span)
                 if bounds is None:  # the piece lies inside [lo, hi]
                     continue
                 lo, hi = bounds

@@ -134,3 +134,13 @@ def clamp(lo: int, hi: int, piece: Piece) -> tuple[int, int] | None:
     if first > hi:
         return hi, hi
     return lo, hi
+
+
+def through(lo: int, hi: int, piece: Piece | None) -> Piece | None:
+    """The range of the piece's index after a clamp into [lo, hi] (clamping is monotone:
+    its two ends clamped), for the next clamp of the same read to be judged on (a Pad's
+    edge clamp, then the constant Pad's inside it); None once a bound is not an int."""
+    if piece is None or not (_int(lo) and _int(hi)):
+        return None
+    d, first, last = piece
+    return d, min(max(first, lo), hi), min(max(last, lo), hi)

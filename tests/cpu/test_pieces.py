@@ -155,6 +155,27 @@ def test_pads_of_the_last_dim_match_onnxruntime(pads, mode):
     _check(pad_model(7, pads, mode), split=mode != "reflect")  # reflect: computed reads
 
 
+def padded_twice_model(pads1: list[int], pads2: list[int], shape: list[int]) -> onnx.ModelProto:
+    """A constant Pad (negative pads crop), then an edge Pad of its result: each read of x
+    carries two clamps on one dim, the edge Pad's and, inside it, the constant Pad's."""
+    nodes = [helper.make_node("Pad", ["x", "p1", "c"], ["q"], mode="constant"),
+             helper.make_node("Pad", ["q", "p2"], ["y"], mode="edge")]
+    return _model(nodes, [("x", F32, shape)],
+                  (_ints("p1", pads1), _ints("p2", pads2),
+                   numpy_helper.from_array(np.array(1.5, np.float32), "c")))
+
+
+@pytest.mark.parametrize("pads1,pads2,shape", [
+    ([-1, -2, 3, 2], [1, 3, 2, 2], [2, 3]),     # fuzz 132/5126: read x[1, 2] as x[1, 0]
+    ([0, 1, 0, -1], [0, 2, 0, 3], [3, 6]),
+    ([0, -2, 0, 4], [0, 5, 0, 1], [2, 9]),
+])
+def test_chained_clamps_judged_on_the_clamped_index(pads1, pads2, shape):
+    """A piece pins the edge Pad's clamp at its bound; the constant Pad's clamp inside it
+    is then decided on that bound, not on the piece's own range."""
+    _check(padded_twice_model(pads1, pads2, shape))
+
+
 def test_split_finds_the_concat_pieces():
     (k,) = _kernels(merge_model(14, 384))
     assert k.shape == (7, 7, 1536)
@@ -181,6 +202,9 @@ def test_decided_and_clamp_over_a_piece():
     assert pieces.clamp(192, 383, (1, 0, 191)) == (192, 192)  # piece below: pinned
     assert pieces.clamp(0, 191, (1, 192, 383)) == (191, 191)  # piece above: pinned
     assert pieces.clamp(100, 300, (1, 0, 191)) == (100, 300)  # straddles: kept
+    assert pieces.through(3, 5, (1, 0, 0)) == (1, 3, 3)     # pinned: the next clamp sees 3
+    assert pieces.clamp(1, 3, pieces.through(3, 5, (1, 0, 0))) is None
+    assert pieces.through(2, 9, (1, 0, 4)) == (1, 2, 4)
 
 
 @pytest.mark.speed
