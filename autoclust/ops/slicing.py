@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import symbolic
-from autoclust.errors import InvalidShapeError, ShapeInferenceError
+from autoclust.errors import InvalidInputError, InvalidShapeError, ShapeInferenceError
 from autoclust.ir import Dim
 from autoclust.kernel.lowering import LowerCtx, const, op, select
 from autoclust.ops.layout import (
@@ -265,7 +265,36 @@ def _pad_infer(ctx: InferContext) -> list[TypeShape]:
             out.append(d + b + e)
         else:
             out.append(d if b == e == 0 else None)
+    if all(is_dim(d) for d in x):
+        why, fail = _pad_rejected(ctx.attrs.get("mode", "constant"), tuple(x), pairs)
+        if why:
+            raise ctx.invalid(f"pads {_ints(pads)} on input {list(x)}: {why}", fail=fail)
     return [(ctx.dtypes[0], tuple(out))]
+
+
+def _pad_rejected(mode: str, shape: tuple[int, ...],
+                  pairs: list[tuple[int, int]]) -> tuple[str, bool]:
+    """Why onnxruntime rejects these pads of a non-empty input in `mode` ('' if it
+    does not), and whether it raises Fail (else InvalidArgument). The modes other than
+    constant copy from what the crops leave (the effective extent), so none may be
+    empty, and reflect mirrors inside it without repeating an edge: an axis it pads
+    must keep 2 elements, and neither pad may pass extent - 1."""
+    if mode == "constant" or 0 in shape:
+        return "", False
+    for d, (n, (b, e)) in enumerate(zip(shape, pairs)):
+        extent = n + min(b, 0) + min(e, 0)
+        if extent <= 0:
+            return f"mode {mode} with zero effective input extent on axis {d}", True
+        if mode != "reflect" or max(b, e) <= 0:
+            continue
+        if extent < 2:
+            why = f"mode reflect needs 2 elements of axis {d} after cropping, {extent} left"
+            return why, False
+        if max(b, e) > extent - 1:
+            why = (f"mode reflect pads axis {d} by {max(b, e)}, more than its {extent} "
+                   "elements minus one")
+            return why, False
+    return "", False
 
 
 def _pad_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
@@ -286,6 +315,9 @@ def _pad_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
         return _dense(np.pad(x, widths, mode="constant", constant_values=fill))
     if mode not in ("reflect", "edge", "wrap"):
         raise _fail("Pad", f"unknown mode {mode!r}")
+    rejected, fail = _pad_rejected(mode, inputs[0].shape, pairs)
+    if rejected:
+        raise (InvalidShapeError if fail else InvalidInputError)(f"(Pad): {rejected}")
     out_shape = [d + b + e for d, (b, e) in zip(x.shape, widths)]
     if 0 in out_shape:  # nothing to pad into (onnxruntime returns the empty tensor)
         return [np.zeros(out_shape, x.dtype)]
@@ -411,14 +443,19 @@ def _lower_pad(ctx: LowerCtx):
         if mode != "constant":
             ctx.refuse(f"mode {mode} cannot pad an empty tensor {list(shape)}")
         return fill
+    rejected, _ = _pad_rejected(mode, tuple(shape), pairs)
+    if rejected:
+        ctx.refuse(rejected)
+    if any(n + min(pb, 0) + min(pe, 0) <= 0 for (pb, pe), n in zip(pairs, shape)):
+        return fill  # constant: the crops leave nothing of some axis, all is fill
     idx_in, dyn, inside, clamps = list(ctx.idx), {}, [], []
     for d, ((pb, pe), n) in enumerate(zip(pairs, shape)):
         a = ctx.idx[d]
         if pb == pe == 0:
             continue
         shifted = a.plus(ctx.at(pb), -1)
-        pos = ctx.index(shifted)
         if mode in ("constant", "edge"):
+            pos = ctx.index(shifted)
             if mode == "constant":
                 if pb > 0:
                     inside.append(op("ge", pos, const(0, "int64")))
@@ -430,10 +467,13 @@ def _lower_pad(ctx: LowerCtx):
                 idx_in[d] = shifted
                 continue
             pos = op("max", op("min", pos, const(n - 1, "int64")), const(0, "int64"))
-        elif mode == "reflect":
-            pos = _reflect(pos, n)
-        else:  # wrap
-            pos = op("mod", pos, const(n, "int64"))
+        else:  # reflect, wrap: inside what the crops leave, [crop, crop + extent)
+            crop, extent = max(-pb, 0), n + min(pb, 0) + min(pe, 0)
+            pos = ctx.index(a.plus(ctx.at(max(pb, 0)), -1))
+            pos = _reflect(pos, extent) if mode == "reflect" else \
+                op("mod", pos, const(extent, "int64"))
+            if crop:
+                pos = op("add", pos, const(crop, "int64"))
         idx_in[d], dyn[d] = ctx.zero(), pos
     e = _clamped_load(ctx, tuple(idx_in), dyn, clamps)
     for cond in inside:

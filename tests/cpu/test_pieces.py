@@ -147,12 +147,15 @@ def test_uneven_concats_match_onnxruntime(widths, t):
     _check(concat_model(widths, t), split=len(widths) <= pieces.MAX_PIECES)
 
 
-@pytest.mark.parametrize("pads", [(1, 2), (3, 0), (0, 5), (-1, 2), (2, -3), (16, 17)])
-@pytest.mark.parametrize("mode", ["constant", "edge", "reflect"])
+@pytest.mark.parametrize("pads", [(1, 2), (3, 0), (0, 5), (-1, 2), (2, -3), (-4, 3),
+                                  (16, 17)])
+@pytest.mark.parametrize("mode", ["constant", "edge", "reflect", "wrap"])
 def test_pads_of_the_last_dim_match_onnxruntime(pads, mode):
-    if mode == "reflect" and max(pads) >= 7:
-        pytest.skip("reflect pads must be shorter than the dim")
-    _check(pad_model(7, pads, mode), split=mode != "reflect")  # reflect: computed reads
+    """Negative pads crop first; wrap and reflect then copy from what is left (wrap with
+    (-4, 3) repeats the last 3 elements, not the first 3 of the uncropped dim)."""
+    if mode == "reflect" and max(pads) >= 7 + min(pads[0], 0) + min(pads[1], 0):
+        pytest.skip("reflect pads must be shorter than the dim left after cropping")
+    _check(pad_model(7, pads, mode), split=mode in ("constant", "edge"))  # else computed
 
 
 def padded_twice_model(pads1: list[int], pads2: list[int], shape: list[int]) -> onnx.ModelProto:

@@ -251,6 +251,27 @@ CASES = [
                         "() d = Div (x, c) y = Ceil (d) }"),
                  {"x": np.array([-282.3, 0.3, 0.7, 238.0], F)}, COMPILED, "ort",
                  id="new-Div-by-constant-Ceil"),  # fixed: arcp only for 1/c exact (codegen)
+    pytest.param(_model("g (int64[1,4] i) => (float[2,2] y) { c = Constant <value = "
+                        "float[3,2] {-1.2, 1.3, -0.75, -1.67, 0.83, 3.1}> () "
+                        "s = Constant <value = int64[3] {3, 1, 2}> () "
+                        "p = Constant <value = int64[4] {-3, -2, -7, 2}> () "
+                        "v = Constant <value = float {1.5}> () g = Gather (c, i) "
+                        "e = Expand (g, s) f = Flatten <axis = 2> (e) y = Pad (f, p, v) }"),
+                 {"i": np.array([[1, 0, 2, -1]], np.int64)},
+                 {**COMPILED, "check_bounds": True}, "ort",
+                 id="new-Pad-cropped-away-axis"),  # fixed: all fill, no clamp past the loop
+    *[pytest.param(_model(f"g (float[4] x) => (float[?] y) {{ p = Constant <value = int64[2] "
+                          f'{{{a}, {b}}}> () y = Pad <mode = "{mode}"> (x, p) }}', opset=19),
+                   {"x": np.array([1, 2, 3, 4], F)}, COMPILED, "ort",
+                   id=f"new-Pad-{mode}-crop-{a}-{b}")  # fixed: inside what the crops leave
+      for mode, a, b in (("wrap", -2, 2), ("wrap", 3, -3), ("reflect", -1, 2))],
+    *[pytest.param(_model(f"g (float[3,2] x) => (float[3,?] y) {{ p = Constant <value = "
+                          f'int64[4] {{{pads}}}> () y = Pad <mode = "{mode}"> (x, p) }}',
+                          opset=19),
+                   {"x": np.ones((3, 2), F)}, COMPILED, "raises",
+                   id=f"new-Pad-{mode}-rejected-{pads.replace(', ', '_')}")
+      for mode, pads in (("edge", "0, -2, 0, 2"), ("wrap", "0, -1, 0, -1"),
+                         ("reflect", "0, 2, 0, 0"), ("reflect", "0, -1, 0, 1"))],
     *[pytest.param(_model(f"g ({dt}[4] x) => (int32[4] y) {{ y = Cast <to = 6> (x) }}"),
                    {"x": np.array([np.inf, -np.inf, np.nan, 7e4 if dt == "float" else 1], np.dtype(
                        np.float32 if dt == "float" else np.float16))},
