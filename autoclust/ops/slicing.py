@@ -463,7 +463,16 @@ def _lower_pad(ctx: LowerCtx):
                     inside.append(op("le", pos, const(n - 1, "int64")))
             j = a.single()
             if j is not None:  # clamp the loop index: an affine, vectorizable load
-                clamps.append((j, pb - a.const, pb - a.const + n - 1))
+                lo, hi = pb - a.const, pb - a.const + n - 1  # where it reads inside x
+                if hi < 0 or lo > ctx.extents[j] - 1:
+                    # The loop never reaches x along d: a clamp would take the loop index
+                    # out of its range, where the index maps of the ops below (a Flatten's
+                    # carries, an Expand's broadcast) do not hold. One position is read.
+                    if mode == "constant":
+                        return fill
+                    idx_in[d] = ctx.at(n - 1 if hi < 0 else 0)  # past its end, before it
+                    continue
+                clamps.append((j, lo, hi))
                 idx_in[d] = shifted
                 continue
             pos = op("max", op("min", pos, const(n - 1, "int64")), const(0, "int64"))

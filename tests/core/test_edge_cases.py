@@ -518,6 +518,36 @@ def test_edge_pad_read_through_a_one_column_slice(col):
     check(m, {"x": np.array([[1, 2], [3, 4]], np.float32)})
 
 
+PAD_SLICES = [(mode, pads, cols) for mode in ("constant", "edge") for pads, cols in (
+    ([-3, 0, -7, 2], (3, 4)), ([-3, 0, -7, 2], (2, 4)), ([-3, 3, -7, 0], (0, 2)),
+    ([-1, 0, -1, 2], (2, 4)), ([-3, 2, -7, 2], (1, 5)))] + [("constant", [-3, -2, -7, 2], (0, 2))]
+
+
+@pytest.mark.parametrize("mode,pads,cols", PAD_SLICES,
+                         ids=[f"{m}{p}{c}" for m, p, c in PAD_SLICES])
+def test_pad_read_only_in_its_padding_under_a_flatten(mode, pads, cols):
+    """A Slice keeps only padded columns (or a crop leaves none of x's): every element
+    reads one column of x, or none. Clamping the loop index there took it out of the
+    loop's range, where the Flatten's and the Expand's index maps below do not hold:
+    a fused Gather read the wrong row (a silently wrong answer) or the bounds proof
+    refused the kernel (fuzz 134/2384)."""
+    m = model([helper.make_node("Gather", ["c", "i"], ["g"]),
+               helper.make_node("Abs", ["g"], ["a"]),
+               helper.make_node("Expand", ["a", "s"], ["e"]),
+               helper.make_node("Flatten", ["e"], ["f"], axis=2),
+               helper.make_node("Pad", ["f", "pads"], ["p"], mode=mode),
+               helper.make_node("Slice", ["p", "starts", "ends", "axes"], ["y"])],
+              [("i", I64, [1, 4])], [("y", F32, None)],
+              [const("c", np.array([[-2, -0.5], [1, 2.5], [4, 5.5]], np.float32)),
+               const("s", np.array([3, 1, 2], np.int64)),
+               const("pads", np.array(pads, np.int64)),
+               const("starts", np.array([cols[0]], np.int64)),
+               const("ends", np.array([cols[1]], np.int64)),
+               const("axes", np.array([1], np.int64))])
+    got, want = run_both(m, {"i": np.array([[1, 0, 2, -1]], np.int64)}, check_bounds=True)
+    assert_same(got, want)
+
+
 @pytest.mark.parametrize("flags", [{"must_compile": True, "min_cluster_size": 1},
                                    {"min_cluster_size": 1},
                                    {"device": "interpreter", "min_cluster_size": 1}])
