@@ -447,6 +447,21 @@ class Fusion:
                 if v.name in self.materialized and v.name in self.live and \
                         v.name not in self.written:
                     self._place(v)
+        self._place_unread_checks()
+
+    def _place_unread_checks(self) -> None:
+        """A node of an op that checks its inputs (`OpDef.checks`: an index in range, an
+        integer divisor) but that no kernel lowered, its readers having skipped it (a Pad
+        of only fill, a Concat piece no reader reaches), is computed as a root so that it
+        raises where onnxruntime does (fuzz 135/4731 answered past an index out of range)."""
+        skip = self.library.union(*(g.builder.nodes for g in self.groups if g.builder))
+        for node in self.graph.nodes:
+            v, opdef = node.outputs[0], ops.get(node.op, node.domain)
+            if opdef and opdef.checks and node.name not in skip and \
+                    v.name not in self.group_of and v.uses:
+                self.materialized.add(v.name)
+                self.notes.append(f"{v.name} materialized: no kernel reads it, its checks run")
+                self._place(v)
 
     def _place(self, v: Value) -> None:
         """Add root v; a value it cannot inline is materialized on the spot (its own root
@@ -780,6 +795,5 @@ def _program(f: Fusion, notes: list[str]) -> kir.Program:
     program = kir.Program(buffers, thunks, [f.buffers[v.name] for v in graph.inputs],
                           [f.buffers[v.name] for v in graph.outputs], notes, constants,
                           aliases=aliases)
-    # a buffer named but never used (an empty root no thunk reads) left an id out
-    return kir.dense(program)
+    return kir.dense(program)  # ids named but never used (an empty root no thunk reads)
 

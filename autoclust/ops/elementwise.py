@@ -527,9 +527,10 @@ binary("Add", np.add, lower=prim("add"), shape_like=True,
        facts={"exact": "rounded", "groups": ("CONV_EPILOGUE",)})
 binary("Sub", np.subtract, lower=prim("sub"), shape_like=True, facts={"exact": "rounded"})
 binary("Mul", np.multiply, lower=prim("mul"), shape_like=True, facts={"exact": "rounded"})
-binary("Div", trunc_div, lower=_lower_div, shape_like=True, facts={"exact": "rounded"})
+binary("Div", trunc_div, lower=_lower_div, shape_like=True,
+       facts={"exact": "rounded", "checks": True})
 binary("Mod", mod, infer=_infer_mod, lower=_lower_mod, shape_like=True, fmod=0,
-       facts={"discrete": True})
+       facts={"discrete": True, "checks": True})
 binary("Pow", power, POW_BASE, infer=_infer_pow, lower=_lower_pow, cost=4)
 variadic("Max", lambda xs, dt: _extremum(pick_max, xs, dt), NUMERIC, _lower_extremum("max"),
          True, exact="copy")

@@ -453,15 +453,16 @@ def _lower_space_to_depth(ctx: LowerCtx):
 _SCATTER = "scatters write to data-dependent positions: they run in onnxruntime"
 
 register("Gather", LAYOUT, _gather_infer, _gather_ref, lower=_lower_gather, shape_like=True,
-         exact="copy")
+         exact="copy", checks=True)
 register("GatherElements", LAYOUT, _gather_elements_infer, _gather_elements_ref,
-         lower=_lower_gather_elements, exact="copy")
-register("GatherND", LAYOUT, _gather_nd_infer, _gather_nd_ref, lower=_lower_gather_nd)
+         lower=_lower_gather_elements, exact="copy", checks=True)
+register("GatherND", LAYOUT, _gather_nd_infer, _gather_nd_ref, lower=_lower_gather_nd,
+         checks=True)
 register("ScatterElements", LAYOUT, _scatter_infer, _scatter_elements_ref, refuse=_SCATTER)
 register("ScatterND", LAYOUT, _scatter_infer, _scatter_nd_ref, refuse=_SCATTER)
 register("OneHot", LAYOUT, _one_hot_infer, _one_hot_ref, shape_inputs=(1,), lower=_lower_one_hot)
 register("ReverseSequence", LAYOUT, _reverse_sequence_infer, _reverse_sequence_ref,
-         lower=_lower_reverse_sequence)
+         lower=_lower_reverse_sequence, checks=True)
 register("DepthToSpace", LAYOUT, _depth_to_space_infer, _depth_to_space_ref,
          lower=_lower_depth_to_space)
 register("SpaceToDepth", LAYOUT, _space_to_depth_infer, _space_to_depth_ref,

@@ -138,6 +138,9 @@ class OpDef:
     # "": neither (libm math, reductions that sum, MatMul: order and accuracy vary).
     exact: str = ""
     discrete: bool = False              # outputs jump: a one-ulp input change may flip them
+    # the lowering checks inputs at run time (an index in range, an integer divisor not
+    # zero): a node no kernel reads is still computed, so that it raises (kernel/fusion.py)
+    checks: bool = False
     # Library ops: work estimate flops(attrs, in_types, out_types), 2 x multiply-adds
     # (window reads for pools), behind library-call choices and benchmarks' GEMM shares.
     flops: Callable[[Attrs, list, list], float] | None = None

@@ -384,6 +384,56 @@ def test_an_index_check_behind_an_empty_pad_runs():
                r"Gather.*index out of range \[-2, 1\]")
 
 
+UNREAD_TAILS = {  # what reads the Gather's empty [0, 1, 1] result: none of its elements
+    "concat-slice": [helper.make_node("Concat", ["g", "g"], ["c"], axis=-1),
+                     helper.make_node("Slice", ["c", "far", "far", "two"], ["y"])],
+    "pad": [helper.make_node("Pad", ["g", "pads"], ["y"])],
+    "concat-pad": [helper.make_node("Concat", ["g", "g"], ["c"], axis=0),
+                   helper.make_node("Pad", ["c", "pads"], ["y"])],
+    "slice-concat": [helper.make_node("Slice", ["g", "far", "far", "two"], ["c"]),
+                     helper.make_node("Concat", ["c", "c"], ["y"], axis=2)],
+}
+
+
+@pytest.mark.parametrize("tail", UNREAD_TAILS)
+@pytest.mark.parametrize("fed", [False, True])
+def test_an_index_check_no_reader_reaches_runs(tail, fed):
+    """A Gather whose index is out of range, its result read by nothing: an empty Concat
+    sliced past its end, a Pad of an empty tensor (all fill). The readers' lowerings never
+    reached the Gather, so its check never ran and the model answered (fuzz 135/4731);
+    onnxruntime raises, and so do we now (the Gather is computed on its own)."""
+    inits = [const("far", np.array([2 ** 62])), const("two", np.array([2])),
+             const("pads", np.array([1, 0, 0, 0, 0, 0]))]
+    ins = [("x", F32, [1, 1, 1])]
+    if fed:
+        ins.append(("i", I64, [1]))
+    else:
+        inits.append(const("i", np.array([-2])))
+    m = model([helper.make_node("Slice", ["x", "s0", "e0", "ax0", "st0"], ["s"]),
+               helper.make_node("Gather", ["s", "i"], ["g"], axis=-2)] + UNREAD_TAILS[tail],
+              ins, [("y", F32, None)],
+              [const("s0", np.array([1, 0])), const("e0", np.array([0, 7])),
+               const("ax0", np.array([0, 1])), const("st0", np.array([-1, 2]))] + inits)
+    feeds = {"x": np.ones((1, 1, 1), np.float32)} | ({"i": np.array([-2])} if fed else {})
+    both_raise(m, feeds, "out of data bounds|out of bounds",
+               r"Gather.*index out of range \[-1, 0\]")
+
+
+def test_an_index_check_behind_a_concat_piece_no_reader_reaches_runs():
+    """Non-empty: a Slice keeps the second piece of a Concat, and the first is a Gather
+    whose index is out of range; a Pad that crops an axis away reads nothing of its
+    input. Neither reads the Gather, which still raises, as in onnxruntime."""
+    for tail in ([helper.make_node("Concat", ["g", "x"], ["c"], axis=1),
+                  helper.make_node("Slice", ["c", "one", "big", "one"], ["y"])],
+                 [helper.make_node("Pad", ["g", "crop"], ["y"])]):
+        m = model([helper.make_node("Gather", ["x", "i"], ["g"], axis=1)] + tail,
+                  [("x", F32, [2, 3]), ("i", I64, [2])], [("y", F32, None)],
+                  [const("one", np.array([1])), const("big", np.array([9])),
+                   const("crop", np.array([0, -2, 0, 1]))])
+        both_raise(m, {"x": np.ones((2, 3), np.float32), "i": np.array([0, 5])},
+                   "out of data bounds|out of bounds", r"Gather.*index out of range")
+
+
 def test_an_empty_tile_of_an_empty_where_runs():
     # Tile reads its input at data-dependent positions: the empty Where is no buffer to
     # materialize (IndexError binding the inputs, fuzz 95/199)
