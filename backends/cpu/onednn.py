@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import math
 import os
 import sys
@@ -283,6 +284,7 @@ class Matmul:
                  epilogue: Sequence[tuple] = (),
                  weights: np.ndarray | None = None, threads: int = 0, pack: bool = True):
         lib = _lib()
+        a, b, y, epilogue = rows_merged(a, b, y, epilogue)
         rank = max(len(a.shape), len(b.shape), len(y.shape), 2)
         a, b, y = a.padded(rank), b.padded(rank), y.padded(rank)
         self.threads = threads
@@ -450,6 +452,43 @@ class Matmul:
         lib.dnnl_primitive_destroy(self._prim)
         for mem in self._keep:
             lib.dnnl_memory_destroy(mem)
+
+
+def rows_merged(a: Operand, b: Operand, y: Operand, epilogue: Sequence[tuple]
+                ) -> tuple[Operand, Operand, Operand, Sequence[tuple]]:
+    """A stack of rows against one b ([1, 7, 7, 3072] x [3072, 768]) as one 2-D matmul
+    ([49, 3072] x [3072, 768]): oneDNN runs the 4-D form as 7 GEMMs of 7 rows, up to 1.8x
+    slower (ConvNeXt's [7x7, 768] x [768, 3072]: 2.07 ms, 1.14 ms merged, 1.13 ms MLAS).
+    Only where a's and y's leading dims merge (their strides) and each binary post-op's
+    operand spans those dims whole or not at all; else the operands as they are."""
+    same = a, b, y, epilogue
+    if len(a.shape) <= 2 or len(y.shape) != len(a.shape) or math.prod(b.shape[:-2]) != 1:
+        return same
+    ma, my = _merged_rows(a), _merged_rows(y)
+    if ma is None or my is None:
+        return same
+    steps = []
+    for kind, shape, *rest in epilogue:
+        if kind in BINARY:
+            full = (1,) * (len(y.shape) - len(shape)) + tuple(shape)
+            if full[:-1] == y.shape[:-1]:
+                shape = (my.shape[0], full[-1])
+            elif any(d != 1 for d in full[:-1]):
+                return same
+            else:
+                shape = (1, full[-1])
+        steps.append((kind, shape, *rest))
+    return ma, Operand(b.shape[-2:], b.strides[-2:]), my, steps
+
+
+def _merged_rows(op: Operand) -> Operand | None:
+    """op [..., M, K] as [prod(...) * M, K] when its leading dims lie at one stride."""
+    lead = [(d, s) for d, s in zip(op.shape[:-1], op.strides[:-1]) if d != 1]
+    for (_, outer), (d, inner) in itertools.pairwise(lead):
+        if outer != inner * d:
+            return None
+    row = lead[-1][1] if lead else op.shape[-1] * op.strides[-1]
+    return Operand((math.prod(op.shape[:-1]), op.shape[-1]), (row, op.strides[-1]))
 
 
 def _post_arg(index: int) -> int:
