@@ -300,13 +300,11 @@ CASES = [
                    COMPILED, "ort", id=f"new-GroupNorm-one-element-groups-{shape}")
       for shape in ("2,3,1,1", "2,3,1,1,1")],
     # (onnxruntime's one-pass variance overflows there: NaN; this row checks the true value)
-    *[pytest.param(_model(f"g (float[3] x) => (float[3] y) {{ y = {op} (x) }}"),
-                   {"x": np.array([-4.4e-5, -1e-6, -0.5], F)}, INTERP, "ort",
-                   id=f"new-{op}-near-zero-interpreter",
-                   marks=_xfail(f"new: onnxruntime's {op} computes exp(x) - 1 in float32 "
-                                "(0.02% off at -4.4e-5, 6% at -1e-6); the reference is expm1, "
-                                "the compiled kernel copies onnxruntime's formula"))
-      for op in ("Elu", "Selu", "Celu")],
+    *[pytest.param(_model(f"g (float[4] x) => (float[4] y) {{ y = {op} (x) }}"),
+                   {"x": np.array([-4.4e-5, -1e-6, -0.5, -1.3571318e-26], F)}, flags, "ort",
+                   id=f"new-{op}-near-zero-{mode}")  # fixed: the reference takes exp(x) - 1
+      for op in ("Elu", "Selu", "Celu")     # as onnxruntime (136/1615: expm1 gave -1.4e-26)
+      for mode, flags in (("compiled", COMPILED), ("interpreter", INTERP))],
     # ---- issue 24: a held-out fuzzer's finds ----------------------------------------------
     *[pytest.param(_model("g (float[1,0] x, int64[4,1] i) => (float[4,1] y) "
                           "{ z = GatherElements <axis = 0> (x, i) y = Add (z, z) }"),
