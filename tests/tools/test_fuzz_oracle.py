@@ -811,17 +811,33 @@ def test_onnxruntime_matmul_error_on_valid_shapes_is_its_own():
     assert "shape" in fuzz_check.compare([np.zeros((3, 5, 1), F32)], ref.expected)
 
 
+def test_onnxruntime_matmul_error_behind_an_empty_flatten_is_its_own():
+    """fuzz 138/1816: Flatten of an empty [0, 3], then MatMul by a 1-D [3]: onnxruntime's
+    MatMul raises "cannot broadcast", and onnx.reference's Flatten could not reshape the
+    empty tensor, so there was no second opinion and our [0] was reported. With
+    spec_fixes' Flatten the reference answers [0], and ours passes."""
+    model = _model("g (float[0,3] a, float[3] b) => (float[?] y) "
+                   "{ f = Flatten <axis = -1> (a) y = MatMul (f, b) }")
+    feeds = {"a": np.zeros((0, 3), F32), "b": np.ones(3, F32)}
+    ref = fuzz_check.reference(model, feeds)
+    assert ref.raised == ("", "") and ref.ort_bug == "matmul_helper.h:142"
+    assert ref.expected[0].shape == (0,)
+    variants = [{"device": "cpu", "min_cluster_size": 1}]
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"
+
+
 def test_onnxruntime_own_error_leaves_its_other_outputs_to_onnxruntime():
     # fuzz 97/3101, 97/2198: beside a MatMul onnxruntime refuses, the reference's exclusive
     # CumSum keeps -0 for -0 + -0 (onnxruntime, and ours, start at +0: inf, not -inf), and
-    # its Flatten of [5, 5, 0] at axis 3 fails (no opinion: the MatMul error was expected)
+    # its Flatten of [5, 5, 0] at axis 3 failed (no opinion: the MatMul error was expected;
+    # spec_fixes' Flatten gives the spec's [0, 1] since fuzz 138/1816)
     model = _model("g (float[3,5,0,1] a, float[1] b, float[2,3] c, float[5,5,0] f) => "
                    "(float[?,?,?] y, float[2,3] r, float[?,?] z) { y = MatMul (a, b) "
                    "ax = Constant <value = int64 {1}> () s = CumSum <exclusive = 1, reverse = 1> "
                    "(c, ax) r = Reciprocal (s) z = Flatten <axis = 3> (f) }", opset=17)
     feeds = {**MATMUL_EMPTY_FEEDS, "c": np.array([[-0.0, -0.0, -0.0], [1, 2, 3]], F32),
              "f": np.zeros((5, 5, 0), F32)}
-    assert onnx_reference.evaluate(model, feeds) is None  # the reference's Flatten
+    assert onnx_reference.evaluate(model, feeds)[2].shape == (0, 1)  # its Flatten, fixed
     ref = fuzz_check.reference(model, feeds)
     assert ref.raised == ("", "") and ref.ort_bug == "matmul_helper.h:142"
     assert ref.expected[0].shape == (3, 5, 0) and ref.expected[2].shape == (0, 1)

@@ -3,10 +3,10 @@ the spec fixed: the fuzz oracle's second opinion (tools/fuzz/truth.py), where on
 not the only right answer.
 
 `evaluate` runs a model on it with `spec_fixes`: ops replaced where the reference departs
-from the spec's text (Clip, Erf, Gelu, GatherElements, GroupNormalization, LayerNormalization,
-LogSoftmax, Pad, float16 Softmax and reductions), or where the spec leaves an answer open
-that autoclust gives in onnxruntime's way (TopK, ReduceMax, ReduceMin and Sign of NaN;
-ArgMax, ArgMin and CumSum of NaN and -0). Without them its opinion would condemn a right
+from the spec's text (Clip, Erf, Gelu, Flatten, GatherElements, GroupNormalization,
+LayerNormalization, LogSoftmax, Pad, float16 Softmax and reductions), or where the spec
+leaves an answer open that autoclust gives in onnxruntime's way (TopK, ReduceMax, ReduceMin
+and Sign of NaN; ArgMax, ArgMin and CumSum of NaN and -0). Without them its opinion would condemn a right
 answer or, where it raises, leave a wrong one of onnxruntime's standing.
 """
 
@@ -59,7 +59,7 @@ def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
     of NaN or -0, and its FALLBACK_NAN ops of them where `nan_order` is "fallback"
     (_onnxruntime_nan_ops)."""
     return [_gather_elements_op(), _clip_op(), _erf_op(), _gelu_op(), _log_softmax_op(),
-            _pad_op(), _layer_normalization_op(), _group_normalization_op(),
+            _pad_op(), _layer_normalization_op(), _group_normalization_op(), _flatten_op(),
             _top_k_op(nan_order),
             *([] if opset is None else _rounded_once_ops(opset)),
             *([] if opset is None else _onnxruntime_nan_ops(COPIED_RULES, opset)),
@@ -402,3 +402,20 @@ def _gather_elements_op() -> type:
             grid[axis] = idx
             return (data[tuple(grid)],)
     return GatherElements
+
+
+def _flatten_op() -> type:
+    """onnx.reference's Flatten, fixed: it reshapes to (rows, -1), which NumPy cannot do
+    for an empty tensor with no rows ([0, 3] at axis -1: "cannot reshape array of size 0
+    into shape (0,newaxis)"), and the reference then had no opinion beside onnxruntime's
+    MatMul error on the [0, 3] result (fuzz 138/1816). The spec's shape, from the dims."""
+    from onnx.reference.op_run import OpRun
+
+    class Flatten(OpRun):
+        op_domain = ""
+
+        def _run(self, x, axis=1):
+            axis = int(axis) + (x.ndim if int(axis) < 0 else 0)
+            rows, cols = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
+            return (x.reshape(rows, cols),)
+    return Flatten
