@@ -272,6 +272,11 @@ def _pad_infer(ctx: InferContext) -> list[TypeShape]:
     return [(ctx.dtypes[0], tuple(out))]
 
 
+def _kept(n: Any, pads: tuple[int, int]) -> Any:
+    """How much of a dim of n the crops (negative pads) leave: Pad's effective extent."""
+    return n + min(pads[0], 0) + min(pads[1], 0)
+
+
 def _pad_rejected(mode: str, shape: tuple[int, ...],
                   pairs: list[tuple[int, int]]) -> tuple[str, bool]:
     """Why onnxruntime rejects these pads of a non-empty input in `mode` ('' if it
@@ -282,7 +287,7 @@ def _pad_rejected(mode: str, shape: tuple[int, ...],
     if mode == "constant" or 0 in shape:
         return "", False
     for d, (n, (b, e)) in enumerate(zip(shape, pairs)):
-        extent = n + min(b, 0) + min(e, 0)
+        extent = _kept(n, (b, e))
         if extent <= 0:
             return f"mode {mode} with zero effective input extent on axis {d}", True
         if mode != "reflect" or max(b, e) <= 0:
@@ -446,7 +451,7 @@ def _lower_pad(ctx: LowerCtx):
     rejected, _ = _pad_rejected(mode, tuple(shape), pairs)
     if rejected:
         ctx.refuse(rejected)
-    if any(n + min(pb, 0) + min(pe, 0) <= 0 for (pb, pe), n in zip(pairs, shape)):
+    if any(_kept(n, p) <= 0 for p, n in zip(pairs, shape)):
         return fill  # constant: the crops leave nothing of some axis, all is fill
     idx_in, dyn, inside, clamps = list(ctx.idx), {}, [], []
     for d, ((pb, pe), n) in enumerate(zip(pairs, shape)):
@@ -477,7 +482,7 @@ def _lower_pad(ctx: LowerCtx):
                 continue
             pos = op("max", op("min", pos, const(n - 1, "int64")), const(0, "int64"))
         else:  # reflect, wrap: inside what the crops leave, [crop, crop + extent)
-            crop, extent = max(-pb, 0), n + min(pb, 0) + min(pe, 0)
+            crop, extent = max(-pb, 0), _kept(n, (pb, pe))
             pos = ctx.index(a.plus(ctx.at(max(pb, 0)), -1))
             pos = _reflect(pos, extent) if mode == "reflect" else \
                 op("mod", pos, const(extent, "int64"))

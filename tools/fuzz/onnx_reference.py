@@ -6,8 +6,8 @@ not the only right answer.
 from the spec's text (Clip, Erf, Gelu, Flatten, GatherElements, GroupNormalization,
 LayerNormalization, LogSoftmax, Pad, float16 Softmax and reductions), or where the spec
 leaves an answer open that autoclust gives in onnxruntime's way (TopK, ReduceMax, ReduceMin
-and Sign of NaN; ArgMax, ArgMin and CumSum of NaN and -0). Without them its opinion would condemn a right
-answer or, where it raises, leave a wrong one of onnxruntime's standing.
+and Sign of NaN; ArgMax, ArgMin and CumSum of NaN and -0). Without them its opinion would
+condemn a right answer or, where it raises, leave a wrong one of onnxruntime's standing.
 """
 
 from __future__ import annotations
