@@ -130,7 +130,8 @@ def test_profile_shows_onnxruntime_segments():
     assert "onnxruntime segment" in kinds and "cluster" in kinds
     seg_ops = {op for s in p["steps"] if s["kind"] != "cluster" for op in s["ops"]}
     assert {"NonZero", "Unique", "TopK"} <= seg_ops
-    assert p["categories"]["onnxruntime segments"][0] > 0
+    seg = p["categories"]
+    assert seg[bench_profile.SEGMENT_REST][0] > 0 and seg[bench_profile.SEGMENT_GEMM][0] == 0
     assert p["max_abs_err"] == 0 or p["max_abs_err"] < 1e-4
 
 
@@ -302,6 +303,27 @@ def test_exports_combine_takes_the_median_process():
     out = bench_exports.combine(rows + [{"model": "gpt2", "error": "boom"}])
     assert out["k"] == 2 and out["ratio_runs"] == [0.9, 1.0, 1.1]
     assert out["openvino_ratio_runs"] == pytest.approx([1.0, 1.1, 1.2])
+
+
+def test_segment_time_split_by_onnxruntime_profile():
+    """A segment's time is split by its nodes' shares in onnxruntime's profile of the whole
+    model (fused names keep the node's name before the slash); the GEMM/Conv part counts in
+    our floor. Unsplit, Whisper's convolutions in onnxruntime read as our non-GEMM time."""
+    rec = bench_profile.Recorder()
+    rec.samples[("step", 0)] = [4e-3, 4e-3, 5e-3]
+    rec.samples[("step", 1)] = [9e-3, 9e-3, 9e-3]
+    steps = [{"key": ("step", 0), "kind": "onnxruntime segment", "nodes": ["conv", "gelu"]},
+             {"key": ("step", 1), "kind": "cluster", "nodes": ["mm"]}]
+    prof = {"nodes": [{"node": "conv/ConvActivationFusion", "us": 300.0, "category": "conv"},
+                      {"node": "gelu", "us": 100.0, "category": "elementwise"},
+                      {"node": "mm", "us": 900.0, "category": "gemm"}]}
+    ours = {"gemm": 9000.0, "onnxruntime segments": 4000.0}
+    bench_profile._split_segments(ours, steps, rec, prof)
+    assert ours[bench_profile.SEGMENT_GEMM] == pytest.approx(3000.0)
+    assert ours[bench_profile.SEGMENT_REST] == pytest.approx(1000.0)
+    assert "onnxruntime segments" not in ours
+    cats = {c: (us, 0.0) for c, us in ours.items()}
+    assert bench_profile.floor(13.0, 13.0, cats)["autoclust"]["gemm_ms"] == pytest.approx(12.0)
 
 
 def test_floor_ratio_from_categories():
