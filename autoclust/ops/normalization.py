@@ -429,7 +429,7 @@ def _batch_norm(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
 
 def _normalize_groups(x: np.ndarray, groups: int, eps: float) -> np.ndarray:
     """(x - mean) / sqrt(var + eps) with statistics per (n, group) over the rest."""
-    g = x.reshape(x.shape[0], groups, -1)
+    g = x.reshape(x.shape[0], groups, x.size // max(x.shape[0] * groups, 1))  # -1: not if empty
     mean = np.mean(g, axis=2, keepdims=True)
     d = g - mean
     wide = np.promote_types(d.dtype, np.float64)  # a float32 square overflows above 1.8e19
@@ -493,7 +493,7 @@ def _lower_channel_norm(ctx: LowerCtx):
     shape = ctx.in_shape(0)
     ct = compute_dtype(ctx.dtype)
     groups = shape[1] if ctx.node.op == "InstanceNormalization" else int(ctx.attr("num_groups"))
-    vshape = (shape[0], groups, math.prod(shape[1:]) // groups)
+    vshape = (shape[0], groups, math.prod(shape[1:]) // max(groups, 1))  # no channels: empty
     ctx.rows(vshape, [2])
     vidx = ctx.reindex(ctx.idx, shape, vshape)
     load = lambda ix: cast(ctx.view(0, vshape, ix), ct)
@@ -563,7 +563,9 @@ def _lower_lp(ctx: LowerCtx):
         norm = op("sqrt", ctx.reduce("sum", shape, [axis], kept,
                                      lambda ix: _square(load(ix)), ct))
     zero = op("eq", norm, const(0, ct))  # onnxruntime leaves an all-zero slice at zero
-    return select(zero, const(0, ct), op("div", load(ctx.idx), norm))
+    # a true division: a denormal norm (p = 1) has no float32 reciprocal, and x * (1 / n)
+    # gave NaN and -inf where onnxruntime gives 0 and -1 (fuzz 141/100)
+    return select(zero, const(0, ct), op("div_exact", load(ctx.idx), norm))
 
 
 def _lower_mvn(ctx: LowerCtx):
