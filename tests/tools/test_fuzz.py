@@ -45,6 +45,9 @@ BUDGET = [
     # on inf, Gemm reading C at beta 0, CumSum of -0.0, both compile crashes (a scan in a
     # reduction's kernel; an empty Slice of a Concat) and Expand to absurd shapes.
     ("cpu", 103, 40, "optional", ()),
+    # the ops group: pools, scatters, Einsum, BatchNorm, ... (its first 30 graphs of seed
+    # 141 found LpNormalization's reciprocal of a denormal norm; these are clean)
+    ("cpu", 144, 30, "ops", ()),
 ]
 
 

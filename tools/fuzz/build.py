@@ -30,7 +30,7 @@ ELEM = {F16: TensorProto.FLOAT16, F32: TensorProto.FLOAT, F64: TensorProto.DOUBL
         I32: TensorProto.INT32, I64: TensorProto.INT64, BOOL: TensorProto.BOOL}
 
 # Profile switches and emitter groups; a case draws its profile within a feature set.
-GROUPS = ("core", "reduce", "index", "int", "round", "export", "optional")
+GROUPS = ("core", "reduce", "index", "int", "round", "export", "optional", "ops")
 SWITCHES = ("f16", "wide", "special", "empty", "errors")
 ALL = frozenset(GROUPS + SWITCHES)
 CLASSIC = frozenset({"core"})
@@ -44,6 +44,8 @@ PRESETS = {
     "round": frozenset({"round", "f16"}),                     # float16 rounding
     # missing optional inputs, alpha/beta 0, signed zeros, indices longer than data
     "optional": frozenset({"core", "optional", "special", "errors", "empty"}),
+    # the op table's ops no other group generates: pools, scatters, Einsum, ...
+    "ops": frozenset({"core", "ops", "wide", "special", "f16"}),
 }
 OPSETS = (13, 17, 21)
 

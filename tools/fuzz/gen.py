@@ -17,7 +17,10 @@ which emitter groups it uses:
   - export: embedding lookups, GroupNormalization, Where chains, masked Softmax;
   - optional: Clip with missing bounds, Gemm with alpha/beta 0, signed zeros through
             CumSum, scans into reductions, NaN rows, indices longer than data off the
-            axis and absurd Expand shapes in error profiles (tools/fuzz/gen_optional.py).
+            axis and absurd Expand shapes in error profiles (tools/fuzz/gen_optional.py);
+  - ops:    the rest of the op table: inverse trig, PRelu, Sum/Mean, logical and bitwise
+            ops, pools, BatchNorm/InstanceNorm/LpNorm/MVN, DepthToSpace, scatters, OneHot,
+            Einsum, ConvTranspose, Quantize/DequantizeLinear, ... (tools/fuzz/gen_ops.py).
 Each emitter picks operands from the values built so far (recent ones first, so chains
 form), adds a few nodes and records their concrete output shapes; an emitter that cannot
 use this profile adds nothing. Operands of restricted domains are made safe first (Log on
@@ -35,6 +38,7 @@ import numpy as np
 from autoclust.tools.fuzz import build as fb
 from autoclust.tools.fuzz import gen_edge as fuzz_gen_edge
 from autoclust.tools.fuzz import gen_index as fuzz_gen_index
+from autoclust.tools.fuzz import gen_ops as fuzz_gen_ops
 from autoclust.tools.fuzz import gen_optional as fuzz_gen_optional
 from autoclust.tools.fuzz.build import BOOL, ELEM, F32, F64, I64, Builder, Case, Val
 from onnx import TensorProto
@@ -320,6 +324,7 @@ EMITTERS: list[tuple[Emitter, float, str]] = [
     (emit_expand, 0.6, "core"), (emit_flatten, 0.4, "core"), (emit_shape_chain, 0.6, "core"),
     (emit_nonzero, 0.25, "core"), (emit_topk, 0.3, "core"),
     *fuzz_gen_edge.EMITTERS, *fuzz_gen_index.EMITTERS, *fuzz_gen_optional.EMITTERS,
+    *fuzz_gen_ops.EMITTERS,
 ]
 
 
