@@ -983,3 +983,17 @@ def test_compile_fallbacks_of_one_cause_share_a_signature():
                                 "kernel of its own") for i in (1, 2))
     assert a == b == ("compile failed: CompileError: fusion of _: cannot place _: CumSum (_): "
                       "a scan needs a kernel of its own")
+
+
+def test_reference_conv_reads_only_its_taps():
+    """fuzz 140/352: onnx.reference's Conv multiplies positions a dilated kernel skips by
+    zero, so an inf there made NaN (inf * 0) of a window onnxruntime computes as 4; behind
+    a LayerNormalization whose float32 variance overflows in onnxruntime, that NaN was the
+    float64 opinion and our right answer was reported. spec_fixes' Conv reads the taps."""
+    model = _model("g (float[1,1,3,4] x, float[1,1,2,3] w) => (float[?,?,?,?] y) { y = Conv "
+                   "<dilations = [1, 2], kernel_shape = [2, 3], pads = [1, 0, 1, 1], "
+                   "strides = [2, 1]> (x, w) }", opset=17)
+    x = np.ones((1, 1, 3, 4), F32)
+    x[0, 0, 1, 1] = np.inf  # between the taps of the second window's middle row
+    feeds = {"x": x, "w": np.ones((1, 1, 2, 3), F32)}
+    np.testing.assert_array_equal(onnx_reference.evaluate(model, feeds)[0].ravel(), [2, 4])

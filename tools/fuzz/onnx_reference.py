@@ -60,7 +60,7 @@ def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
     (_onnxruntime_nan_ops)."""
     return [_gather_elements_op(), _clip_op(), _erf_op(), _gelu_op(), _log_softmax_op(),
             _pad_op(), _layer_normalization_op(), _group_normalization_op(), _flatten_op(),
-            _top_k_op(nan_order),
+            _conv_op(), _top_k_op(nan_order),
             *([] if opset is None else _rounded_once_ops(opset)),
             *([] if opset is None else _onnxruntime_nan_ops(COPIED_RULES, opset)),
             *([] if opset is None or nan_order != "fallback" else
@@ -419,3 +419,55 @@ def _flatten_op() -> type:
             rows, cols = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
             return (x.reshape(rows, cols),)
     return Flatten
+
+
+def _conv_op() -> type:
+    """onnx.reference's Conv, replaced: its im2col product gave NaN for windows holding no
+    inf or NaN, next to ones that do (a padded, dilated Conv over data holding inf: the
+    float64 opinion was NaN there, and LayerNormalization after it the bias, so a float32
+    answer right where onnxruntime's variance overflows stood condemned, fuzz 140/352).
+    Per kernel tap, the tap's weights times the strided view of the zero-padded input."""
+    from onnx.reference.op_run import OpRun
+
+    class Conv(OpRun):
+        op_domain = ""
+
+        def _run(self, x, w, b=None, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None):
+            spatial, kernel = x.shape[2:], w.shape[2:]
+            n = len(kernel)
+            dil, step = list(dilations or [1] * n), list(strides or [1] * n)
+            begin, end = _conv_pads(auto_pad, spatial, kernel, dil, step, pads)
+            out = [(s + lo + hi - (k - 1) * d - 1) // st + 1
+                   for s, lo, hi, k, d, st in zip(spatial, begin, end, kernel, dil, step)]
+            xp = np.pad(x, [(0, 0), (0, 0)] + list(zip(begin, end)))
+            g, m = int(group), w.shape[0]
+            cg, mg = x.shape[1] // g, m // g
+            y = np.zeros((x.shape[0], m, *out), np.result_type(x, w))
+            for tap in np.ndindex(*kernel):
+                view = xp[(slice(None), slice(None)) + tuple(
+                    slice(t * d, t * d + (o - 1) * st + 1, st)
+                    for t, d, o, st in zip(tap, dil, out, step))]
+                for i in range(g):
+                    wt = w[(slice(i * mg, (i + 1) * mg), slice(None)) + tap]
+                    y[:, i * mg:(i + 1) * mg] += np.einsum(
+                        "mc,nc...->nm...", wt, view[:, i * cg:(i + 1) * cg])
+            if b is not None:
+                y += b.reshape((1, m) + (1,) * n)
+            return (y.astype(x.dtype),)
+    return Conv
+
+
+def _conv_pads(auto_pad: str, spatial: tuple, kernel: tuple, dil: list, step: list,
+               pads: list | None) -> tuple[list[int], list[int]]:
+    """Conv's begin and end pads per spatial axis, auto_pad resolved as the spec says."""
+    n = len(kernel)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        total = [max((-(-s // st) - 1) * st + (k - 1) * d + 1 - s, 0)
+                 for s, k, d, st in zip(spatial, kernel, dil, step)]
+        small = [t // 2 for t in total]
+        big = [t - h for t, h in zip(total, small)]
+        return (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    if auto_pad == "VALID" or not pads:
+        return [0] * n, [0] * n
+    return [int(p) for p in pads[:n]], [int(p) for p in pads[n:]]
