@@ -454,6 +454,8 @@ def _maxpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     flat = win.reshape(*win.shape[:2 + len(out)], -1)
     arg = np.argmax(flat, axis=-1)[..., None]  # first maximum, as onnxruntime
     values = np.take_along_axis(flat, arg, axis=-1)[..., 0]
+    if w.dtype.kind == "f":  # a window all padding (dilated taps, ceil_mode): the lowest
+        values = np.where(empty_windows(x.shape, kernel, attrs), np.finfo(w.dtype).min, values)
     # Indices: the flat (N, C, *spatial) offset of each maximum; padding never wins.
     spatial = x.shape[2:]
     pos = np.arange(math.prod(spatial)).reshape(spatial)
@@ -466,6 +468,17 @@ def _maxpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     pflat = pwin.reshape(flat.shape)
     indices = np.take_along_axis(pflat, arg, axis=-1)[..., 0].astype(np.int64)
     return [values.astype(x.dtype), indices]
+
+
+def empty_windows(shape: Sequence[int], kernel: Sequence[int], attrs: dict[str, Any]
+                  ) -> np.ndarray:
+    """[1, 1, *out] bool: MaxPool windows that read no element of x, only padding (a
+    dilation stepping over the data, a ceil_mode window). The spec gives them no value;
+    onnxruntime's is the float's lowest, the value its maximum starts from (fuzz 142/772:
+    a 1x1 input, a window of dilation 2 and pads 1 around it)."""
+    ones = np.ones((1, 1, *shape[2:]), np.int8)
+    win, out, _, _ = _windows(ones, kernel, attrs, 0, pool=True)
+    return win.reshape(1, 1, *out, math.prod(kernel)).sum(axis=-1) == 0
 
 
 def _avgpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import ops
-from autoclust.ops.library import window_pads  # the semantics' own geometry
+from autoclust.ops.library import empty_windows, window_pads  # the semantics' own geometry
 
 TypeShape = tuple[np.dtype, tuple[int, ...]]
 Arrays = Sequence[np.ndarray | None]
@@ -222,6 +222,10 @@ def _numpy_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn
     views = _offset_views(xp, out, kernel, strides, dil)
     count = None if is_max else _pool_count(x_shape, attrs, pb, sizes, out, strides, dil,
                                             dtype)
+    # MaxPool windows of padding only: the float's lowest, as onnxruntime (library.py)
+    empty = empty_windows(x_shape, kernel, attrs) if is_max and dtype.kind == "f" else None
+    empty = empty if empty is not None and empty.any() else None
+    lowest = np.finfo(dtype).min if dtype.kind == "f" else 0
 
     def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
         xp[inner] = ins[0]
@@ -232,6 +236,8 @@ def _numpy_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn
             combine(y, v, out=y)
         if count is not None:
             np.divide(y, count, out=y)
+        if empty is not None:
+            np.copyto(y, lowest, where=empty)
 
     return run
 
