@@ -451,11 +451,13 @@ def _maxpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     w = _work(x)
     fill = -np.inf if w.dtype.kind == "f" else np.iinfo(w.dtype).min
     win, out, _, _ = _windows(w, kernel, attrs, fill, pool=True)
-    flat = win.reshape(*win.shape[:2 + len(out)], -1)
+    flat = win.reshape(*win.shape[:2 + len(out)], math.prod(kernel))
+    if w.dtype.kind == "f":  # NaN never wins (pool_max)
+        flat = np.where(np.isnan(flat), -np.inf, flat)
     arg = np.argmax(flat, axis=-1)[..., None]  # first maximum, as onnxruntime
     values = np.take_along_axis(flat, arg, axis=-1)[..., 0]
-    if w.dtype.kind == "f":  # a window all padding (dilated taps, ceil_mode): the lowest
-        values = np.where(empty_windows(x.shape, kernel, attrs), np.finfo(w.dtype).min, values)
+    if w.dtype.kind == "f":
+        values = np.maximum(values, np.finfo(w.dtype).min)
     # Indices: the flat (N, C, *spatial) offset of each maximum; padding never wins.
     spatial = x.shape[2:]
     pos = np.arange(math.prod(spatial)).reshape(spatial)
@@ -470,15 +472,19 @@ def _maxpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     return [values.astype(x.dtype), indices]
 
 
-def empty_windows(shape: Sequence[int], kernel: Sequence[int], attrs: dict[str, Any]
-                  ) -> np.ndarray:
-    """[1, 1, *out] bool: MaxPool windows that read no element of x, only padding (a
-    dilation stepping over the data, a ceil_mode window). The spec gives them no value;
-    onnxruntime's is the float's lowest, the value its maximum starts from (fuzz 142/772:
-    a 1x1 input, a window of dilation 2 and pads 1 around it)."""
-    ones = np.ones((1, 1, *shape[2:]), np.int8)
-    win, out, _, _ = _windows(ones, kernel, attrs, 0, pool=True)
-    return win.reshape(1, 1, *out, math.prod(kernel)).sum(axis=-1) == 0
+def pool_max(x: np.ndarray, axis: int | tuple[int, ...], keepdims: bool = True) -> np.ndarray:
+    """MaxPool's and GlobalMaxPool's maximum, as onnxruntime's CPU kernels and the ONNX
+    reference take it: NaN never wins (a window of NaN only, or of -inf, or of padding only
+    gives the float's lowest, where onnxruntime's running maximum starts; the reference
+    drops NaN too). The spec says nothing of NaN; onnxruntime's 2-D MLAS kernel keeps a NaN
+    in some lanes, and our large float32 pools run that same kernel (fuzz 142/772: a window
+    of padding only, beside a dilation stepping over a one-row input, was -inf; 141/610,
+    142/685 and 30 more: NaN where onnxruntime skipped it)."""
+    lowest = np.finfo(np.promote_types(x.dtype, np.float32)).min  # float16: -inf, as there
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = np.max(np.where(np.isnan(x), -np.inf, x), axis=axis, keepdims=keepdims,
+                     initial=-np.inf)
+        return np.maximum(top, lowest).astype(x.dtype)
 
 
 def _avgpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
@@ -542,7 +548,7 @@ register("GlobalAveragePool", LIBRARY, _infer_global_pool, _global_pool_ref(np.m
          dtypes=WINDOW_COMPILED,
          doc="GlobalAveragePool(X): mean over all spatial dims, kept as size 1.",
          groups=("WINDOW",), flops=_global_pool_flops)
-register("GlobalMaxPool", LIBRARY, _infer_global_pool, _global_pool_ref(np.max),
+register("GlobalMaxPool", LIBRARY, _infer_global_pool, _global_pool_ref(pool_max),
          dtypes=WINDOW_COMPILED,
          doc="GlobalMaxPool(X): max over all spatial dims, kept as size 1.", groups=("WINDOW",),
          flops=_global_pool_flops)

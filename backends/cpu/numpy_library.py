@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import ops
-from autoclust.ops.library import empty_windows, window_pads  # the semantics' own geometry
+from autoclust.ops.library import pool_max, window_pads  # the semantics' own
 
 TypeShape = tuple[np.dtype, tuple[int, ...]]
 Arrays = Sequence[np.ndarray | None]
@@ -32,8 +32,9 @@ def staged(run: RunFn, in_types: list, out_types: list) -> RunFn:
     def run_staged(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
         wide = [None if x is None else x.astype(F32) for x in inputs]
         run(wide, stage)
-        for y, s in zip(outputs, stage):
-            np.copyto(y, s, casting="unsafe")
+        with np.errstate(over="ignore"):  # past 65504 rounds to inf, as float16 does
+            for y, s in zip(outputs, stage):
+                np.copyto(y, s, casting="unsafe")
 
     return run_staged
 
@@ -222,22 +223,23 @@ def _numpy_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn
     views = _offset_views(xp, out, kernel, strides, dil)
     count = None if is_max else _pool_count(x_shape, attrs, pb, sizes, out, strides, dil,
                                             dtype)
-    # MaxPool windows of padding only: the float's lowest, as onnxruntime (library.py)
-    empty = empty_windows(x_shape, kernel, attrs) if is_max and dtype.kind == "f" else None
-    empty = empty if empty is not None and empty.any() else None
-    lowest = np.finfo(dtype).min if dtype.kind == "f" else 0
+    # a float maximum starts at the lowest float and never takes NaN (library.pool_max)
+    skip_nan = is_max and dtype.kind == "f"
 
     def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
         xp[inner] = ins[0]
         y = outs[0]
+        if skip_nan:
+            y.fill(np.finfo(dtype).min)
+            for v in views:
+                np.fmax(y, v, out=y)  # fmax(y, NaN) is y
+            return
         np.copyto(y, views[0])
         combine = np.maximum if is_max else np.add
         for v in views[1:]:
             combine(y, v, out=y)
         if count is not None:
             np.divide(y, count, out=y)
-        if empty is not None:
-            np.copyto(y, lowest, where=empty)
 
     return run
 
@@ -263,10 +265,14 @@ def _pool_count(x_shape: tuple, attrs: dict[str, Any], pb: list[int], sizes: lis
 
 def _numpy_global_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn:
     n, c = in_types[0][1][:2]
-    reduce = np.max if attrs.get("_op") == "GlobalMaxPool" else np.mean
+    is_max = attrs.get("_op") == "GlobalMaxPool"
 
     def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
-        reduce(ins[0].reshape(n, c, -1), axis=2, out=outs[0].reshape(n, c))
+        x = ins[0].reshape(n, c, -1)
+        if is_max:
+            outs[0].reshape(n, c)[...] = pool_max(x, axis=2, keepdims=False)
+        else:
+            np.mean(x, axis=2, out=outs[0].reshape(n, c))
 
     return run
 

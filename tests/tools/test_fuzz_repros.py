@@ -283,6 +283,15 @@ CASES = [
     *[pytest.param(_model(f"g (float[3,0] x) => (float[3,0] y) {{ y = {op} <axis = -1> (x) }}"),
                    {"x": np.zeros((3, 0), F)}, INTERP, "ort", id=f"new-{op}-empty-axis")
       for op in ("Softmax", "LogSoftmax")],
+    # fixed: NaN never wins a MaxPool or GlobalMaxPool window (an all-NaN or all -inf one
+    # is the float's lowest), as onnxruntime's kernels and the ONNX reference take it; ours
+    # propagated NaN (fuzz 141/97, 142/685 and 30 more in the ops group)
+    *[pytest.param(_model(f"g (float[1,6,3] x) => (float[1,6,?] y) {{ y = {op} }}"),
+                   {"x": np.array([[[np.nan, 1, 2], [1, np.nan, 2], [1, 2, np.nan],
+                                    [np.nan] * 3, [-np.inf] * 3, [-np.inf, 3, np.nan]]], F)},
+                   flags, "ort", id=f"new-{op.split()[0]}-skips-NaN-{name}")
+      for op in ("MaxPool <kernel_shape = [2], pads = [0, 1]> (x)", "GlobalMaxPool (x)")
+      for flags, name in ((COMPILED, "compiled"), (INTERP, "interpreter"))],
     # fixed: a window that reads only padding (dilation 2 steps over the one row) is the
     # float's lowest, where onnxruntime's maximum starts; ours gave -inf (fuzz 142/772)
     *[pytest.param(_model("g (float[1,1,1,2] x) => (float[1,1,?,?] y) { y = MaxPool <dilations "
