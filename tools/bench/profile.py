@@ -472,10 +472,9 @@ def markdown(p: dict[str, Any], top: int = 25) -> str:
     out.append("### GEMM floor (floor ratio = plain run / GEMM time)\n")
     out.append(floor_table(p["floor"]))
     out.append("GEMM+Conv ms: the GEMM and convolution kernels' own time in the instrumented "
-               "runs (onnxruntime's profiler, our timers; for autoclust's onnxruntime segments, "
-               "their GEMM and Conv nodes' share of onnxruntime's profile); run ms: the "
-               "plain, uninstrumented median, since onnxruntime's profiler slows its own "
-               "runs.\n")
+               "runs (onnxruntime's profiler, our timers; our onnxruntime segments' share by "
+               "onnxruntime's profile); run ms: the plain, uninstrumented median, since "
+               "onnxruntime's profiler slows its own runs.\n")
     rows = [[c, f"{a:.1f}", _pct(a, run_us), f"{b:.1f}", _pct(b, ort_us), f"{a - b:+.1f}"]
             for c, (a, b) in p["categories"].items()]
     rows.append(["total (one run)", f"{run_us:.1f}", "", f"{ort_us:.1f}", "",
