@@ -322,8 +322,9 @@ def profile(path: str, feeds: dict[str, np.ndarray], threads: int = 2, rounds: i
 def floor(autoclust_ms: float, ort_ms: float, cats: dict[str, tuple[float, float]]
           ) -> dict[str, dict[str, float]]:
     """Per side: GEMM ms (GEMMs and convolutions, from the instrumented runs; ours counts
-    those inside onnxruntime segments too, see `_split_segments`), the rest of the plain run, and the floor ratio (plain run / GEMM time; 1.0 is the limit of a
-    GEMM-bound model; NaN where the side's GEMMs are not visible: a pass-through session).
+    those inside onnxruntime segments too, see `_split_segments`), the rest of the plain
+    run, and the floor ratio (plain run / GEMM time; 1.0 is the limit of a GEMM-bound
+    model; NaN where the side's GEMMs are not visible: a pass-through session).
 
     The whole-run times are the uninstrumented medians: onnxruntime's profiler slows its
     own runs (a 19.1 ms run reads 22.3 ms profiled), so only the GEMM shares come from the
