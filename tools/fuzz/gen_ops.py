@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from autoclust.tools.fuzz.build import BOOL, F32, I32, I64, Builder, Val, bshape
+from autoclust.tools.fuzz.build import BOOL, ELEM, F32, I32, I64, Builder, Val, bshape
 from autoclust.tools.fuzz.gen_index import _indices
 
 
@@ -101,12 +101,7 @@ def emit_logical(b: Builder) -> None:
         b.node("Where", [m.name, a.name, b.const(np.array(0.5, a.dtype))],
                [(a.dtype, bshape(m.shape, a.shape))])
     else:
-        b.node("Cast", [m.name], [(a.dtype, m.shape)], to=_onnx_type(a.dtype))
-
-
-def _onnx_type(dtype: np.dtype) -> int:
-    from autoclust.tools.fuzz.build import ELEM
-    return ELEM[np.dtype(dtype)]
+        b.node("Cast", [m.name], [(a.dtype, m.shape)], to=ELEM[a.dtype])
 
 
 # ---- pooling ----------------------------------------------------------------------------
@@ -322,7 +317,7 @@ def _constant_of_shape(b: Builder) -> None:
 def _size(b: Builder) -> None:
     a = b.pick()
     (s,) = b.node("Size", [a.name], [(I64, ())])
-    (f,) = b.node("Cast", [s.name], [(a.dtype, ())], to=_onnx_type(a.dtype))
+    (f,) = b.node("Cast", [s.name], [(a.dtype, ())], to=ELEM[a.dtype])
     b.node("Mul", [a.name, f.name], [(a.dtype, a.shape)])
 
 
