@@ -452,12 +452,17 @@ def _maxpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     fill = -np.inf if w.dtype.kind == "f" else np.iinfo(w.dtype).min
     win, out, _, _ = _windows(w, kernel, attrs, fill, pool=True)
     flat = win.reshape(*win.shape[:2 + len(out)], math.prod(kernel))
-    if w.dtype.kind == "f":  # NaN never wins (pool_max)
-        flat = np.where(np.isnan(flat), -np.inf, flat)
-    arg = np.argmax(flat, axis=-1)[..., None]  # first maximum, as onnxruntime
-    values = np.take_along_axis(flat, arg, axis=-1)[..., 0]
-    if w.dtype.kind == "f":
-        values = np.maximum(values, np.finfo(w.dtype).min)
+    if w.dtype.kind == "f" and max(attrs.get("dilations") or [1]) > 1:
+        ones = np.ones((1, 1, *x.shape[2:]), np.int8)
+        valid = _windows(ones, kernel, attrs, 0, pool=True)[0].reshape(1, 1, *out, -1) > 0
+        values, arg = first_tap_max(flat, valid)
+    else:
+        if w.dtype.kind == "f":  # NaN never wins (pool_max)
+            flat = np.where(np.isnan(flat), -np.inf, flat)
+        arg = np.argmax(flat, axis=-1)[..., None]  # first maximum, as onnxruntime
+        values = np.take_along_axis(flat, arg, axis=-1)[..., 0]
+        if w.dtype.kind == "f":
+            values = np.maximum(values, np.finfo(w.dtype).min)
     # Indices: the flat (N, C, *spatial) offset of each maximum; padding never wins.
     spatial = x.shape[2:]
     pos = np.arange(math.prod(spatial)).reshape(spatial)
@@ -470,6 +475,23 @@ def _maxpool_ref(inputs: Arrays, attrs: dict[str, Any]) -> list[np.ndarray]:
     pflat = pwin.reshape(flat.shape)
     indices = np.take_along_axis(pflat, arg, axis=-1)[..., 0].astype(np.int64)
     return [values.astype(x.dtype), indices]
+
+
+def first_tap_max(taps: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(maximum, tap index [..., 1]) of a dilated MaxPool's windows, onnxruntime's rule
+    there: a window's first tap inside the data starts the maximum, a later one replaces
+    it only when greater, so a NaN wins as that first tap and never after it, and -inf
+    stays -inf ([nan, 2] -> nan, [2, nan] -> 2; fuzz 146/204, 147/25); a window of padding
+    only is the lowest float. `taps` [..., K] in kernel order, `valid` broadcasting to it."""
+    y = np.full(taps.shape[:-1], np.finfo(taps.dtype).min, taps.dtype)
+    arg = np.zeros(taps.shape[:-1], np.int64)
+    seen = np.zeros(taps.shape[:-1], bool)
+    with np.errstate(invalid="ignore"):
+        for k in range(taps.shape[-1]):
+            ok = valid[..., k]
+            take = ok & (~seen | (taps[..., k] > y))
+            y, arg, seen = np.where(take, taps[..., k], y), np.where(take, k, arg), seen | ok
+    return y, arg[..., None]
 
 
 def pool_max(x: np.ndarray, axis: int | tuple[int, ...], keepdims: bool = True) -> np.ndarray:

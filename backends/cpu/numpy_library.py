@@ -223,12 +223,26 @@ def _numpy_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn
     views = _offset_views(xp, out, kernel, strides, dil)
     count = None if is_max else _pool_count(x_shape, attrs, pb, sizes, out, strides, dil,
                                             dtype)
-    # a float maximum starts at the lowest float and never takes NaN (library.pool_max)
+    # a float maximum starts at the lowest float and never takes NaN (library.pool_max);
+    # dilated, the first tap inside the data starts it (library.first_tap_max)
     skip_nan = is_max and dtype.kind == "f"
+    valid = None
+    if skip_nan and max(dil) > 1:
+        mask, mask_inner = _padded((1, 1, *x_shape[2:]), pb, sizes, np.dtype(bool), False)
+        mask[mask_inner] = True
+        valid = _offset_views(mask, out, kernel, strides, dil)
 
     def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
         xp[inner] = ins[0]
         y = outs[0]
+        if valid is not None:
+            y.fill(np.finfo(dtype).min)
+            seen = np.zeros(y.shape, bool)
+            with np.errstate(invalid="ignore"):
+                for v, ok in zip(views, valid):
+                    np.copyto(y, v, where=ok & (~seen | (v > y)))
+                    seen |= ok
+            return
         if skip_nan:
             y.fill(np.finfo(dtype).min)
             for v in views:
