@@ -337,14 +337,15 @@ def why_not_profitable(an: _Analysis, members: list[int], flags: Flags) -> str |
 def _fallback_cannot_compute(an: _Analysis, members: list[int]) -> bool:
     """Whether a member computes in a dtype onnxruntime's CPU provider has no kernels for
     (bfloat16: it only casts it): left out, the model could not run at all; or is an
-    integer division onnxruntime kills the process on for INT_MIN / -1, which the compiled
-    code answers (backends/ort.crashing_division; fuzz 93/2258: Cast(inf) to int64, then
-    Div by -1). Shape computations divide dims, never INT_MIN."""
+    integer division onnxruntime kills the process on for INT_MIN / -1, or an empty
+    InstanceNormalization it segfaults after, which the compiled code answers
+    (backends/ort.crashing_node; fuzz 93/2258: Cast(inf) to int64, then Div by -1; fuzz
+    148/1653). Shape computations divide dims, never INT_MIN."""
     if any(an.nodes[i].op != "Cast" and v is not None and v.dtype == ops.BFLOAT16
            for i in members for v in (*an.nodes[i].inputs, *an.nodes[i].outputs)):
         return True
     arithmetic = [an.nodes[i] for i in members if not an.is_shape[i]]
-    return registry.fallback().crashing_division(an.graph, arithmetic) is not None
+    return registry.fallback().crashing_node(an.graph, arithmetic) is not None
 
 
 # ---- fallback segments and step order ---------------------------------------------------

@@ -429,7 +429,9 @@ def _batch_norm(inputs: Arrays, attrs: dict[str, Any]) -> np.ndarray:
 
 def _normalize_groups(x: np.ndarray, groups: int, eps: float) -> np.ndarray:
     """(x - mean) / sqrt(var + eps) with statistics per (n, group) over the rest."""
-    g = x.reshape(x.shape[0], groups, x.size // max(x.shape[0] * groups, 1))  # -1: not if empty
+    if x.size == 0:  # nothing to normalize (and np.mean of nothing warns)
+        return x.copy()
+    g = x.reshape(x.shape[0], groups, -1)
     mean = np.mean(g, axis=2, keepdims=True)
     d = g - mean
     wide = np.promote_types(d.dtype, np.float64)  # a float32 square overflows above 1.8e19

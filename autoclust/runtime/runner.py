@@ -86,9 +86,9 @@ class ClusterRunner:
         self.stand_in_runs = 0
         self._stand_in: Any = None
         self._async_lock = threading.Lock()  # not _lock: a compile holds that throughout
-        # a division onnxruntime may crash the process on (backends/ort.crashing_division):
-        # neither measured placement nor --async_compile's stand-in runs onnxruntime on it
-        self.ort_crash = registry.fallback().crashing_division(graph)
+        # a node onnxruntime may crash the process on (backends/ort.crashing_node): neither
+        # measured placement nor --async_compile's stand-in runs onnxruntime on it
+        self.ort_crash = registry.fallback().crashing_node(graph)
         self.progress: Any = None  # () -> Progress of the run's compiles, set by Runtime
         # a device backend's values are copied to the host for onnxruntime
         self._to_host = backend.to_host if registry.policy(backend).device_memory else None

@@ -189,6 +189,26 @@ def crashing_division(graph: Any, nodes: Iterable[Any] | None = None) -> str | N
     return None
 
 
+def crashing_node(graph: Any, nodes: Iterable[Any] | None = None) -> str | None:
+    """Why onnxruntime may kill the process running `graph` (autoclust's Graph), or None:
+    a division it traps on (crashing_division), or an InstanceNormalization of a tensor
+    the graph states a zero-size dim for, after which onnxruntime 1.31 segfaults in the
+    next node (float32 and float16; fuzz 148/1653: Mish -> InstanceNormalization of
+    [1, 4, 5, 0] -> Min; plain onnxruntime dies the same way). Compiled code answers the
+    empty tensor, so such a node stays in a cluster and is never timed against
+    onnxruntime. A dim that is 0 only at run time is not seen here. `nodes`: as
+    crashing_division."""
+    why = crashing_division(graph, nodes)
+    if why is not None:
+        return why
+    for node in graph.nodes if nodes is None else nodes:
+        shape = node.inputs[0].shape if node.op == "InstanceNormalization" else None
+        if shape is not None and any(isinstance(d, int) and d == 0 for d in shape):
+            return (f"{node.name} (InstanceNormalization of shape {list(shape)}): onnxruntime "
+                    "kills the process (SIGSEGV) in the node after an empty one")
+    return None
+
+
 def _has_float16(graph: onnx.GraphProto) -> bool:
     f16 = onnx.TensorProto.FLOAT16
     typed = [*graph.input, *graph.output, *graph.value_info]

@@ -378,3 +378,37 @@ def test_a_segment_onnxruntimes_planner_fails_runs_without_buffer_reuse(monkeypa
     again = sess.run(None, feeds)  # the rebuilt session serves from now on, silently
     for g, w in zip(again, want):
         np.testing.assert_array_equal(g, w)
+
+
+EMPTY_INSTANCE_NORM = """
+import sys, numpy as np, onnxruntime as ort, autoclust
+from onnx import TensorProto, helper, numpy_helper
+dt = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[sys.argv[1]]
+npd = np.dtype(sys.argv[1])
+nodes = [helper.make_node("Mish", ["x"], ["m"]),
+         helper.make_node("InstanceNormalization", ["m", "s", "b"], ["n"], epsilon=0.1),
+         helper.make_node("Min", ["c", "n"], ["y"])]
+inits = [numpy_helper.from_array(v.astype(npd), name) for name, v in
+         (("s", np.ones(4)), ("b", np.zeros(4)), ("c", np.full((1, 1, 1), -0.5)))]
+graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", dt, [1, 4, 5, 0])],
+                          [helper.make_tensor_value_info("y", dt, None)], inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+model.ir_version = 10
+sess = autoclust.InferenceSession(model, **eval(sys.argv[2]))  # 3 nodes: below the default size
+for _ in range(12):  # measured placement would time the cluster against onnxruntime
+    y = sess.run(None, {"x": np.zeros((1, 4, 5, 0), npd)})[0]
+print("ok", y.shape)
+"""
+
+
+@pytest.mark.parametrize("flags", [{}, {"autotune": False}, {"min_cluster_size": 1}])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_empty_instance_norm_never_reaches_onnxruntime(dtype, flags):
+    """onnxruntime 1.31 segfaults in the node after an InstanceNormalization of an empty
+    tensor (fuzz 148/1653: Mish -> InstanceNormalization of [1, 4, 5, 0] -> Min): the
+    cluster is kept at any size and never timed against onnxruntime; it answers the empty
+    [1, 4, 5, 0] itself."""
+    proc = subprocess.run([sys.executable, "-c", EMPTY_INSTANCE_NORM, dtype, repr(flags)],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stdout.split() == ["ok", "(1,", "4,", "5,", "0)"], proc.stdout
