@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autoclust import ops
-from autoclust.ops.library import pool_max, window_pads  # the semantics' own
+from autoclust.ops.library import first_tap_max, pool_max, window_pads  # the semantics'
 
 TypeShape = tuple[np.dtype, tuple[int, ...]]
 Arrays = Sequence[np.ndarray | None]
@@ -225,28 +225,20 @@ def _numpy_pool(attrs: dict[str, Any], in_types: list, out_types: list) -> RunFn
                                             dtype)
     # a float maximum starts at the lowest float and never takes NaN (library.pool_max);
     # dilated, the first tap inside the data starts it (library.first_tap_max)
-    skip_nan = is_max and dtype.kind == "f"
+    float_max = is_max and dtype.kind == "f"
     valid = None
-    if skip_nan and max(dil) > 1:
+    if float_max and max(dil) > 1:
         mask, mask_inner = _padded((1, 1, *x_shape[2:]), pb, sizes, np.dtype(bool), False)
         mask[mask_inner] = True
-        valid = _offset_views(mask, out, kernel, strides, dil)
+        valid = np.stack(_offset_views(mask, out, kernel, strides, dil), axis=-1)
 
     def run(ins: Arrays, outs: Sequence[np.ndarray]) -> None:
         xp[inner] = ins[0]
         y = outs[0]
-        if valid is not None:
-            y.fill(np.finfo(dtype).min)
-            seen = np.zeros(y.shape, bool)
-            with np.errstate(invalid="ignore"):
-                for v, ok in zip(views, valid):
-                    np.copyto(y, v, where=ok & (~seen | (v > y)))
-                    seen |= ok
-            return
-        if skip_nan:
-            y.fill(np.finfo(dtype).min)
-            for v in views:
-                np.fmax(y, v, out=y)  # fmax(y, NaN) is y
+        if float_max:  # the op's own rules (small pools only: stacking the taps is cheap)
+            taps = np.stack(views, axis=-1)
+            y[...] = pool_max(taps, axis=-1, keepdims=False) if valid is None else \
+                first_tap_max(taps, valid)[0]
             return
         np.copyto(y, views[0])
         combine = np.maximum if is_max else np.add
