@@ -32,7 +32,12 @@ from autoclust.ops.table import (
 from autoclust.symbolic import hint, is_dim
 
 _INDEX_TYPES = (np.dtype("int32"), np.dtype("int64"))
-_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+_REDUCE = {"add": np.add, "mul": np.multiply}
+# max/min keep the element only where it beats the update, else take the update (NaN
+# compares false): onnxruntime's rule, update by update in order. A NaN update wins, a NaN
+# already there loses, and a tie of -0 and 0 goes to the update. np.maximum.at would keep
+# a NaN already there (fuzz 150/159: MeanVarianceNormalization's NaN, then max).
+_KEEPS = {"max": np.greater, "min": np.less}
 
 
 def _axis(op: str, axis: int, rank: int) -> int:
@@ -170,9 +175,28 @@ def _scatter_into(out: np.ndarray, where: tuple, updates: np.ndarray, reduction:
         out[where] = updates
     elif reduction in _REDUCE:
         _REDUCE[reduction].at(out, where, updates)
+    elif reduction in _KEEPS:
+        _ordered_fold(out, where, updates, _KEEPS[reduction])
     else:
         raise ShapeInferenceError(f"({op}): unknown reduction {reduction!r}")
     return out
+
+
+def _ordered_fold(out: np.ndarray, where: tuple, updates: np.ndarray, keeps: np.ufunc) -> None:
+    """out[p] = out[p] if keeps(out[p], u) else u for each update u at its position p, in
+    the updates' order: in rounds, the r-th update of every position at once."""
+    flat = out.reshape(-1)  # out is a fresh contiguous copy: a view
+    pos = np.arange(out.size).reshape(out.shape)[where].reshape(-1)
+    upd = np.broadcast_to(updates, np.shape(updates)).reshape(-1)
+    order = np.argsort(pos, kind="stable")
+    sorted_pos = pos[order]
+    first = np.r_[True, sorted_pos[1:] != sorted_pos[:-1]] if pos.size else np.zeros(0, bool)
+    starts = np.flatnonzero(first)
+    rank = np.arange(pos.size) - np.repeat(starts, np.diff(np.r_[starts, pos.size]))
+    for r in range(int(rank.max()) + 1 if pos.size else 0):
+        sel = order[rank == r]
+        at, u = pos[sel], upd[sel]
+        flat[at] = np.where(keeps(flat[at], u), flat[at], u)
 
 
 def _scatter_elements_ref(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:

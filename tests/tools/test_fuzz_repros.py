@@ -292,6 +292,18 @@ CASES = [
                    flags, "ort", id=f"new-{op.split()[0]}-skips-NaN-{name}")
       for op in ("MaxPool <kernel_shape = [2], pads = [0, 1]> (x)", "GlobalMaxPool (x)")
       for flags, name in ((COMPILED, "compiled"), (INTERP, "interpreter"))],
+    # fixed: a max/min scatter keeps the element only where it beats the update (NaN
+    # compares false): a NaN update wins, a NaN element loses, a tie of 0 and -0 goes to the
+    # update, update by update in order; the interpreter's np.maximum.at kept the NaN
+    # (fuzz 150/159)
+    *[pytest.param(_model(f"g (float[6] x, int64[{idx}] i, float[8] u) => (float[6] y) "
+                          f"{{ y = {op} <reduction = \"{red}\"> (x, i, u) }}"),
+                   {"x": np.array([np.nan, 1, 1, -0.0, 0.0, 3], F),
+                    "i": np.array([0, 1, 2, 2, 3, 4, 5, 5]).reshape(idx_shape),
+                    "u": np.array([2, np.nan, np.nan, 4, 0.0, -0.0, np.nan, 7], F)},
+                   INTERP, "ort", id=f"new-{op}-{red}-NaN-in-order")
+      for op, idx, idx_shape in (("ScatterElements", "8", (8,)), ("ScatterND", "8,1", (8, 1)))
+      for red in ("max", "min")],
     # fixed: dilated, onnxruntime's maximum starts at a window's first tap inside the data
     # and takes a later one only when greater: a NaN there wins, after it never; -inf stays
     # (fuzz 146/204, 147/25)
