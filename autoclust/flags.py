@@ -82,7 +82,8 @@ SPECS: tuple[FlagSpec, ...] = (
              "input dims the model leaves open (a sequence length): the code reads them at "
              "run time; off, every new shape compiles again"),
     FlagSpec("fast_math", bool, False, "allow reassociation in elementwise math (reductions "
-             "always reassociate)", changes_code=True),
+             "always reassociate; LLVM may assume no NaN or inf) and, on the CPU, GELU inside "
+             "its GEMM as oneDNN's approximation (~2e-4 relative error)", changes_code=True),
     FlagSpec("log", bool, False, "print one line per compile and fallback to stderr, and "
              "plain progress lines where no terminal shows a progress bar"),
     FlagSpec("cuda_graphs", bool, True, "--device=gpu: replay a whole run as one CUDA graph "

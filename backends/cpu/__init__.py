@@ -123,7 +123,8 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
         dumps[".kernels.txt"] = lambda: kir.format_program(program) + "generated GEMMs and Convs:\n" + \
             "".join(f"  {', '.join(program.thunks[i].nodes)}: {spec}\n"
                     for i, (_, spec) in gemms.items())
-    code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds, flags.cpu_helpers)
+    code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds, flags.cpu_helpers,
+                flags.fast_math)
     if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
         dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
         return Parametric(program, code, dims)
@@ -141,6 +142,7 @@ class Code:
     threads: int
     check_bounds: bool = False
     helpers: str = "native"  # --cpu_helpers
+    fast_math: bool = False  # --fast_math: approximate epilogues too (backends/cpu/epilogue.py)
 
     def executable(self, program: kir.Program, env: dict[str, int],
                    dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
@@ -156,7 +158,7 @@ class Code:
                  for i, (name, spec) in self.gemms.items()} if env else self.gemms
         return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
                           library, MIN_CHUNK_WORK, gemms, self.check_bounds, dims, arena,
-                          impls, self.helpers)
+                          impls, self.helpers, self.fast_math)
 
 
 class Parametric:

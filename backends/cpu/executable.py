@@ -237,9 +237,9 @@ class Executable:
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
                  check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
                  arena: Arena | None = None, impls: dict[int, str] | None = None,
-                 helpers: str = "native"):
+                 helpers: str = "native", fast_math: bool = False):
         self.program = program
-        self._helpers = helpers  # --cpu_helpers: native (pool.py) or python (Splitter)
+        self._helpers, self._fast_math = helpers, fast_math  # --cpu_helpers, --fast_math
         constants = program.constants
         self.engine = engine  # keeps the code alive
         self.dumps = dumps
@@ -398,7 +398,8 @@ class Executable:
             return self._native(name, addrs[name], site, spec.rows,
                                 int(spec.flops // 2), big, threads), False
         fn = self._library.make_call_for(t, self.program.buffers, threads, self._constants,
-                                         epilogue_run, impl=self._impls.get(i))
+                                         epilogue_run, impl=self._impls.get(i),
+                                         fast_math=self._fast_math)
         self.library_fns[i] = fn
         fused = getattr(fn, "fused", False)
         arrays = self._arrays

@@ -316,10 +316,11 @@ class _ViewCache:
 def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads: int = 0,
                   constants: dict[int, np.ndarray] | None = None,
                   epilogue_run: Callable[[], None] | None = None,
-                  impl: str | None = None) -> LibraryFn:
+                  impl: str | None = None, fast_math: bool = False) -> LibraryFn:
     """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value. `impl`
     (optional): the implementation an earlier binding of the same call chose (see
-    make_call's `prefer`).
+    make_call's `prefer`). `fast_math` (--fast_math): epilogues may run as post-ops that
+    approximate them (epilogue.FAST_ACTIVATIONS).
 
     A call with an epilogue (thunk.epilogue) gets a LibraryFn with `fused` set when the
     epilogue runs inside it (oneDNN post-ops, measured faster than the library call
@@ -348,7 +349,7 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
                    layouts=layouts, prefer="onednn" if fused_before else impl)
     if thunk.epilogue is not None and epilogue_run is not None:
         fused = _fused(thunk, by_id, fn, epilogue_run, (in_types, out_types, threads, consts,
-                                                        layouts), fused_before)
+                                                        layouts), fused_before, fast_math)
         if fused is not None:
             return fused
     return gemm_choice.in_place(fn, thunk.views, n_in) if thunk.views else fn
@@ -356,7 +357,7 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
 
 def _fused(thunk: kir.LibraryCall, by_id: dict[int, kir.Buffer], plain: LibraryFn,
            epilogue_run: Callable[[], None], call: tuple,
-           fused_before: bool | None = None) -> LibraryFn | None:
+           fused_before: bool | None = None, fast_math: bool = False) -> LibraryFn | None:
     """The call with its epilogue as oneDNN post-ops, when they express it and measure
     faster than `plain` then the epilogue kernel (`fused_before`: what was measured for
     another shape of this call, taken instead of measuring); else None (`plain.note` says
@@ -368,7 +369,7 @@ def _fused(thunk: kir.LibraryCall, by_id: dict[int, kir.Buffer], plain: LibraryF
         # each alone is right; until that is understood, such a call runs its epilogue after
         plain.note += "; epilogue after the call: strided operands"
         return None
-    found = epilogue.post_ops(thunk, by_id)
+    found = epilogue.post_ops(thunk, by_id, fast_math)
     if found is None:
         plain.note += "; epilogue after the call: not oneDNN post-ops"
         return None
@@ -390,6 +391,12 @@ def _fused(thunk: kir.LibraryCall, by_id: dict[int, kir.Buffer], plain: LibraryF
     if key not in _DECISIONS and fused_before is not None:
         _DECISIONS[key] = ("onednn post-ops" if fused_before else f"{plain.impl} then kernel",
                            "as measured for another shape of this call")
+    if key not in _DECISIONS and any(s.kind in epilogue.FAST_ACTIVATIONS for s in steps):
+        # not timed: oneDNN's approximation costs 0.05-0.3 ms inside the GEMM where our
+        # exact kernel after it takes 0.25-0.5 ms on every shape measured, while a timing
+        # made during the compile came out at random (the background thread's prepacking
+        # and measuring beside it: 1.2-2.3 ms for the same call)
+        _DECISIONS[key] = ("onednn post-ops", "--fast_math: oneDNN's approximation, untimed")
     if key not in _DECISIONS:
         _DECISIONS[key] = gemm_choice.measure(
             key, {f"{plain.impl} then kernel": _then_kernel(thunk, plain, epilogue_run, call),

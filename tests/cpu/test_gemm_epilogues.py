@@ -219,3 +219,25 @@ def test_a_new_length_takes_the_epilogue_choice_of_the_first(inside, fresh, monk
         impls = [f.impl for f in _library_fns(exe)]
         assert all((i == library.FUSED) == inside for i in impls), (seq, impls)
     assert runner.compiles == 1 and measured == [(1, S, H), (1, S, F)]
+
+
+def test_fast_math_runs_gelu_erf_inside_the_gemm(fresh):
+    """--fast_math: the erf GELU (not post-ops by default: POST_OPS) runs inside its GEMM as
+    oneDNN's gelu_erf, taken without timing; its approximation keeps the FFN block within
+    1e-5 of onnxruntime."""
+    if onednn.unavailable():
+        pytest.skip(f"oneDNN: {onednn.unavailable()}")
+    model = mlp("gelu_erf")
+    x = RNG.standard_normal((1, S, H)).astype(np.float32)
+    sess = autoclust.InferenceSession(model, must_compile=True, threads=2, fast_math=True)
+    got = sess.run(None, {"x": x})[0]
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    buffers = {b.id: b for b in exe.program.buffers}
+    first, _ = _calls(exe)
+    assert epilogue.post_ops(first, buffers) is None
+    steps = epilogue.post_ops(first, buffers, fast_math=True)[0]
+    assert [s.kind for s in steps if s.kind != "linear"] == ["add", "gelu_erf"]
+    fns = _library_fns(exe)
+    assert fns[0].impl == "onednn+post-ops" and "untimed" in fns[0].note, fns[0].note
+    assert fns[0].fused  # no GELU kernel after the call
+    np.testing.assert_allclose(got, _ort(model, {"x": x}), rtol=1e-5, atol=1e-5)
