@@ -664,3 +664,36 @@ def test_node_changed_in_place_is_written_from_its_fields():
     x = np.array([-2.0, 0.0, 3.0], np.float32)
     np.testing.assert_allclose(run(export_model(graph), {"X": x})[0], -1 / (1 + np.exp(-x)),
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_ceil_mode_pool_shapes_follow_onnxruntime(declared):
+    """A ceil_mode pool whose last window would start in the right pad: ONNX shape
+    inference keeps that window ([1, 2, 3, 3]), onnxruntime drops it ([1, 2, 2, 2]). The
+    importer types the pool and what follows by our rules, which agree with onnxruntime, so
+    the model compiles; a shape the model declares itself is kept (and conflicts)."""
+    import autoclust
+    from autoclust.errors import NotCompilableError
+
+    y = "float[1,2,3,3] y" if declared else "float[1,2,?,?] y"
+    model = parse(f"""<ir_version: 10, opset_import: ["" : 18]>
+        g (float[1,2,4,4] x) => ({y}) {{
+            e = Exp (x)
+            p = AveragePool <kernel_shape = [2, 2], strides = [2, 2], pads = [0, 0, 1, 1],
+                             ceil_mode = 1> (e)
+            y = Relu (p)
+        }}""")
+    graph = import_model(model)
+    shapes = {v.name: v.shape for n in graph.nodes for v in n.outputs}
+    assert shapes["p"] == (1, 2, 2, 2)
+    assert shapes["y"] == ((1, 2, 3, 3) if declared else (1, 2, 2, 2))
+    x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    sess = autoclust.InferenceSession(model, must_compile=True, min_cluster_size=1)
+    if declared:
+        with pytest.raises(NotCompilableError, match="declared shape"):
+            sess.run(None, {"x": x})
+        return
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    want = ort.InferenceSession(model.SerializeToString(), so).run(None, {"x": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-6)

@@ -239,3 +239,23 @@ def test_conv_reference_sums_windows_of_extremes_exactly(seed):
     assert np.array_equal(np.isneginf(got), np.isneginf(want))
     fin = np.isfinite(want)
     np.testing.assert_allclose(got[fin], want[fin], rtol=1e-5, atol=1e24)
+
+
+
+# ceil_mode windows that would start in the right padding: onnxruntime drops them, as our
+# rule does (ONNX shape inference keeps them: importers/onnx/load._pools_by_onnxruntime)
+CEIL_POOLS = [
+    ((1, 2, 4, 4), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1],
+                    "ceil_mode": 1}),
+    ((1, 2, 4), {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "ceil_mode": 1}),
+    ((1, 2, 5, 3), {"kernel_shape": [2, 3], "strides": [2, 3], "pads": [0, 0, 1, 2],
+                    "ceil_mode": 1}),
+]
+
+
+@pytest.mark.parametrize("xs,attrs", CEIL_POOLS)
+def test_ceil_mode_pools_drop_windows_starting_in_the_pad(xs, attrs):
+    x = rand(*xs)
+    check_op("MaxPool", [x], attrs, n_outputs=2)
+    for include_pad in (0, 1):
+        check_op("AveragePool", [x], {**attrs, "count_include_pad": include_pad}, **TOL)
