@@ -187,7 +187,7 @@ def _ordered_fold(out: np.ndarray, where: tuple, updates: np.ndarray, keeps: np.
     the updates' order: in rounds, the r-th update of every position at once."""
     flat = out.reshape(-1)  # out is a fresh contiguous copy: a view
     pos = np.arange(out.size).reshape(out.shape)[where].reshape(-1)
-    upd = np.broadcast_to(updates, np.shape(updates)).reshape(-1)
+    upd = np.asarray(updates).reshape(-1)  # the positions' shape
     order = np.argsort(pos, kind="stable")
     sorted_pos = pos[order]
     first = np.r_[True, sorted_pos[1:] != sorted_pos[:-1]] if pos.size else np.zeros(0, bool)
