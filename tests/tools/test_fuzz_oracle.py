@@ -997,3 +997,22 @@ def test_reference_conv_reads_only_its_taps():
     x[0, 0, 1, 1] = np.inf  # between the taps of the second window's middle row
     feeds = {"x": x, "w": np.ones((1, 1, 2, 3), F32)}
     np.testing.assert_array_equal(onnx_reference.evaluate(model, feeds)[0].ravel(), [2, 4])
+
+
+def test_reference_quantizes_before_opset_19():
+    """fuzz 149/2441: onnxruntime's Gemm of an empty inner dim returns C unscaled (the spec,
+    and ours: beta * C); behind QuantizeLinear/DequantizeLinear at opset 13 onnx.reference
+    raised (it has those ops from opset 19 only), so no second opinion excused our answer.
+    spec_fixes gives the older forms the opset-19 kernels."""
+    model = _model("g (float[3,0] a, float[0,4] b, float[1,1] c) => (float[?,?] y) { "
+                   "g = Gemm <alpha = 2.0, beta = 0.5> (a, b, c) "
+                   "s = Constant <value = float {0.3}> () z = Constant <value = uint8 {2}> () "
+                   "q = QuantizeLinear (g, s, z) y = DequantizeLinear (q, s, z) }", opset=13)
+    feeds = {"a": np.zeros((3, 0), F32), "b": np.zeros((0, 4), F32),
+             "c": np.array([[-0.5266046]], F32)}
+    (ref,) = onnx_reference.evaluate(model, feeds)
+    np.testing.assert_allclose(ref, np.full((3, 4), -0.3, F32), rtol=1e-6)
+    (want,) = fuzz_check.ort_session(model).run(None, feeds)
+    assert np.allclose(want, -0.6)  # onnxruntime's: C unscaled, -0.53 / 0.3 rounds to -2
+    variants = [{"device": "cpu", "min_cluster_size": 1}]
+    assert fuzz_check.check(model, feeds, variants).kind == "ok"

@@ -62,6 +62,7 @@ def spec_fixes(nan_order: str = "last", opset: int | None = None) -> list[type]:
             _pad_op(), _layer_normalization_op(), _group_normalization_op(), _flatten_op(),
             _conv_op(), _top_k_op(nan_order),
             *([] if opset is None else _rounded_once_ops(opset)),
+            *([] if opset is None else _older_quantize_ops(opset)),
             *([] if opset is None else _onnxruntime_nan_ops(COPIED_RULES, opset)),
             *([] if opset is None or nan_order != "fallback" else
               _onnxruntime_nan_ops(FALLBACK_NAN, opset))]
@@ -149,6 +150,20 @@ def _rounded_once_ops(opset: int) -> list[type]:
         out.append(type(name, (base,), {"op_domain": "", "_run": run,
                                         "op_schema": onnx.defs.get_schema(name, opset)}))
     return out
+
+
+def _older_quantize_ops(opset: int) -> list[type]:
+    """QuantizeLinear and DequantizeLinear before opset 19, which onnx.reference lacks (it
+    raised, leaving no opinion): its opset-19 kernels, whose int8/uint8 semantics are the
+    older ones'. Without them onnxruntime's Gemm of an empty inner dim (C unscaled, where
+    the spec has beta * C) stood against ours behind a Q/DQ pair (fuzz 149/2441)."""
+    if opset >= 19:
+        return []
+    from onnx.reference.ops.op_dequantize_linear import DequantizeLinear_19
+    from onnx.reference.ops.op_quantize_linear import QuantizeLinear_19
+    return [type(base.__name__[:-3], (base,), {"op_domain": "", "op_schema":
+                                               onnx.defs.get_schema(base.__name__[:-3], opset)})
+            for base in (DequantizeLinear_19, QuantizeLinear_19)]
 
 
 def _layer_normalization_op() -> type:
