@@ -110,7 +110,8 @@ def broken_optimizers(model: onnx.ModelProto) -> list[str]:
       - MatmulTransposeFusion at ORT_ENABLE_ALL segfaults creating the session on a float16
         graph in which a Transpose that is not a swap of the last two dims (perm [1, 2, 0]
         of a 3-D tensor) feeds a MatMul with a constant B (seed 77; float32 is fine),
-        directly or through ops it removes first (PASS_THROUGH; seed 98/1553).
+        directly or through ops it removes first (PASS_THROUGH; seed 98/1553), or through
+        a Concat (152/464): in a float16 graph, through any ops.
         Turning off any one of MatmulTransposeFusion,
         FuseFp16InitializerToFp32NodeTransformer, NchwcTransformer avoids it;
       - the same fusion answers wrongly (float32 too) where a Transpose feeds a MatMul's A
@@ -138,20 +139,28 @@ def broken_optimizers(model: onnx.ModelProto) -> list[str]:
 # behind them feeds the MatMul as if directly (fuzz 98/1553: Transpose -> Expand to the
 # same [1, 1, 3] -> MatMul, float16, segfaulted).
 PASS_THROUGH = frozenset({"Expand", "Reshape", "Identity", "Dropout", "Cast"})
+# FLOAT16_ANYWHERE: in a float16 graph the segfault also came from a Transpose reaching
+# the MatMul through a Concat (fuzz 152/464: Transpose [1, 2, 0] -> Concat with a constant
+# -> MatMul by a 1-D B; a cluster's fallback segment died where the whole model had not),
+# so there a Transpose anywhere upstream of a MatMul or Gemm turns the fusion off; it has
+# no float16 CPU kernel to fuse into, and turning it off costs nothing.
 
 
 def _matmul_transpose_fusion(model: onnx.ModelProto) -> list[str]:
     """["MatmulTransposeFusion"] where it breaks `model` (broken_optimizers), else []."""
     graph = model.graph
     transposed = {o for n in graph.node if n.op_type == "Transpose" for o in n.output}
+    float16 = _has_float16(graph)
     for n in graph.node:  # in graph (topological) order
-        if n.op_type in PASS_THROUGH and n.input and n.input[0] in transposed:
+        if float16 and transposed.intersection(n.input) and n.op_type not in ("MatMul", "Gemm"):
+            transposed.update(n.output)  # FLOAT16_ANYWHERE
+        elif n.op_type in PASS_THROUGH and n.input and n.input[0] in transposed:
             transposed.update(n.output[:1])
     fed = [n for n in graph.node if n.op_type in ("MatMul", "Gemm")
            and transposed.intersection(n.input)]
     if not fed:
         return []
-    if _has_float16(graph) or _empty_operand(graph, fed, transposed):
+    if float16 or _empty_operand(graph, fed, transposed):
         return ["MatmulTransposeFusion"]
     a_side = [n for n in fed if n.op_type == "MatMul" and n.input[0] in transposed
               and len(n.input) > 1]

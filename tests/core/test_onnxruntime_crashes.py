@@ -115,11 +115,14 @@ def test_broken_optimizers_only_where_they_break():
     no_transpose = _model(TensorProto.FLOAT16, [2, 3, 4], [1, 2, 0], (2, 5))
     no_transpose.graph.node[1].input[0] = "x"
     assert ort_backend.broken_optimizers(no_transpose) == []
-    # through ops onnxruntime removes first (98/1553), not through arithmetic
-    for between, off in (("Expand", ["MatmulTransposeFusion"]),
-                         ("Identity", ["MatmulTransposeFusion"]), ("Neg", [])):
-        assert ort_backend.broken_optimizers(_model(
-            TensorProto.FLOAT16, [2, 3, 4], [1, 2, 0], (2, 5), between)) == off, between
+    # float16: through any ops (98/1553 through an Expand, 152/464 through a Concat);
+    # float32 only through those onnxruntime removes first, not through arithmetic
+    for between, off16, off32 in (("Expand", True, False), ("Identity", True, False),
+                                  ("Neg", True, False)):
+        for dtype, off in ((TensorProto.FLOAT16, off16), (TensorProto.FLOAT, off32)):
+            assert ort_backend.broken_optimizers(_model(
+                dtype, [2, 3, 4], [1, 2, 0], (2, 5), between)) == \
+                ["MatmulTransposeFusion"] * off, (between, dtype)
     # float32, transposed A, 1-D B: wrong values (below)
     assert ort_backend.broken_optimizers(_vector_b_model(None)) == ["MatmulTransposeFusion"]
     # a B made in the graph without a stated shape: ONNX's shape inference says it is 2-D
@@ -412,3 +415,37 @@ def test_empty_instance_norm_never_reaches_onnxruntime(dtype, flags):
                           check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout.split() == ["ok", "(1,", "4,", "5,", "0)"], proc.stdout
+
+
+CONCAT_CASE = """
+import sys, numpy as np, onnx.parser, autoclust
+from autoclust.errors import InvalidInputError
+model = onnx.parser.parse_model('''<ir_version: 10, opset_import: ["" : 13]>
+g (float16[batch,1,1] x) => (float16[?,?,?] m, float16[?,?] y) {  # float16 bits below
+    c8 = Constant <value = int64[2] {0, 1}> ()  c11 = Constant <value = int64[1] {-1}> ()
+    c18 = Constant <value = float16[1,1] {45302}> ()
+    c21 = Constant <value = float16[1,1,1] {47627}> ()  b = Constant <value = float16[1] {13570}> ()
+    s = Shape (x)  g = Gather <axis = 0> (s, c8)  shape = Concat <axis = 0> (g, c11)
+    r = Reshape (x, shape)  t = Transpose <perm = [1, 2, 0]> (r)  m = MatMul (r, c18)
+    c = Concat <axis = 2> (t, c21)  y = MatMul (c, b) }''')
+sess = autoclust.InferenceSession(model, **eval(sys.argv[1]))
+try:
+    sess.run(None, {"x": np.ones((1, 1, 1), np.float16)})
+except InvalidInputError as exc:  # onnxruntime rejects these shapes too
+    print("raised", str(exc)[:200])
+except Exception as exc:  # --auto_jit=0: onnxruntime's own error, as plain onnxruntime
+    print("onnxruntime raised", type(exc).__name__, str(exc)[:200])
+"""
+
+
+@pytest.mark.parametrize("flags", [{}, {"min_cluster_size": 1}, {"auto_jit": 0}])
+def test_float16_transpose_through_a_concat_does_not_crash(flags):
+    """fuzz 152/464: a float16 Transpose reaching a MatMul through a Concat; the cluster's
+    fallback segment (made to ask onnxruntime whether it rejects these shapes too, as it
+    does: [1, 1, 2] @ [1]) segfaulted onnxruntime's session creation in
+    MatmulTransposeFusion. The fusion is off there now, and the bad shapes are an error."""
+    proc = subprocess.run([sys.executable, "-c", CONCAT_CASE, repr(flags)], check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    want = "onnxruntime raised Fail" if flags.get("auto_jit") == 0 else "raised"
+    assert proc.stdout.startswith(want) and "MatMul" in proc.stdout, proc.stdout
