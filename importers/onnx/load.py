@@ -638,18 +638,14 @@ class _Importer:
         except ValueError as e:
             raise self.fail(str(e)) from e
         fill_types(self.graph)
-        declared = {vi.name for vi in (*gp.value_info, *gp.output)
-                    if vi.type.tensor_type.HasField("shape") and all(
-                        d.HasField("dim_value") or d.HasField("dim_param")
-                        for d in vi.type.tensor_type.shape.dim)}
-        _pools_by_onnxruntime(self.graph, declared)
+        _pools_by_onnxruntime(self.graph, gp)
         return self.graph
 
 
 _POOLS = ("MaxPool", "AveragePool", "LpPool")
 
 
-def _pools_by_onnxruntime(graph: Graph, declared: set[str]) -> None:
+def _pools_by_onnxruntime(graph: Graph, gp: GraphProto) -> None:
     """Shapes after a ceil_mode pool from the op table's rules, not ONNX shape inference.
 
     A ceil_mode pool whose last window would start in the right padding: onnxruntime (and
@@ -662,6 +658,13 @@ def _pools_by_onnxruntime(graph: Graph, declared: set[str]) -> None:
     Without ceil_mode, a window longer than the padded input by less than a stride is one
     output in onnxruntime and ONNX inference, none by the spec's formula and ours: such a
     pool keeps the inferred shape, fails the check and runs in onnxruntime."""
+    if not any(n.domain == "" and n.op in _POOLS and n.attrs.get("ceil_mode")
+               for n in graph.nodes):
+        return  # the usual case: no value_info to read
+    declared = {vi.name for vi in (*gp.value_info, *gp.output)
+                if vi.type.tensor_type.HasField("shape") and all(
+                    d.HasField("dim_value") or d.HasField("dim_param")
+                    for d in vi.type.tensor_type.shape.dim)}
     stale: set = set()
     for node in graph.nodes:
         if node.domain == "" and node.op in _POOLS and node.attrs.get("ceil_mode") or \
