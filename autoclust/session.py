@@ -221,6 +221,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         self._output_names = [o.name for o in self._outputs]
         self._output_set = frozenset(self._output_names)
         self._ort = None
+        self._ort_rebuilt = False  # once, without buffer reuse (_drop_buffer_reuse)
         self._ort_lock = threading.Lock()
         self._ort_values = False  # the pass-through session needs OrtValues (bfloat16, ...)
         self._runtime = None
@@ -253,16 +254,20 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
     # ---- construction -----------------------------------------------------------------
     def _full_session(self) -> Any:
         with self._ort_lock:
-            if self._ort is None:
-                source = self._source  # the user's options, as they are: onnxruntime reads it
-                if isinstance(source, os.PathLike):
-                    source = os.fspath(source)
-                elif isinstance(source, bytearray | memoryview):
-                    source = bytes(source)
-                self._ort = ort_backend.create_session(source, self._sess_options,
+            if self._ort is None:  # the user's options, as they are: onnxruntime reads them
+                self._ort = ort_backend.create_session(self._ort_source(), self._sess_options,
                                                        self._providers, self._provider_options,
                                                        parsed=self._model)
         return self._ort
+
+    def _ort_source(self) -> Any:
+        """The model as the user gave it, in a form onnxruntime reads (a path or bytes)."""
+        source = self._source
+        if isinstance(source, os.PathLike):
+            return os.fspath(source)
+        if isinstance(source, bytearray | memoryview):
+            return bytes(source)
+        return source
 
     @property
     def _sess(self) -> Any:
@@ -378,6 +383,10 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                     self._settle(key, input_feed)
                 return outs
             return self._run(output_names, input_feed, run_options, output_device)
+        except ort_backend.Fail as exc:
+            if ort_backend.PLANNER_FAILURE not in str(exc) or not self._drop_buffer_reuse(exc):
+                raise
+            return self.run(output_names, input_feed, run_options, output_device)
         except InvalidInputError as exc:  # from compiled checks too (an index out of range,
             # an integer division by zero): also onnxruntime's InvalidArgument (its Fail for
             # an InvalidShapeError), as everywhere
@@ -411,6 +420,28 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         env = self._runtime.run(feeds, run_options)
         outs = [env[n] for n in names]
         return outs if to_device is None else [to_device(o) for o in outs]
+
+    def _drop_buffer_reuse(self, exc: BaseException) -> bool:
+        """onnxruntime's memory planner failed in a session run() calls itself (PLANNER_FAILURE):
+        the whole-model session without a plan is rebuilt once with buffer reuse off (a plain
+        onnxruntime session raises here: fuzz 154/217, a zero-size MatMul beside a [2, 5, 1]
+        one); signatures handed back to onnxruntime go through their segments again, which
+        rebuild themselves (Segment.run_feeds). False where nothing is left to rebuild."""
+        if self._runtime is None and not self._ort_rebuilt:
+            self._ort_rebuilt = True
+            ort_backend.warn_planner_failure(exc, "the whole model", stacklevel=4)
+            with self._ort_lock:
+                self._ort = ort_backend.create_session(
+                    self._ort_source(), ort_backend.without_buffer_reuse(
+                        self._sess_options, sub_session=False),
+                    self._providers, self._provider_options, parsed=self._model)
+            if self._ort_run is not None:
+                self._ort_run = ort_backend.direct_run(self._ort)
+            return True
+        if self._direct:
+            self._direct.clear()
+            return True
+        return False
 
     def _settle(self, key: tuple, feed: dict[str, np.ndarray]) -> None:
         """After a fast-path run of a one-step plan: once its executable serves this

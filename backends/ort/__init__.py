@@ -33,6 +33,9 @@ _COPIED_OPTIONS = (
 )
 
 
+SPINNING = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
+
+
 def sub_session_options(user: ort.SessionOptions | None, threads: int = 0,
                         spinning: bool = False) -> ort.SessionOptions:
     """SessionOptions for a sub-session: the user's settings, spinning off by default."""
@@ -45,9 +48,24 @@ def sub_session_options(user: ort.SessionOptions | None, threads: int = 0,
                 pass
     if threads > 0 and (user is None or user.intra_op_num_threads == 0):
         so.intra_op_num_threads = threads
-    if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    for key in SPINNING:
+        if not spinning:
+            so.add_session_config_entry(key, "0")
+        elif user is not None:  # the user's own setting, where they made one
+            try:
+                so.add_session_config_entry(key, user.get_session_config_entry(key))
+            except RuntimeError:  # not set: onnxruntime's default
+                pass
+    return so
+
+
+def without_buffer_reuse(user: ort.SessionOptions | None, sub_session: bool = True
+                         ) -> ort.SessionOptions:
+    """A copy of `user` with the memory planner's buffer reuse off (PLANNER_FAILURE): a
+    sub-session's (spinning off), or for the user's own whole-model session their
+    spinning setting kept."""
+    so = sub_session_options(user, spinning=not sub_session)
+    so.enable_mem_reuse = False
     return so
 
 
@@ -366,13 +384,19 @@ class Segment:
         answers as onnxruntime does."""
         model, options, providers, provider_options, external = self._source
         self._source = None
-        retry = sub_session_options(options)
-        retry.enable_mem_reuse = False
-        first = str(exc).split("Status Message:")[-1].strip().splitlines()[0][:160]
-        warnings.warn(f"autoclust: onnxruntime's memory planner failed in {self.name} "
-                      f"({first}); it runs with buffer reuse off from now on",
-                      RuntimeWarning, stacklevel=4)
-        self.session = create_session(model, retry, providers, provider_options, external)
+        warn_planner_failure(exc, self.name, stacklevel=5)
+        self.session = create_session(model, without_buffer_reuse(options), providers,
+                                      provider_options, external)
+
+
+def warn_planner_failure(exc: BaseException, where: str, stacklevel: int) -> None:
+    """The one warning for a session rebuilt without buffer reuse (PLANNER_FAILURE)."""
+    # "... Status Message: <source>:87 virtual OrtValue* ... FAIL : Shape mismatch attempting
+    # to re-use buffer. {2,5,0} != {2,5,1}. Validate usage of dim_value ...": the mismatch
+    first = str(exc).rsplit("FAIL : ", 1)[-1].split(". Validate")[0].strip()[:160]
+    warnings.warn(f"autoclust: onnxruntime's memory planner failed in {where} ({first}); "
+                  "it runs with buffer reuse off from now on", RuntimeWarning,
+                  stacklevel=stacklevel)
 
 
 def direct_run(session: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import onnx
@@ -381,6 +382,63 @@ def test_a_segment_onnxruntimes_planner_fails_runs_without_buffer_reuse(monkeypa
     again = sess.run(None, feeds)  # the rebuilt session serves from now on, silently
     for g, w in zip(again, want):
         np.testing.assert_array_equal(g, w)
+
+
+# fuzz 154/217: onnxruntime over the whole model fails in its memory planner too (the empty
+# Mean's buffer handed to the MatMul of the same [2, 5, ?] shape)
+WHOLE_MODEL_PLANNER_CASE = """<ir_version: 10, opset_import: ["" : 17]>
+g (float16[1,0] x) => (float16[?,?,?] mean, float16[?,?,?] soft, float16[?,?,?] out)
+<float16[2,5,1] c = {1,2,3,4,5,6,7,8,9,10}, float16[5,0] e = {}, float16[1,0,1] w = {},
+ int64[2,1] idx = {1,0}, float16[2,5,1] upd = {1,2,3,4,5,6,7,8,9,10}, float16[2,5,0] z = {}>
+{
+   mean = Mean (x, c, e)
+   prod = MatMul (mean, w)
+   soft = Softmax <axis = -1> (z)
+   out = ScatterND (prod, idx, upd)
+}"""
+
+
+@pytest.mark.parametrize("retry", [True, False])
+@pytest.mark.parametrize("flags", [{}, {"auto_jit": 0}])
+def test_a_whole_model_session_whose_planner_fails_runs_without_buffer_reuse(
+        monkeypatch, flags, retry):
+    """Without a plan (no cluster, or --auto_jit=0) the model runs in one onnxruntime
+    session; where onnxruntime's planner fails on it (a plain onnxruntime session raises),
+    that session is rebuilt once with buffer reuse off, with one warning, and answers what
+    onnxruntime without reuse answers. Without the rebuild (retry False) it raises."""
+    import onnx.parser
+    model = onnx.parser.parse_model(WHOLE_MODEL_PLANNER_CASE).SerializeToString()
+    feeds = {"x": np.zeros((1, 0), np.float16)}
+    with pytest.raises(ort_backend.Fail, match="re-use buffer"):
+        ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    plain = ort.SessionOptions()
+    plain.enable_mem_reuse = False
+    want = ort.InferenceSession(model, plain, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert [w.shape for w in want] == [(2, 5, 0), (2, 5, 0), (2, 5, 1)]
+    if not retry:
+        monkeypatch.setattr(ort_backend, "PLANNER_FAILURE", "no such message")
+    user = ort.SessionOptions()
+    user.intra_op_num_threads = 1
+    user.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = autoclust.InferenceSession(model, user, **flags)
+    assert sess.plan is None or not sess.plan.clusters
+    if not retry:
+        with pytest.raises(ort_backend.Fail, match="re-use buffer"):
+            sess.run(None, feeds)
+        return
+    with pytest.warns(RuntimeWarning, match=r"planner failed in the whole model \(Shape "
+                      r"mismatch attempting to re-use buffer. \{2,5,0\} != \{2,5,1\}\)") as caught:
+        got = sess.run(None, feeds)
+    assert sum("memory planner" in str(w.message) for w in caught) == 1
+    rebuilt = sess._full_session().get_session_options()  # the user's settings, reuse off
+    assert not rebuilt.enable_mem_reuse and rebuilt.intra_op_num_threads == 1
+    assert rebuilt.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    for _ in range(2):  # the rebuilt session serves from now on, silently
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = sess.run(None, feeds)
 
 
 EMPTY_INSTANCE_NORM = """
