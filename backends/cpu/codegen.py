@@ -34,7 +34,7 @@ from autoclust.backends.cpu.llvm_types import (
     constant,
     is_float,
 )
-from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest
+from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, not_vectorized
 from llvmlite import ir
 
 from autoclust import symbolic
@@ -370,7 +370,13 @@ class KernelEmitter:
         elif red.kind in ("max", "min") and is_float(red.dtype):
             seen = entry_alloca(b, ir.IntType(1), "nan")  # whether the row held a NaN
             b.store(ir.Constant(ir.IntType(1), 0), seen)
-        with for_nest(b, inner_ranges, "r") as inner:
+        # A float max/min row left scalar (its expression is not one vectorize.py emits)
+        # is marked for LLVM's loop vectorizer to skip: LLVM 22 asserts ("VPlan cost model
+        # and legacy cost model disagreed") and aborts the process on some of them (fuzz
+        # 154/1577, a max over a QuantizeLinear-DequantizeLinear row), and the select that
+        # sanitizes NaN (_combine) keeps the others scalar anyway.
+        loop_id = not_vectorized(b.module) if seen is not None else None
+        with for_nest(b, inner_ranges, "r", loop_id) as inner:
             self.iv = self.outer + inner
             self.memo = {}
             x = self.value(red.expr)

@@ -14,10 +14,28 @@ from llvmlite import ir
 I64 = ir.IntType(64)
 
 
+class _LoopID(ir.values.MDValue):
+    """A loop's ID node, distinct and naming itself first (`!7 = distinct !{!7, !6}`), as
+    LLVM requires of `!llvm.loop`; llvmlite's add_metadata makes neither."""
+
+    def descr(self, buf: list[str]) -> None:
+        props = ", ".join(op.get_reference() for op in self.operands)
+        buf += (f"distinct !{{ {self.get_reference()}, {props} }}", "\n")
+
+
+def not_vectorized(module: ir.Module) -> ir.values.MDValue:
+    """A new loop ID asking LLVM's loop vectorizer to leave the loop alone."""
+    prop = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
+                                ir.IntType(1)(0)])
+    return _LoopID(module, [prop], name=str(len(module.metadata)))
+
+
 @contextmanager
 def for_range(builder: ir.IRBuilder, start: ir.Value, stop: ir.Value,
-              name: str = "i") -> Iterator[ir.Value]:
-    """A counted loop start <= i < stop, step 1."""
+              name: str = "i", loop_id: ir.values.MDValue | None = None
+              ) -> Iterator[ir.Value]:
+    """A counted loop start <= i < stop, step 1; `loop_id` (not_vectorized) goes on its
+    latch."""
     pre = builder.block
     head = builder.append_basic_block(f"{name}.head")
     body = builder.append_basic_block(f"{name}.body")
@@ -31,20 +49,25 @@ def for_range(builder: ir.IRBuilder, start: ir.Value, stop: ir.Value,
     yield i
     nxt = builder.add(i, ir.Constant(start.type, 1), name=f"{name}.next", flags=["nsw"])
     i.add_incoming(nxt, builder.block)
-    builder.branch(head)
+    latch = builder.branch(head)
+    if loop_id is not None:
+        latch.set_metadata("llvm.loop", loop_id)
     builder.position_at_end(end)
 
 
 @contextmanager
 def for_nest(builder: ir.IRBuilder, ranges: list[tuple[ir.Value, ir.Value]],
-             prefix: str = "i") -> Iterator[list[ir.Value]]:
-    """Nested counted loops, outermost first; yields the induction variables."""
+             prefix: str = "i", innermost_id: ir.values.MDValue | None = None
+             ) -> Iterator[list[ir.Value]]:
+    """Nested counted loops, outermost first; yields the induction variables.
+    `innermost_id`: the innermost loop's ID (for_range's loop_id)."""
     if not ranges:
         yield []
         return
     (start, stop), rest = ranges[0], ranges[1:]
-    with for_range(builder, start, stop, name=f"{prefix}{len(rest)}") as i, \
-            for_nest(builder, rest, prefix) as inner:
+    with for_range(builder, start, stop, name=f"{prefix}{len(rest)}",
+                   loop_id=None if rest else innermost_id) as i, \
+            for_nest(builder, rest, prefix, innermost_id) as inner:
         yield [i] + inner
 
 

@@ -41,9 +41,9 @@ I64 = ir.IntType(64)
 BITS = 512
 FLOATS = ("float16", "float32", "float64")
 INTS = ("int8", "uint8", "int16", "uint16", "int32", "int64")
-FLOAT_OPS = frozenset({"add", "sub", "mul", "div", "div_exact", "neg", "lt", "le", "gt",
-                       "ge", "eq", "ne", "isnan", "max", "min", "abs", "sqrt", "floor",
-                       "ceil", "round", "sign"}) | frozenset(mathlib.SUPPORTED)
+FLOAT_OPS = frozenset({"add", "sub", "mul", "mul_exact", "div", "div_exact", "neg", "lt",
+                       "le", "gt", "ge", "eq", "ne", "isnan", "max", "min", "abs", "sqrt",
+                       "floor", "ceil", "round", "sign"}) | frozenset(mathlib.SUPPORTED)
 INT_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "max", "min", "lt", "le", "gt",
                      "ge", "eq", "ne", "isnan", "and", "or", "xor", "not", "bitand",
                      "bitor", "bitxor", "bitnot"})

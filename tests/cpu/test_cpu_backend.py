@@ -286,6 +286,50 @@ def test_softmax_rows_of_odd_length_compile(shape):
                                rtol=1e-5, atol=1e-7)
 
 
+QDQ_LOGSUMEXP = """
+import sys, numpy as np, onnxruntime as ort, autoclust
+from onnx import TensorProto, helper
+from autoclust.backends.cpu import vectorize
+if sys.argv[1] == "scalar":  # as if vectorize.py could not emit the max phase's expression
+    vectorize.FLOAT_OPS = vectorize.FLOAT_OPS - {"mul_exact"}
+nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+         helper.make_node("ReduceLogSumExp", ["d"], ["y"], keepdims=0)]
+inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.01]),
+         helper.make_tensor("z", TensorProto.UINT8, [], [27])]
+graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+    "x", TensorProto.FLOAT, [1, 1, 7, 4])], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [])], inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+model.ir_version = 10
+x = np.random.default_rng(0).standard_normal((1, 1, 7, 4)).astype(np.float32)
+want = ort.InferenceSession(model.SerializeToString(),
+                            providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+sess = autoclust.InferenceSession(model, min_cluster_size=1, must_compile=True,
+                                  dump_to=sys.argv[2])
+got = sess.run(None, {"x": x})[0]
+print("ok", float(got) == float(want))
+"""
+
+
+@pytest.mark.parametrize("path", ["vector", "scalar"])
+def test_a_scalar_max_row_never_reaches_the_loop_vectorizer(tmp_path, path):
+    """Regression (fuzz 154/1577): LLVM 22's loop vectorizer asserted ("VPlan cost model
+    and legacy cost model disagreed") and aborted the process on the scalar max phase of
+    a ReduceLogSumExp over a QuantizeLinear-DequantizeLinear row of 28 (its mul_exact was
+    not an op vectorize.py emitted). That phase is vector code now; a max/min row left
+    scalar carries `llvm.loop.vectorize.enable false`, so LLVM never plans it (without it,
+    the "scalar" run aborts). Run in a child process: an abort cannot be caught."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", QDQ_LOGSUMEXP, path, str(tmp_path)],
+                          check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["ok", "True"], proc.stdout
+    ll = "".join(p.read_text() for p in tmp_path.glob("*.ll"))
+    assert ("llvm.loop.vectorize.enable" in ll) == (path == "scalar")
+
+
 @pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
 def test_max_min_reductions_every_trip_count(op):
     """Regression (fuzzer seed 8): LLVM 22 vectorized an `llvm.maxnum` reduction with its
