@@ -241,6 +241,37 @@ def test_exports_markdown_and_install_hint(monkeypatch):
         bench_exports.require()
 
 
+def test_exports_sweep_models_and_inputs():
+    """`--models sweep` names sweep.py's 28 architectures, all outside the default ten and
+    reported in a table of their own; each input descriptor makes seed-0 feeds."""
+    assert bench_exports.model_names("") == bench_exports.DEFAULT
+    assert len(bench_exports.DEFAULT) == 10
+    swept = bench_exports.model_names("sweep")
+    assert len(swept) == 28 and not set(swept) & set(bench_exports.DEFAULT)
+    assert all(bench_exports.SPECS[n].sweep and bench_exports.SPECS[n].held_out for n in swept)
+    assert bench_exports.model_names("sweep:bloom,opt") == ["bloom", "opt"]
+
+    class Cfg:
+        vocab_size = 50
+
+    feeds = {n: bench_exports.SPECS[n].inputs(Cfg()) for n in ("bart", "mobilevit",
+                                                              "wav2vec2", "falcon")}
+    assert {k: v.shape for k, v in feeds["bart"].items()} == {
+        "input_ids": (1, 64), "decoder_input_ids": (1, 64)}
+    assert feeds["mobilevit"]["pixel_values"].shape == (1, 3, 256, 256)
+    assert feeds["wav2vec2"]["input_values"].shape == (1, 16000)
+    assert list(feeds["falcon"]) == ["input_ids"]  # no mask: the decoders' causal one
+    assert bench_exports.SPECS["falcon"].extra == (("use_cache", False),)
+    again = bench_exports.SPECS["mobilevit"].inputs(Cfg())["pixel_values"]
+    np.testing.assert_array_equal(again, feeds["mobilevit"]["pixel_values"])
+    row = {"model": "bloom", "title": "BLOOM-like", "ort_ms": 5.0, "autoclust_ms": 4.0,
+           "ratio": 1.25, "session_ms": 100.0, "first_run_ms": 500.0, "max_abs_err": 1e-6,
+           "clusters": 1, "kernels": 9}
+    text = bench_exports.markdown([row])
+    assert "Architecture sweep" in text and "Held out" not in text
+    assert "| BLOOM-like | 5.00 | 4.00 | **1.25x** |" in text
+
+
 def test_new_seq_feeds():
     feeds = {"input_ids": np.arange(8).reshape(1, 8), "attention_mask": np.ones((1, 8))}
     alt = bench_exports.new_seq_feeds(feeds)

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from autoclust.tools.bench import timing
+from autoclust.tools.bench import sweep, timing
 
 EXPORT_FORMAT = 2  # bump when the export recipe below changes (part of the cache key)
 INSTALL_HINT = ('pip install "autoclust[bench]"   (torch==2.13.0, transformers, onnxscript; '
@@ -54,6 +54,7 @@ class Spec:
     shape_note: str
     extra: tuple = ()  # fixed keyword arguments of the model call
     held_out: bool = False  # an architecture nobody tuned for: reported apart
+    sweep: bool = False  # of the architecture sweep (sweep.py): run when asked for, apart
 
 
 def _wrap(model: Any, input_names: list[str], extra: dict[str, Any]) -> Any:
@@ -185,6 +186,36 @@ SPECS: dict[str, Spec] = {
 }
 TUNED = [n for n, s in SPECS.items() if not s.held_out]
 HELD_OUT = [n for n, s in SPECS.items() if s.held_out]
+DEFAULT = TUNED + HELD_OUT  # the exports table; the sweep's models run when named
+
+
+def _sweep_inputs(kind: tuple) -> Callable[[Any], dict[str, np.ndarray]]:
+    """Input makers of sweep.py's descriptors (seed 0 each call)."""
+    if kind[0] == "ids":
+        return _ids(sweep.SEQ, mask=kind[1])
+    rng = lambda: np.random.default_rng(0)
+    if kind[0] == "ids+decoder":
+        return lambda cfg: {name: rng().integers(0, cfg.vocab_size, (1, sweep.SEQ)).astype(
+            np.int64) for name in ("input_ids", "decoder_input_ids")}
+    if kind[0] == "pixels":
+        return lambda cfg: {"pixel_values": rng().standard_normal(
+            (1, 3, kind[1], kind[1])).astype(np.float32)}
+    return lambda cfg: {"input_values": rng().standard_normal((1, kind[1])).astype(np.float32)}
+
+
+SPECS.update({name: Spec(title, build, _sweep_inputs(kind), f"{kind[0]} (fixed shapes)",
+                         (("use_cache", False),) if kind == ("ids", False) else (),
+                         held_out=True, sweep=True)
+              for name, (title, build, kind) in sweep.ARCHS.items()})
+
+
+def model_names(arg: str) -> list[str]:
+    """--models: names, `sweep` (all of sweep.py's) or `sweep:a,b`; empty: the ten."""
+    if not arg:
+        return list(DEFAULT)
+    if arg == "sweep":
+        return list(sweep.ARCHS)
+    return [m for m in arg.removeprefix("sweep:").split(",") if m]
 
 
 def require() -> None:
@@ -262,7 +293,8 @@ def export(name: str, cache: str, log: Callable[[str], None] = print) -> tuple[s
     with torch.no_grad():
         program = torch.onnx.export(module, args, dynamo=True, input_names=list(inputs),
                                     output_names=["last_hidden_state"], verbose=False,
-                                    dynamic_shapes=dynamic_shapes(inputs))
+                                    dynamic_shapes=None if SPECS[name].sweep else
+                                    dynamic_shapes(inputs))
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         program.save(os.path.join(tmp, "m.onnx"))
         model = onnx.load(os.path.join(tmp, "m.onnx"))
@@ -381,7 +413,8 @@ def run_one(name: str, model_path: str, feeds_path: str, threads: int, rounds: i
     row["ratio_p25"], row["ratio_p75"] = timing.ratio_spread(times, "ort", "autoclust", block)
     if ov_side is not None:
         row["openvino_ratio"] = timing.round_ratio(times, "ort", "openvino", block)
-    _new_seq(row, sess, ref, feeds)
+    if not SPECS[name].sweep:  # the sweep's exports have fixed shapes
+        _new_seq(row, sess, ref, feeds)
     if floor:
         _floor(row, model_path, feeds_path, threads, flags)
     row["load"] = timing.load_note()
@@ -488,7 +521,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     the latency table of the exports."""
     torch_cols = any("eager_ms" in r or "inductor_ms" in r for r in rows)
     tuned = [r for r in rows if not SPECS[r["model"]].held_out]
-    held = [r for r in rows if SPECS[r["model"]].held_out]
+    held = [r for r in rows if SPECS[r["model"]].held_out and not SPECS[r["model"]].sweep]
+    swept = [r for r in rows if SPECS[r["model"]].sweep]
     parts = []
     if tuned:
         parts.append("Tuned for (the five the project was developed on):\n\n"
@@ -496,6 +530,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     if held:
         parts.append("Held out (architectures nobody tuned for):\n\n"
                      + _speed_table(held, torch_cols))
+    if swept:
+        parts.append("Architecture sweep (tools/bench/sweep.py; small sizes, fixed shapes):"
+                     "\n\n" + _speed_table(swept, torch_cols))
     latency = []
     for r in rows:
         if "error" in r:
@@ -587,7 +624,9 @@ def _subprocess(name: str, argv: list[str]) -> dict[str, Any]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="autoclust bench --exports",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="", help=f"comma-separated of {', '.join(SPECS)}")
+    p.add_argument("--models", default="", help=f"comma-separated of {', '.join(DEFAULT)} "
+                   "(default: these ten), or `sweep` (tools/bench/sweep.py's 28), or "
+                   "`sweep:NAME,...`")
     p.add_argument("--list", action="store_true", help="list the models and exit")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
@@ -616,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch_sides = [s for s in args.torch.split(",") if s and s != "none"]
     bad = [s for s in torch_sides if s not in ("eager", "inductor")]
-    names = [m for m in args.models.split(",") if m] or list(SPECS)
+    names = model_names(args.models)
     unknown = [m for m in names if m not in SPECS]
     if bad or unknown:
         print(f"autoclust bench --exports: unknown {'torch side' if bad else 'model'}(s) "
