@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -203,10 +204,11 @@ def _sweep_inputs(kind: tuple) -> Callable[[Any], dict[str, np.ndarray]]:
     return lambda cfg: {"input_values": rng().standard_normal((1, kind[1])).astype(np.float32)}
 
 
-SPECS.update({name: Spec(title, build, _sweep_inputs(kind), f"{kind[0]} (fixed shapes)",
+SPECS.update({name: Spec(title, functools.partial(sweep.build, name), _sweep_inputs(kind),
+                         f"{kind[0]} (fixed shapes)",
                          (("use_cache", False),) if kind == ("ids", False) else (),
                          held_out=True, sweep=True)
-              for name, (title, build, kind) in sweep.ARCHS.items()})
+              for name, (title, kind, *_) in sweep.ARCHS.items()})
 
 
 def model_names(arg: str) -> list[str]:
