@@ -250,8 +250,9 @@ class KernelEmitter:
     def _vector_sum(self, red: kir.Reduction, inner_ranges: list, phase: int) -> ir.Value:
         """The row in chunks of v lanes into a vector accumulator (the stashed values
         stored as vectors); lanes summed after the row. When v does not divide the row, a
-        last chunk ends at the row's end, overlapping the one before it: it stores its
-        stash again (the same values) and adds only its lanes past that chunk. A scalar
+        last chunk ends at the row's end, overlapping the one before it: it stores and adds
+        only its lanes past that chunk (where the stash goes over the input, inplace.py,
+        the overlapped lanes read back stashed values: fuzz 159/2416). A scalar
         tail (up to 15 exps a row, each as costly as a vector one) made Whisper's 750-long
         softmax rows 1.5x onnxruntime's time."""
         b = self.b
@@ -266,12 +267,18 @@ class KernelEmitter:
             self.iv = self.outer + rows + [start]
             self.memo, vx.memo = {}, {}
             x = vx.value(red.expr)
-            for sub, st in self._stashed(phase):  # element alignment, as vectorize's loads
-                b.store(vx.value(sub), self._address(st.buf, st.index, lanes=v, store=True),
-                        align=4 if red.dtype == "float32" else 8)
-            if skip:  # the overlapping last chunk: its first `skip` lanes are summed
-                mask = ir.Constant(ir.VectorType(ir.IntType(1), v), [j >= skip for j in
-                                                                     range(v)])
+            # the overlapping last chunk: only its lanes from `skip` on are new; the first
+            # `skip` are summed and stashed already (and where the stash is written over
+            # the input, inplace.py, this chunk read them back as stashed values)
+            mask = ir.Constant(ir.VectorType(ir.IntType(1), v), [j >= skip for j in range(v)])
+            align = 4 if red.dtype == "float32" else 8  # element alignment, as vectorize's
+            for sub, st in self._stashed(phase):
+                addr = self._address(st.buf, st.index, lanes=v, store=True)
+                value = vx.value(sub)
+                if skip:  # the stash's first `skip` lanes stay as the chunk before left them
+                    value = b.select(mask, value, b.load(addr, typ=value.type, align=align))
+                b.store(value, addr, align=align)
+            if skip:
                 x = b.select(mask, x, zero)
             b.store(b.fadd(b.load(acc), x, flags=REDUCE_FLAGS), acc)
 

@@ -286,6 +286,38 @@ def test_softmax_rows_of_odd_length_compile(shape):
                                rtol=1e-5, atol=1e-7)
 
 
+STASH_OVER_INPUT = """<ir_version: 10, opset_import: ["" : 18]>
+g (float[4,2,3,2] x) => (float[4,2,3,1] y)
+<float[2,3] w = {0.037, -0.068, 0.229, -0.050, -0.248, -0.792},
+ float[1,2,3,3] s = {-0.81, 0.48, 0.04, -0.76, 0.23, -0.31, 0.44, 0.30, -0.41, 0.23, 0.37, 0.15,
+                     -0.39, -0.73, -0.11, 0.31, 0.21, -0.64},
+ float[1,2,3,3] b = {0.16, -0.19, 0.37, -0.58, 1.12, 0.58, -1.84, -1.15, -0.03, 0.21, -0.74,
+                     0.28, 0.10, 0.37, -0.37, 0.54, 0.59, -0.65},
+ float[1,1,3,1] v = {-0.10, -0.37, 0.34}>
+{ m = MatMul (x, w)  e = Exp (m)  l = LayerNormalization <axis = -4> (e, s, b)
+  y = MatMul (l, v) }"""
+
+
+@pytest.mark.parametrize("check_bounds", [False, True])
+def test_a_stash_written_over_its_input_keeps_the_overlapped_lanes(check_bounds):
+    """Regression (fuzz 159/2416): the LayerNorm row (all 72 elements, rows of 18) writes
+    over the MatMul product it reads (inplace.py) and stashes exp(m) in a vector sum
+    phase; 18 is not a multiple of 16 lanes, so the phase's last chunk overlaps the one
+    before, whose stash it read back in place of m and stored again, 2 lanes of garbage
+    per row (visible with --check_bounds, whose early exits keep LLVM from reordering
+    the loads before the stores). The last chunk now stores only its new lanes."""
+    import onnxruntime as ort
+
+    import autoclust
+    model = onnx.parser.parse_model(STASH_OVER_INPUT)
+    x = np.random.default_rng(0).standard_normal((4, 2, 3, 2)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    sess = autoclust.InferenceSession(model, min_cluster_size=1, must_compile=True,
+                                      check_bounds=check_bounds, autotune=False)
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-6)
+
+
 QDQ_LOGSUMEXP = """
 import sys, numpy as np, onnxruntime as ort, autoclust
 from onnx import TensorProto, helper
