@@ -252,22 +252,20 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             print(self._active_line(), file=sys.stderr)
 
     # ---- construction -----------------------------------------------------------------
-    def _full_session(self) -> Any:
+    def _full_session(self, options: Any = None) -> Any:
+        """onnxruntime over the whole model, made once with the user's options as they are
+        (onnxruntime reads them); `options` given: made again with those."""
         with self._ort_lock:
-            if self._ort is None:  # the user's options, as they are: onnxruntime reads them
-                self._ort = ort_backend.create_session(self._ort_source(), self._sess_options,
-                                                       self._providers, self._provider_options,
-                                                       parsed=self._model)
+            if self._ort is None or options is not None:
+                source = self._source
+                if isinstance(source, os.PathLike):
+                    source = os.fspath(source)
+                elif isinstance(source, bytearray | memoryview):
+                    source = bytes(source)
+                self._ort = ort_backend.create_session(
+                    source, options or self._sess_options, self._providers,
+                    self._provider_options, parsed=self._model)
         return self._ort
-
-    def _ort_source(self) -> Any:
-        """The model as the user gave it, in a form onnxruntime reads (a path or bytes)."""
-        source = self._source
-        if isinstance(source, os.PathLike):
-            return os.fspath(source)
-        if isinstance(source, bytearray | memoryview):
-            return bytes(source)
-        return source
 
     @property
     def _sess(self) -> Any:
@@ -430,11 +428,8 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         if self._runtime is None and not self._ort_rebuilt:
             self._ort_rebuilt = True
             ort_backend.warn_planner_failure(exc, "the whole model", stacklevel=4)
-            with self._ort_lock:
-                self._ort = ort_backend.create_session(
-                    self._ort_source(), ort_backend.without_buffer_reuse(
-                        self._sess_options, sub_session=False),
-                    self._providers, self._provider_options, parsed=self._model)
+            self._full_session(ort_backend.without_buffer_reuse(self._sess_options,
+                                                                sub_session=False))
             if self._ort_run is not None:
                 self._ort_run = ort_backend.direct_run(self._ort)
             return True

@@ -142,12 +142,16 @@ def _swin() -> tuple[Any, Any]:
     return cfg, SwinModel(cfg, add_pooling_layer=False)
 
 
-def _ids(seq: int, mask: bool = False) -> Callable[[Any], dict[str, np.ndarray]]:
+def _ids(seq: int, mask: bool = False, decoder: bool = False
+         ) -> Callable[[Any], dict[str, np.ndarray]]:
+    """Token ids (seed 0), with an all-ones mask, or the same ids as the decoder's."""
     def make(cfg: Any) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(0)
         out = {"input_ids": rng.integers(0, cfg.vocab_size, (1, seq)).astype(np.int64)}
         if mask:
             out["attention_mask"] = np.ones((1, seq), np.int64)
+        if decoder:
+            out["decoder_input_ids"] = out["input_ids"].copy()
         return out
     return make
 
@@ -159,10 +163,16 @@ def _mel(cfg: Any) -> dict[str, np.ndarray]:
             rng.standard_normal((1, cfg.num_mel_bins, frames)).astype(np.float32)}
 
 
-def _pixels(cfg: Any) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    size = getattr(cfg, "image_size", 224)
-    return {"pixel_values": rng.standard_normal((1, 3, size, size)).astype(np.float32)}
+def _image(size: int | None = None) -> Callable[[Any], dict[str, np.ndarray]]:
+    """One image (seed 0) of `size`, else of the config's image_size (224 without one)."""
+    def make(cfg: Any) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(0)
+        side = size or getattr(cfg, "image_size", 224)
+        return {"pixel_values": rng.standard_normal((1, 3, side, side)).astype(np.float32)}
+    return make
+
+
+_pixels = _image()
 
 
 SPECS: dict[str, Spec] = {
@@ -194,14 +204,12 @@ def _sweep_inputs(kind: tuple) -> Callable[[Any], dict[str, np.ndarray]]:
     """Input makers of sweep.py's descriptors (seed 0 each call)."""
     if kind[0] == "ids":
         return _ids(sweep.SEQ, mask=kind[1])
-    rng = lambda: np.random.default_rng(0)
     if kind[0] == "ids+decoder":
-        return lambda cfg: {name: rng().integers(0, cfg.vocab_size, (1, sweep.SEQ)).astype(
-            np.int64) for name in ("input_ids", "decoder_input_ids")}
+        return _ids(sweep.SEQ, decoder=True)
     if kind[0] == "pixels":
-        return lambda cfg: {"pixel_values": rng().standard_normal(
-            (1, 3, kind[1], kind[1])).astype(np.float32)}
-    return lambda cfg: {"input_values": rng().standard_normal((1, kind[1])).astype(np.float32)}
+        return _image(kind[1])
+    return lambda cfg: {"input_values": np.random.default_rng(0).standard_normal(
+        (1, kind[1])).astype(np.float32)}
 
 
 SPECS.update({name: Spec(title, functools.partial(sweep.build, name), _sweep_inputs(kind),
