@@ -21,7 +21,10 @@ anything closer that is not faster in the median goes to onnxruntime). The extra
 `Budget` (--autotune_budget_ms); a trial that runs out decides on what it has, and a
 signature that finds the budget spent takes the cluster's last decision. The whole plan's
 trial against one onnxruntime session over the whole model (`WholePlan`) has a budget of
-its own, of the same size. Every decision, with both times, goes to `explain` and, with
+its own, of the same size. A trial decides on a few pairs in one window of time, so the
+winner of a first trial is then timed as it serves (`Watch`, two clock reads a run): if it
+runs slower than the loser did in the trial, one second trial decides for good. Every
+decision, with both times, goes to `explain` and, with
 --cache_dir, to a small JSON file keyed by the cluster, the signature, the flags that
 change code, the versions and the CPU, so a second process does not measure again (and
 does not even compile a cluster that lost).
@@ -53,6 +56,8 @@ SAMPLE_S = 2e-4    # one timed sample repeats a short cluster until it takes abo
 MAX_REPEAT = 64
 SETTLE_RUNS = 20   # measure anyway after this many runs of an executable still settling
 FORMAT = 1         # of the --cache_dir entries; bump when their meaning changes
+WATCH_RUNS = 12    # runs of a first trial's winner per look at its time as it serves
+WATCH_LOOKS = 2    # looks before the decision stands unwatched
 
 
 @dataclasses.dataclass
@@ -249,6 +254,74 @@ class Trial:
         self._done(decision, self.ort if winner == ONNXRUNTIME else self.exe)
 
 
+class Watch:
+    """The winner of a first trial, timed as it serves (two clock reads a run).
+
+    A trial decides on at most MAX_PAIRS pairs in one window of time, and a decision taken
+    in a lucky window stood for the life of the process: SegFormer's plan, kept 4% faster,
+    ran 13.3 ms against onnxruntime's 10.5 in 2 of ~60 processes, and LLaMA-like's one
+    cluster read 0.97x in one of eight. So for WATCH_LOOKS looks of WATCH_RUNS runs the
+    median of the winner's own times is compared with the loser's median in the trial:
+    beyond MARGIN slower, `again(ms)` starts a second trial, which decides for good;
+    otherwise `stand()` puts the winner in place unwatched (and the session's direct
+    paths, which skip the routing, take over)."""
+
+    def __init__(self, side: Any, loser_ms: float, again: Callable[[float], None],
+                 stand: Callable[[], None], clock: Callable[[], float]):
+        self.side, self.loser_ms, self.clock = side, loser_ms, clock
+        self._again, self._stand = again, stand
+        self.times: list[float] = []
+        self.looks = 0
+        self.finished = False
+        self._lock = threading.Lock()
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        if self.finished or not self._lock.acquire(blocking=False):
+            return self.side.run(inputs)  # decided, or another thread is being timed
+        try:
+            t0 = self.clock()
+            outs = self.side.run(inputs)
+            self.times.append(self.clock() - t0)
+            if len(self.times) >= WATCH_RUNS:
+                ms = statistics.median(self.times) * 1e3
+                self.times.clear()
+                self.looks += 1
+                if ms > self.loser_ms * (1 + MARGIN):
+                    self.finished = True
+                    self._again(ms)
+                elif self.looks >= WATCH_LOOKS:
+                    self.finished = True
+                    self._stand()
+            return outs
+        finally:
+            self._lock.release()
+
+
+def deciding(target: Any) -> bool:
+    """Whether a route's target is still a measurement: a Trial deciding, or a Watch."""
+    return isinstance(target, (Trial, Watch)) and not target.finished
+
+
+def watched(decision: Decision) -> bool:
+    """Whether a decision carries both times (a Watch has something to compare with)."""
+    return decision.compiled_ms is not None and decision.onnxruntime_ms is not None
+
+
+def loser_ms(decision: Decision) -> float:
+    """The median time of the side a measured decision did not pick."""
+    ms = decision.onnxruntime_ms if decision.winner == COMPILED else decision.compiled_ms
+    assert ms is not None, decision  # watched(decision)
+    return ms
+
+
+def second_look(decision: Decision, winner_ms: float) -> str:
+    """Why a second trial: the first winner's time as it served against the loser's."""
+    won, lost = ("compiled", ONNXRUNTIME) if decision.winner == COMPILED else \
+        (ONNXRUNTIME, "compiled")
+    return (f"second look: {won} ran {winner_ms:.3f} ms as it served, {lost} "
+            f"{loser_ms(decision):.3f} ms in the first trial")
+
+
 # ---- one session's placement ------------------------------------------------------------
 
 def skip_reason(flags: Any, backend: Any) -> str | None:
@@ -279,6 +352,10 @@ class Placement:
         self.latest: dict[str, Decision] = {}  # cluster name -> its last decision
         self.by_class: dict[int, Decision] = {}  # id(ShapeClass) -> its measured decision
         self.clock = clock
+        # whether the clusters' decisions are watched as they serve (Watch): set by the
+        # runtime for a plan that is one cluster. A cluster among others runs colder in
+        # the plan than in its trial's repeats; the whole plan's Watch covers those.
+        self.watch = False
         self._lock = threading.Lock()
 
     def place(self, runner: Any, key: tuple, inputs: list[np.ndarray]) -> Any:
@@ -298,6 +375,10 @@ class Placement:
                 cls = getattr(target, "shape_class", None)
                 if cls is not None:
                     self.by_class.setdefault(id(cls), stored)
+                if stored.winner == COMPILED and self.watch and watched(stored):
+                    # another process's decision on this machine: looked at here too
+                    target = self._watch(runner, key, sig, target, entry, cls, stored,
+                                         target)
                 return target
         exe = runner.compiled(key, inputs)
         if exe is None:
@@ -319,8 +400,19 @@ class Placement:
             self._record(Decision(runner.name, sig, COMPILED, f"not measured: {reason}"))
             return exe
 
+        return self._trial(runner, key, sig, exe, entry, cls)
+
+    def _trial(self, runner: Any, key: tuple, sig: str, exe: Any, entry: str, cls: Any,
+               why: str = "") -> Trial:
+        """A cluster's trial for one signature; `why`: a second look's reason (that trial
+        decides for good, a first one's winner is watched where self.watch says so)."""
         def done(decision: Decision, winner: Any) -> None:
-            runner.route[key] = winner
+            if why:
+                decision.reason = f"{why}: {decision.reason}"
+            served = winner
+            if not why and self.watch and watched(decision):
+                served = self._watch(runner, key, sig, exe, entry, cls, decision, winner)
+            runner.route[key] = served
             self._record(decision)
             if cls is not None:
                 self.by_class[id(cls)] = decision  # classes live as long as their runner
@@ -329,6 +421,17 @@ class Placement:
 
         return Trial(runner.name, sig, exe, runner.onnxruntime_segment, self.budget, done,
                      self.clock, getattr(exe, "settled", None))
+
+    def _watch(self, runner: Any, key: tuple, sig: str, exe: Any, entry: str, cls: Any,
+               decision: Decision, winner: Any) -> Watch:
+        """`winner` serving `key`, watched; a second trial if it runs slower than the
+        loser did (with budget left; else it stays)."""
+        def again(ms: float) -> None:
+            runner.route[key] = winner if self.budget.left_ms() <= 0 else \
+                self._trial(runner, key, sig, exe, entry, cls, second_look(decision, ms))
+
+        return Watch(winner, loser_ms(decision), again,
+                     lambda: runner.route.__setitem__(key, winner), self.clock)
 
     def _inherit(self, runner: Any, sig: str, earlier: Decision, exe: Any, why: str) -> Any:
         """What serves `sig` as `earlier` decided for another signature (recorded)."""
@@ -402,8 +505,7 @@ class WholePlan:
     def _start(self, key: tuple, names: tuple, feeds: dict[str, np.ndarray]) -> Any:
         """A Trial of the plan against the whole model once its clusters have decided."""
         rt = self.runtime
-        if key not in self.seen or any(isinstance(t, Trial) and not t.finished
-                                       for r in rt.compiled_clusters()
+        if key not in self.seen or any(deciding(t) for r in rt.compiled_clusters()
                                        for t in r.route.values()):
             self.seen.add(key)
             return None  # its clusters first meet it, or still measure: not yet
@@ -419,7 +521,10 @@ class WholePlan:
                 stored.cluster, stored.signature, stored.source = WHOLE, sig, "cache"
                 self.placement._record(stored, self.budget)
                 target = self._ort_side(names) if stored.winner == ONNXRUNTIME else plan_side
-                self._handed(key, target)
+                if watched(stored):  # another process's decision: looked at here too
+                    target = self._watch(key, sig, names, plan_side, entry, stored, target)
+                else:
+                    self._handed(key, target)
             elif _nothing_compiled(rt):
                 self.placement._record(Decision(
                     WHOLE, sig, ONNXRUNTIME, "not measured: every cluster is onnxruntime's, "
@@ -433,17 +538,47 @@ class WholePlan:
                                        self.budget)
                 target = plan_side
             else:
-                def done(decision: Decision, winner: Any) -> None:
-                    self.route[key] = winner
-                    self.placement._record(decision, self.budget)
-                    if entry:
-                        store(self.placement.flags.cache_dir, entry, decision)
-                    self._handed(key, winner)
-
-                target = Trial(WHOLE, sig, plan_side, lambda: self._ort_side(names),
-                               self.budget, done, self.placement.clock, ties=ONNXRUNTIME)
+                target = self._trial(key, sig, names, plan_side, entry)
             self.route[key] = target
             return target
+
+    def _trial(self, key: tuple, sig: str, names: tuple, plan_side: Any, entry: str,
+               why: str = "") -> Trial:
+        """The plan against onnxruntime over the whole model for one signature; `why`: a
+        second look's reason (that trial decides for good; a first one's winner is
+        watched)."""
+        def done(decision: Decision, winner: Any) -> None:
+            if why:
+                decision.reason = f"{why}: {decision.reason}"
+            served = winner
+            if not why and watched(decision):
+                served = self._watch(key, sig, names, plan_side, entry, decision, winner)
+            self.route[key] = served
+            self.placement._record(decision, self.budget)
+            if entry:
+                store(self.placement.flags.cache_dir, entry, decision)
+            if served is winner:
+                self._handed(key, winner)
+
+        return Trial(WHOLE, sig, plan_side, lambda: self._ort_side(names), self.budget,
+                     done, self.placement.clock, ties=ONNXRUNTIME)
+
+    def _watch(self, key: tuple, sig: str, names: tuple, plan_side: Any, entry: str,
+               decision: Decision, winner: Any) -> Watch:
+        """`winner` serving `key`, watched (handed back to the session's direct call only
+        once it stands); a second trial if it runs slower than the loser did."""
+        def again(ms: float) -> None:
+            if self.budget.left_ms() <= 0:  # nothing left to measure with: it stands
+                stand()
+            else:
+                self.route[key] = self._trial(key, sig, names, plan_side, entry,
+                                              second_look(decision, ms))
+
+        def stand() -> None:
+            self.route[key] = winner
+            self._handed(key, winner)
+
+        return Watch(winner, loser_ms(decision), again, stand, self.placement.clock)
 
     def _handed(self, key: tuple, target: Any) -> None:
         if isinstance(target, _OrtSide) and self.on_handed_back is not None:
@@ -469,13 +604,15 @@ def _nothing_compiled(runtime: Any) -> bool:
     runners = runtime.compiled_clusters()
     return bool(runners) and all(
         r.fallback is not None or (r.route and all(
-            not isinstance(t, Trial) and all(t is not e for e in r.cache.values())
+            not isinstance(t, Trial) and all(getattr(t, "side", t) is not e
+                                             for e in r.cache.values())
             for t in r.route.values()))
         for r in runners)
 
 
 def measuring(runtime: Any) -> bool:
-    """Whether a Trial of `runtime` (a cluster's or the whole plan's) is still deciding."""
+    """Whether a Trial of `runtime` (a cluster's or the whole plan's) is still deciding, or
+    a first trial's winner is still watched (Watch)."""
     if runtime is None or getattr(runtime, "placement", None) is None:
         return False
     sides = [t for r in runtime.compiled_clusters() for t in r.route.values()]
@@ -483,7 +620,7 @@ def measuring(runtime: Any) -> bool:
         if not runtime.whole.route:
             return True
         sides += list(runtime.whole.route.values())
-    return any(isinstance(t, Trial) and not t.finished for t in sides)
+    return any(deciding(t) for t in sides)
 
 
 class _PlanSide:

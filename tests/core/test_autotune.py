@@ -160,7 +160,12 @@ def _session(**flags):
 
 
 def _run_until_decided(sess, feeds, runs=12):
+    """`runs` runs, then on while a trial decides or its winner is watched (Watch)."""
     for _ in range(runs):
+        out = sess.run(None, feeds)
+    for _ in range(80):
+        if not autotune.measuring(sess._runtime):
+            break
         out = sess.run(None, feeds)
     return out
 
@@ -295,7 +300,9 @@ def test_end_to_end_real_clock():
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
         if sess.plan.placement:
             break
-    (d,) = sess.plan.placement
+    _run_until_decided(sess, feeds, runs=0)  # its winner watched, then standing
+    d = sess.plan.placement[-1]  # a second look's, if the winner ran slower as it served
+    assert len(sess.plan.placement) <= 2
     assert d.source == "measured" and d.pairs >= autotune.MIN_PAIRS
     assert d.compiled_ms > 0 and d.onnxruntime_ms > 0
     runner = sess._runtime.compiled_clusters()[0]
@@ -329,7 +336,7 @@ def test_whole_plan_handed_back_when_boundaries_lose(monkeypatch, tmp_path):
     feeds = zoo.feeds(model)
     sess = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
     want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
-    for _ in range(15):
+    for _ in range(15 + autotune.WATCH_LOOKS * autotune.WATCH_RUNS):
         got = sess.run(None, feeds)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.shape, w.shape)
@@ -342,20 +349,30 @@ def test_whole_plan_handed_back_when_boundaries_lose(monkeypatch, tmp_path):
     # a second session reads all five decisions and measures nothing
     monkeypatch.setattr(autotune.Trial, "_time", None)
     again = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
-    for _ in range(4):
-        again.run(None, feeds)
+    _run_until_decided(again, feeds, runs=4)  # the cached winner watched, then standing
     assert [d["source"] for d in again.explain(as_json=True)["placement"]] == ["cache"] * 5
     assert not autotune.measuring(again._runtime)
 
 
-def _whole_decided(monkeypatch, plan_ms: float, whole_ort_ms: float):
-    """(model, feeds, session) after enough runs to decide the whole plan's placement."""
+def _whole_session(monkeypatch, plan_ms: float, whole_ort_ms: float, **flags):
+    """(model, feeds, session) of mixed_dynamic (4 clusters, onnxruntime segments) run until
+    its whole plan's first trial has decided; its winner is then watched (a Watch)."""
     _inject_whole(monkeypatch, plan_ms=plan_ms, whole_ort_ms=whole_ort_ms)
     model = zoo.build("mixed_dynamic")
     feeds = zoo.feeds(model)
-    sess = autoclust.InferenceSession(model)
-    for _ in range(15):
+    sess = autoclust.InferenceSession(model, **flags)
+    for _ in range(30):
         sess.run(None, feeds)
+        if any(isinstance(t, autotune.Watch) for t in sess._runtime.whole.route.values()):
+            return model, feeds, sess
+    pytest.fail(f"the whole plan did not decide: {sess.explain()}")
+
+
+def _whole_decided(monkeypatch, plan_ms: float, whole_ort_ms: float):
+    """(model, feeds, session) after enough runs to decide the whole plan's placement, its
+    winner watched and standing."""
+    model, feeds, sess = _whole_session(monkeypatch, plan_ms, whole_ort_ms)
+    _run_until_decided(sess, feeds, runs=0)
     return model, feeds, sess
 
 
@@ -364,6 +381,140 @@ def test_whole_plan_kept_when_it_wins(monkeypatch):
     whole = sess.explain(as_json=True)["placement"][-1]
     assert whole["cluster"] == autotune.WHOLE and whole["winner"] == COMPILED
     assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._PlanSide)
+
+
+class _Steps:
+    """A clock whose every read is `step_ms` after the last: a watched run (two reads) then
+    takes exactly step_ms."""
+
+    def __init__(self, step_ms: float):
+        self.now, self.step = 0.0, step_ms / 1e3
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def _watched_runs(sess, feeds, route: dict, ms: float, runs: int) -> None:
+    """`runs` runs of a session whose first trial's winner is watched in `route`, each
+    timed by the watch at `ms`."""
+    (watch,) = route.values()
+    assert isinstance(watch, autotune.Watch), watch
+    watch.clock = _Steps(ms)
+    watch.times.clear()  # runs before this one were timed by the real clock
+    for _ in range(runs):
+        sess.run(None, feeds)
+
+
+def test_a_kept_plan_slower_as_it_serves_gets_a_second_look(monkeypatch, tmp_path):
+    """The whole plan wins its trial (1 ms against onnxruntime's 2), then runs at 3 ms as it
+    serves: the first look (WATCH_RUNS runs) starts a second trial, which hands it back,
+    says why in explain and replaces the --cache_dir entry."""
+    model, feeds, sess = _whole_session(monkeypatch, 1.0, 2.0, cache_dir=str(tmp_path))
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    assert sess.explain(as_json=True)["placement"][-1]["winner"] == COMPILED
+    assert autotune.measuring(sess._runtime)  # watched: not the steady state yet
+    route = sess._runtime.whole.route
+    _watched_runs(sess, feeds, route, ms=3.0, runs=autotune.WATCH_RUNS)
+    assert isinstance(next(iter(route.values())), autotune.Trial)
+    _inject_whole(monkeypatch, plan_ms=3.0, whole_ort_ms=2.0)  # the second trial sees it
+    for _ in range(6):
+        sess.run(None, feeds)
+    decisions = sess.explain(as_json=True)["placement"]
+    last = decisions[-1]
+    assert last["cluster"] == autotune.WHOLE and last["winner"] == ONNXRUNTIME, last
+    assert last["reason"].startswith("second look: compiled ran 3.000 ms as it served, "
+                                     "onnxruntime 2.000 ms in the first trial: "), last
+    assert [d["winner"] for d in decisions].count(ONNXRUNTIME) == 1
+    assert isinstance(next(iter(route.values())), autotune._OrtSide)
+    assert not autotune.measuring(sess._runtime) and len(sess._direct) == 1
+    for g, w in zip(sess.run(None, feeds), want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    # the next process reads the second decision, and looks at it as it serves
+    monkeypatch.setattr(autotune.Trial, "_time", None)
+    again = autoclust.InferenceSession(model, cache_dir=str(tmp_path))
+    for _ in range(4):
+        again.run(None, feeds)
+    whole = again.explain(as_json=True)["placement"][-1]
+    assert whole["source"] == "cache" and whole["winner"] == ONNXRUNTIME, whole
+    (watch,) = again._runtime.whole.route.values()
+    assert isinstance(watch, autotune.Watch) and watch.loser_ms == pytest.approx(3.0)
+
+
+def test_a_handed_back_plan_slower_as_it_serves_gets_a_second_look(monkeypatch):
+    """onnxruntime wins the first trial (2 ms against the plan's 5) and runs at 6 ms as it
+    serves: the second trial keeps the plan. The session's direct onnxruntime call waits
+    for the decision to stand."""
+    _, feeds, sess = _whole_session(monkeypatch, 5.0, 2.0)
+    assert sess.explain(as_json=True)["placement"][-1]["winner"] == ONNXRUNTIME
+    assert not sess._direct  # watched: still routed
+    route = sess._runtime.whole.route
+    _inject_whole(monkeypatch, plan_ms=1.0, whole_ort_ms=2.0)
+    _watched_runs(sess, feeds, route, ms=6.0, runs=autotune.WATCH_RUNS + 6)
+    last = sess.explain(as_json=True)["placement"][-1]
+    assert last["winner"] == COMPILED and last["reason"].startswith(
+        "second look: onnxruntime ran 6.000 ms as it served, compiled 5.000 ms"), last
+    assert isinstance(next(iter(route.values())), autotune._PlanSide)
+    assert not sess._direct
+
+
+@pytest.mark.parametrize("plan_ms, ort_ms, served_ms, side", [
+    (1.0, 2.0, 2.05, autotune._PlanSide),  # within MARGIN of onnxruntime's 2 ms
+    (5.0, 2.0, 5.1, autotune._OrtSide)])   # within MARGIN of the plan's 5 ms
+def test_a_winner_as_fast_as_its_trial_stands(monkeypatch, plan_ms, ort_ms, served_ms, side):
+    _, feeds, sess = _whole_session(monkeypatch, plan_ms, ort_ms)
+    n = len(sess.explain(as_json=True)["placement"])
+    route = sess._runtime.whole.route
+    _watched_runs(sess, feeds, route, ms=served_ms,
+                  runs=autotune.WATCH_LOOKS * autotune.WATCH_RUNS)
+    assert isinstance(next(iter(route.values())), side)
+    assert not autotune.measuring(sess._runtime)
+    assert len(sess.explain(as_json=True)["placement"]) == n
+    assert len(sess._direct) == (side is autotune._OrtSide)
+
+
+def test_a_second_look_decides_for_good(monkeypatch):
+    _, feeds, sess = _whole_session(monkeypatch, 1.0, 2.0)
+    _watched_runs(sess, feeds, sess._runtime.whole.route, ms=3.0, runs=autotune.WATCH_RUNS)
+    for _ in range(6):  # the second trial reads the plan faster again (1 ms against 2)
+        sess.run(None, feeds)
+    last = sess.explain(as_json=True)["placement"][-1]
+    assert last["winner"] == COMPILED and last["reason"].startswith("second look"), last
+    (kept,) = sess._runtime.whole.route.values()
+    assert isinstance(kept, autotune._PlanSide)  # no third trial, however it runs
+
+
+def test_a_second_look_needs_budget(monkeypatch):
+    _, feeds, sess = _whole_session(monkeypatch, 1.0, 2.0)
+    n = len(sess.explain(as_json=True)["placement"])
+    sess._runtime.whole.budget.spent_ms = 1e9
+    _watched_runs(sess, feeds, sess._runtime.whole.route, ms=3.0, runs=autotune.WATCH_RUNS)
+    (kept,) = sess._runtime.whole.route.values()
+    assert isinstance(kept, autotune._PlanSide)
+    assert len(sess.explain(as_json=True)["placement"]) == n
+
+
+def test_a_one_cluster_plans_cluster_is_watched(monkeypatch):
+    """A plan that is one cluster has no whole-plan trial: its cluster's winner is watched.
+    Kept compiled (1 ms against onnxruntime's 3), it runs at 4 ms: the second trial hands
+    it back. Among several clusters (mixed_dynamic) a cluster's decision is not watched
+    (the whole plan's is)."""
+    _inject(monkeypatch, compiled_ms=1.0, ort_ms=3.0)
+    model, feeds, sess = _session()
+    runner = sess._runtime.compiled_clusters()[0]
+    for _ in range(12):
+        sess.run(None, feeds)
+    _inject(monkeypatch, compiled_ms=5.0, ort_ms=3.0)
+    _watched_runs(sess, feeds, runner.route, ms=4.0, runs=autotune.WATCH_RUNS + 6)
+    last = sess.explain(as_json=True)["placement"][-1]
+    assert last["winner"] == ONNXRUNTIME and last["reason"].startswith(
+        "second look: compiled ran 4.000 ms as it served, onnxruntime 3.000 ms"), last
+    assert next(iter(runner.route.values())) is runner.onnxruntime_segment()
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
+    _, _, several = _whole_decided(monkeypatch, plan_ms=1.0, whole_ort_ms=2.0)
+    assert not any(isinstance(t, autotune.Watch) for r in several._runtime.compiled_clusters()
+                   for t in r.route.values())
 
 
 def test_whole_plan_within_noise_but_slower_goes_back(monkeypatch):

@@ -223,6 +223,7 @@ def instrument(sess: Any, rec: Recorder) -> tuple[list[dict], list[dict]]:
         row = {"key": ("step", i), "name": runner.name, "nodes": []}
         exe = next(iter(runner.route.values()), None) if isinstance(runner, ClusterRunner) \
             and runner.fallback is None else None
+        exe = getattr(exe, "side", exe)  # a winner still watched (autotune.Watch)
         if hasattr(exe, "_ungrouped"):  # an executable serves it (not onnxruntime)
             row["kind"] = "cluster"
             row["nodes"] = [n.name for n in runner.graph.nodes]
