@@ -185,6 +185,7 @@ class Splitter:
 
 
 _SPLITTERS: dict[int, Splitter] = {}
+_PENDING = object()  # Executable._plan_trial before the whole plan's library trial
 _SPLITTERS_LOCK = threading.Lock()
 
 
@@ -241,8 +242,7 @@ class Executable:
         self.program = program
         self._helpers, self._fast_math = helpers, fast_math  # --cpu_helpers, --fast_math
         constants = program.constants
-        self.engine = engine  # keeps the code alive
-        self.dumps = dumps
+        self.engine, self.dumps = engine, dumps  # the engine keeps the code alive
         self.buffers = {b.id: b for b in program.buffers}
         self._arena = arena if arena is not None else Arena()
         self._lock = self._arena.lock
@@ -262,6 +262,7 @@ class Executable:
         self._check_bounds = check_bounds
         self._library = library
         self._fresh = True  # the first run holds background work back (library.foreground)
+        self._plan_trial, self._trial_lock = _PENDING, threading.Lock()  # inplan.PlanTrial
         self._gate(library)
         self._fixed(constants)
         self._constants = constants
@@ -300,8 +301,13 @@ class Executable:
 
     def settled(self) -> bool:
         """Whether background work that changes this executable's speed is done (prepacked
-        GEMM weights) and no call still tries two implementations (backends/cpu/inplan.py):
-        autoclust/runtime/autotune.py times the executable only then."""
+        GEMM weights), no call still tries two implementations and the whole plan's
+        library trial is over (backends/cpu/inplan.py): autoclust/runtime/autotune.py
+        times the executable only then."""
+        return self._calls_settled() and self._plan_trial is None
+
+    def _calls_settled(self) -> bool:
+        """Weights prepacked, and no call in an in-plan trial of its own."""
         wait = getattr(self._library, "wait_background", None)
         trying = getattr(self._library, "in_trial", None)
         return (wait is None or wait(timeout=0)) and not (
@@ -577,15 +583,51 @@ class Executable:
         with hold():
             return self.run(inputs)
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Run the cluster; outputs are arrays the caller owns (reused once it drops them).
+    def _trial_run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """run() while the whole plan's library trial (inplan.PlanTrial) is pending or
+        running: it starts once the calls' own trials and the background work are done."""
+        if not self._trial_lock.acquire(blocking=False):  # another thread drives it
+            return self._run(inputs)
+        try:
+            return self._trial_step(inputs)
+        finally:
+            self._trial_lock.release()
 
-        The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
+    def _trial_step(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        trial = self._plan_trial
+        if trial is _PENDING:
+            if not self._calls_settled():
+                return self._run(inputs)
+            make = getattr(self._library, "plan_trial", None)
+            trial = self._plan_trial = make(list(self.library_fns.values())) \
+                if make is not None else None
+            if trial is None:
+                return self._run(inputs)
+            trial.shapes = [x.shape for x in inputs]
+        if [x.shape for x in inputs] != trial.shapes:  # another length of a shape class:
+            return self._run(inputs)  # its time is not comparable, it runs as it is
+        name, timed = trial.variant()
+        t0 = time.perf_counter()
+        outs = self._run(inputs)
+        if timed:
+            trial.record(name, time.perf_counter() - t0)
+        if trial.done:
+            self._plan_trial = None
+        return outs
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Run the cluster; outputs are arrays the caller owns (reused once it drops them)."""
+        if self._fresh:
+            return self._first_run(inputs)
+        if self._plan_trial is not None:
+            return self._trial_run(inputs)
+        return self._run(inputs)
+
+    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
         same checks), no per-run allocation beyond the returned list and new outputs. The
         arena's lock, held throughout, is also library.quiet_cores' gate.
         """
-        if self._fresh:
-            return self._first_run(inputs)
         with self._lock:
             if self._generation != self._arena.generation:
                 self._bind_temps()  # another binding grew the shared temps

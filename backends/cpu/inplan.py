@@ -17,6 +17,17 @@ MIN_SAMPLES. The faster median then serves every call of the signature, the meas
 answer unless the other is faster by more than MARGIN; `explain` and --cache_dir keep
 both medians, so a second process takes the answer without a trial. An executable whose
 calls are in a trial is not settled (measured placement waits for it: autotune.py).
+
+Then the whole plan (`PlanTrial`): a call's trial times it next to calls on either library,
+but a decided plan runs its calls back to back, and each switch between the libraries
+wakes the other's thread pool. A chain of sixteen 64x256x1024 GEMMs: the calls' trials
+chose oneDNN (0.15 ms a call against MLAS's 0.18 in the alternation); the plan ran 2.05 ms
+on oneDNN alone and 1.65 ms on MLAS alone. BART (the sweep's) ran 2.40 ms on MLAS alone
+against 2.62 as decided, ELECTRA 1.11 against 1.20, T5 13.5 on oneDNN alone against 13.8.
+So once the calls have decided, the executable's runs alternate between its calls as
+decided, all on MLAS and all on oneDNN (the calls that have both), whole runs timed after
+an untimed run of the same variant; a variant faster than as-decided by more than MARGIN
+in the median serves, and its calls' decisions are remembered as theirs (--cache_dir).
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ import time
 from collections.abc import Callable
 
 MIN_SAMPLES = 6   # timed calls of each implementation before the trial decides
+PLAN_SAMPLES = 6  # timed runs of each variant of the whole plan (PlanTrial)
+DECIDED = "as decided"
 MARGIN = 0.03     # the other implementation must be faster than this to take over
 
 
@@ -74,3 +87,55 @@ class Trial:
         n = min(len(t) for t in self.times.values())
         return winner, (f"in the plan: {first} {a * 1e3:.3f} ms, {other} {b * 1e3:.3f} ms "
                         f"(medians of {n} calls each)")
+
+
+class PlanTrial:
+    """The runs of one executable alternating between variants of its library calls (see
+    the module doc): `variant()` names the next run's (applied to the calls), `record`
+    its time (None: an untimed run). `decided(winner, note)` is called once, with
+    DECIDED or a library that every call then runs on."""
+
+    def __init__(self, fns: list, decided: Callable[[str, str], None],
+                 clock: Callable[[], float] = time.perf_counter):
+        self.fns = fns  # library.LibraryFn with both implementations (alternatives)
+        self.as_decided = [(fn.impl, fn._current) for fn in fns]
+        variants = [DECIDED] + [lib for lib in ("mlas", "onednn")
+                                if any(fn.impl != lib for fn in fns)]
+        self.times: dict[str, list[float]] = {v: [] for v in variants}
+        self.clock = clock
+        self.done = False
+        self.shapes: list = []  # the input shapes its runs are timed at (the executable's)
+        self._decided = decided
+        self._runs = 0
+
+    def variant(self) -> tuple[str, bool]:
+        """(the next run's variant, whether that run is timed): each variant runs twice
+        in a row, the second run timed (the first wakes its library's threads)."""
+        names = list(self.times)
+        name = names[(self._runs // 2) % len(names)]
+        timed = self._runs % 2 == 1
+        self._runs += 1
+        self.apply(name)
+        return name, timed
+
+    def apply(self, name: str) -> None:
+        for fn, (impl, current) in zip(self.fns, self.as_decided):
+            if name == DECIDED:
+                fn.impl, fn._current = impl, current
+            else:
+                fn._current = (fn.alternatives[name], name == "onednn", None)
+
+    def record(self, name: str, seconds: float) -> None:
+        """One timed run; decides once every variant has PLAN_SAMPLES."""
+        self.times[name].append(seconds)
+        if self.done or min(len(t) for t in self.times.values()) < PLAN_SAMPLES:
+            return
+        self.done = True
+        medians = {v: statistics.median(t) for v, t in self.times.items()}
+        best = min(medians, key=medians.__getitem__)
+        if medians[best] > medians[DECIDED] * (1 - MARGIN):
+            best = DECIDED
+        self.apply(best)
+        note = "whole plan: " + ", ".join(f"{v} {ms * 1e3:.3f} ms"
+                                          for v, ms in medians.items())
+        self._decided(best, f"{note} (medians of {PLAN_SAMPLES} runs each)")

@@ -90,6 +90,10 @@ class LibraryFn:
         # the buffers `extra` and writing `dest` instead of the call's outputs
         self.fused, self.extra, self.dest = False, (), ()
         self._stand_ins: dict[int, np.ndarray] = {}  # output -> its dense stand-in (_run)
+        # both implementations by name, and the signature key, of a call that had an
+        # in-plan trial: the whole plan's trial (inplan.PlanTrial) may switch it again
+        self.alternatives: dict[str, RunFn] = {}
+        self.key: tuple = ()
 
     def switch(self, impl: str, run: RunFn, note: str) -> None:
         """Run `impl` from now on (a background measurement found it faster)."""
@@ -259,6 +263,7 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
             fn.note = f"{note}; onednn failed here: {str(exc)[:80]}"
             continue
         fn.switch(first, runs[first], note)
+        fn.alternatives, fn.key = runs, key
         calls.append((fn, runs))
     if settled or not calls:
         return
@@ -275,6 +280,26 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
     trial = inplan.Trial(first, other, decided, ready=lambda: wait_background(timeout=0))
     for fn, runs in calls:
         fn.try_both(trial, runs)
+
+
+def plan_trial(fns: Sequence[Any]) -> inplan.PlanTrial | None:
+    """A whole-plan trial (inplan.PlanTrial) of an executable's calls that had in-plan
+    trials, or None (none had one). A library that wins serves those calls and is
+    remembered as their signatures' choice (--cache_dir)."""
+    calls = [fn for fn in fns if isinstance(fn, LibraryFn) and fn.alternatives]
+    if not calls:
+        return None
+
+    def decided(winner: str, how: str) -> None:
+        for fn in calls:
+            impl = fn.impl if winner == inplan.DECIDED else winner
+            fn.switch(impl, fn.alternatives[impl], f"{fn.note}; {how}")
+            with _SESSIONS_LOCK:
+                _DECISIONS[fn.key] = (impl, fn.note)
+            gemm_choice.remember(fn.key, impl, fn.note)
+            fn.alternatives = {}  # decided for good
+
+    return inplan.PlanTrial(calls, decided)
 
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,

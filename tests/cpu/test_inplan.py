@@ -121,7 +121,9 @@ def test_executable_in_a_trial_has_not_settled():
     run = lambda inputs, outputs: None
     fn = library.LibraryFn("MatMul", "mlas", run)
     trial = inplan.Trial("mlas", "onednn", lambda w, note: fn.switch(w, run, note))
-    holder = type("Exe", (), {"_library": library, "library_fns": {0: fn}})()
+    holder = type("Exe", (), {"_library": library, "library_fns": {0: fn},
+                              "_plan_trial": None,
+                              "_calls_settled": Executable._calls_settled})()
     assert library.wait_background(60)
     assert Executable.settled(holder)
     fn.try_both(trial, {"mlas": run, "onednn": run})
@@ -160,4 +162,120 @@ def test_an_answer_from_cache_dir_serves_without_a_trial(monkeypatch, answer):
         fn([x, None], [out])
         np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
     finally:
+        library._DECISIONS.clear()
+
+
+# ---- the whole plan: its calls as decided, on MLAS alone, on oneDNN alone ----------------
+
+def _noop():
+    """A run function of its own (identity tells the implementations apart)."""
+    return lambda inputs, outputs: None
+
+
+def _decided_calls(impls: list[str]) -> tuple[list[library.LibraryFn], dict[str, list]]:
+    """LibraryFns decided as `impls`, each with both implementations (as after their
+    in-plan trials), and the run functions by variant name."""
+    fns, want = [], {"mlas": [], "onednn": [], inplan.DECIDED: []}
+    for impl in impls:
+        runs = {lib: _noop() for lib in ("mlas", "onednn")}
+        fn = library.LibraryFn("MatMul", impl, runs[impl], "measured")
+        fn.alternatives = runs
+        fns.append(fn)
+        for name in ("mlas", "onednn"):
+            want[name].append(runs[name])
+        want[inplan.DECIDED].append(runs[impl])
+    return fns, want
+
+
+@pytest.mark.parametrize("ms, winner", [
+    ({inplan.DECIDED: 2.0, "mlas": 1.0, "onednn": 2.1}, "mlas"),
+    ({inplan.DECIDED: 2.0, "mlas": 1.9, "onednn": 1.0}, "onednn"),
+    ({inplan.DECIDED: 1.0, "mlas": 0.98, "onednn": 1.5}, inplan.DECIDED),  # within MARGIN
+])
+def test_plan_trial_times_each_variant_after_an_untimed_run(ms, winner):
+    fns, want = _decided_calls(["mlas", "onednn"])
+    verdicts: list[tuple[str, str]] = []
+    trial = inplan.PlanTrial(fns, lambda w, note: verdicts.append((w, note)))
+    seen = []
+    while not trial.done:
+        name, is_timed = trial.variant()
+        seen.append((name, is_timed))
+        assert [fn._current[0] for fn in fns] == want[name]  # the calls run the variant
+        if is_timed:
+            trial.record(name, ms[name] / 1e3)
+    names = [inplan.DECIDED, "mlas", "onednn"]
+    assert seen[:6] == [(n, t) for n in names for t in (False, True)]
+    assert len(seen) == 2 * len(names) * inplan.PLAN_SAMPLES
+    assert [fn._current[0] for fn in fns] == want[winner]
+    (got, note), = verdicts
+    assert got == winner and note == (
+        f"whole plan: as decided {ms[inplan.DECIDED]:.3f} ms, mlas {ms['mlas']:.3f} ms, "
+        f"onednn {ms['onednn']:.3f} ms (medians of {inplan.PLAN_SAMPLES} runs each)")
+
+
+def test_plan_trial_skips_a_library_every_call_already_runs():
+    fns, _ = _decided_calls(["onednn", "onednn"])
+    trial = inplan.PlanTrial(fns, lambda w, note: None)
+    assert list(trial.times) == [inplan.DECIDED, "mlas"]
+
+
+def _chain(n: int = 4):
+    """x [1, 64, 256] through n MatMuls (256x1024, 1024x256, ...: library calls, not
+    generated code), each with its own weights."""
+    from onnx import TensorProto, helper, numpy_helper
+    nodes, inits, cur, dims = [], [], "x", [256, 1024]
+    for i in range(n):
+        k, m = dims[i % 2], dims[(i + 1) % 2]
+        inits.append(numpy_helper.from_array(RNG.standard_normal((k, m)).astype(np.float32) / 10,
+                                             f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [cur, f"w{i}"], [f"y{i}"]))
+        cur = f"y{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 64, 256])], [helper.make_tensor_value_info(
+            cur, TensorProto.FLOAT, [1, 64, dims[n % 2]])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@needs_dnnl
+def test_an_executable_runs_its_plan_trial_and_its_calls_take_the_winner(monkeypatch, tmp_path):
+    """A chain of GEMMs whose calls' own trials keep oneDNN: the executable's plan trial
+    (times injected: the plan on MLAS alone fastest) switches every call to MLAS, says so
+    in their notes and in --cache_dir, and the outputs stay onnxruntime's."""
+    import onnxruntime as ort
+
+    import autoclust
+    assert library.wait_background(60)
+    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k:
+                        ("onednn", "measured mlas 1.100 ms, onednn 1.000 ms (best of 7)"))
+    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    monkeypatch.setattr(inplan.Trial, "verdict",  # the calls' own trials keep oneDNN
+                        lambda self: (self.sides[0], "in the plan: kept"))
+    real_record = inplan.PlanTrial.record
+    fake = {inplan.DECIDED: 2e-3, "mlas": 1e-3, "onednn": 2e-3}
+    monkeypatch.setattr(inplan.PlanTrial, "record",
+                        lambda self, name, seconds: real_record(self, name, fake[name]))
+    model = _chain()
+    x = {"x": RNG.standard_normal((1, 64, 256)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+    library._DECISIONS.clear()
+    try:
+        sess = autoclust.InferenceSession(model, min_cluster_size=1, autotune=False,
+                                          cache_dir=str(tmp_path))
+        exe = None
+        for _ in range(80):
+            np.testing.assert_allclose(sess.run(None, x)[0], want, rtol=1e-4, atol=1e-4)
+            (exe,) = sess._runtime.compiled_clusters()[0].cache.values()
+            if exe.settled():
+                break
+        assert exe is not None and exe.settled() and exe._plan_trial is None
+        fns = list(exe.library_fns.values())
+        assert len(fns) == 4 and all(fn.impl == "mlas" for fn in fns), [fn.note for fn in fns]
+        assert all("; whole plan: as decided 2.000 ms, mlas 1.000 ms" in fn.note for fn in fns)
+        assert all(not fn.alternatives for fn in fns)
+        entries = json.loads((tmp_path / "gemm_choices.json").read_text())
+        assert sorted(v[0] for v in entries.values()) == ["mlas", "mlas"]
+    finally:
+        choice.use_cache_dir(None)
         library._DECISIONS.clear()
