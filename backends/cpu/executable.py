@@ -186,6 +186,7 @@ class Splitter:
 
 _SPLITTERS: dict[int, Splitter] = {}
 _PENDING = object()  # Executable._plan_trial before the whole plan's library trial
+PLAN_ELSEWHERE = 64  # runs at other shapes that end a library trial unfinished
 _SPLITTERS_LOCK = threading.Lock()
 
 
@@ -605,7 +606,11 @@ class Executable:
                 return self._run(inputs)
             trial.shapes = [x.shape for x in inputs]
         if [x.shape for x in inputs] != trial.shapes:  # another length of a shape class:
-            return self._run(inputs)  # its time is not comparable, it runs as it is
+            trial.elsewhere += 1  # its time is not comparable; a stream of other lengths
+            if trial.elsewhere > PLAN_ELSEWHERE:  # ends the trial as decided
+                trial.abandon()
+                self._plan_trial = None
+            return self._run(inputs)
         name, timed = trial.variant()
         t0 = time.perf_counter()
         outs = self._run(inputs)

@@ -105,6 +105,7 @@ class PlanTrial:
         self.clock = clock
         self.done = False
         self.shapes: list = []  # the input shapes its runs are timed at (the executable's)
+        self.elsewhere = 0  # runs at other shapes meanwhile (a shape class's other lengths)
         self._decided = decided
         self._runs = 0
 
@@ -124,6 +125,13 @@ class PlanTrial:
                 fn.impl, fn._current = impl, current
             else:
                 fn._current = (fn.alternatives[name], name == "onednn", None)
+
+    def abandon(self) -> None:
+        """Give up (the runs came at other shapes): the calls stay as decided."""
+        self.done = True
+        self.apply(DECIDED)
+        for fn in self.fns:
+            fn.alternatives = {}
 
     def record(self, name: str, seconds: float) -> None:
         """One timed run; decides once every variant has PLAN_SAMPLES."""

@@ -279,3 +279,25 @@ def test_an_executable_runs_its_plan_trial_and_its_calls_take_the_winner(monkeyp
     finally:
         choice.use_cache_dir(None)
         library._DECISIONS.clear()
+
+
+def test_a_plan_trial_that_only_meets_other_lengths_ends_as_decided():
+    """A shape class serving a stream of other lengths times none of them: after
+    PLAN_ELSEWHERE such runs the trial ends with its calls as decided, and the executable
+    settles."""
+    from autoclust.backends.cpu import executable
+    fns, want = _decided_calls(["onednn", "mlas"])
+    trial = library.plan_trial(fns)
+    assert trial is not None
+    trial.shapes = [(1, 64, 256)]
+    trial.variant()
+    trial.variant()
+    trial.variant()  # an untimed run of the MLAS variant applied
+    holder = type("Exe", (), {"_plan_trial": trial, "_run": lambda self, inputs: inputs,
+                              "_calls_settled": lambda self: True})()
+    other = [np.zeros((1, 32, 256), np.float32)]
+    for _ in range(executable.PLAN_ELSEWHERE + 1):
+        assert Executable._trial_step(holder, other) is other
+    assert holder._plan_trial is None and trial.done
+    assert [fn._current[0] for fn in fns] == want[inplan.DECIDED]
+    assert all(not fn.alternatives for fn in fns)
