@@ -91,18 +91,17 @@ class Trial:
 
 class PlanTrial:
     """The runs of one executable alternating between variants of its library calls (see
-    the module doc): `variant()` names the next run's (applied to the calls), `record`
-    its time (None: an untimed run). `decided(winner, note)` is called once, with
-    DECIDED or a library that every call then runs on."""
+    the module doc): `variant()` names the next run's (applied to the calls) and whether
+    it is timed, `record` a timed run's seconds (the executable times them).
+    `decided(winner, note)` is called once, with DECIDED or a library that every call then
+    runs on."""
 
-    def __init__(self, fns: list, decided: Callable[[str, str], None],
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, fns: list, decided: Callable[[str, str], None]):
         self.fns = fns  # library.LibraryFn with both implementations (alternatives)
         self.as_decided = [(fn.impl, fn._current) for fn in fns]
         variants = [DECIDED] + [lib for lib in ("mlas", "onednn")
                                 if any(fn.impl != lib for fn in fns)]
         self.times: dict[str, list[float]] = {v: [] for v in variants}
-        self.clock = clock
         self.done = False
         self.shapes: list = []  # the input shapes its runs are timed at (the executable's)
         self.elsewhere = 0  # runs at other shapes meanwhile (a shape class's other lengths)
