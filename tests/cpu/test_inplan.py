@@ -130,6 +130,10 @@ def test_executable_in_a_trial_has_not_settled():
     assert not Executable.settled(holder)
     timed(trial, 1.0, 1.0, 2 * inplan.MIN_SAMPLES)
     assert Executable.settled(holder)
+    from autoclust.backends.cpu import executable  # the whole plan's trial: pending, running
+    for plan_trial in (executable._PENDING, inplan.PlanTrial([], lambda w, note: None)):
+        holder._plan_trial = plan_trial
+        assert not Executable.settled(holder)
 
 
 @needs_dnnl
