@@ -263,7 +263,8 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
             fn.note = f"{note}; onednn failed here: {str(exc)[:80]}"
             continue
         fn.switch(first, runs[first], note)
-        fn.alternatives, fn.key = runs, key
+        if not settled:  # read from --cache_dir: no trial of its own, nor of the plan's
+            fn.alternatives, fn.key = runs, key
         calls.append((fn, runs))
     if settled or not calls:
         return

@@ -162,6 +162,7 @@ def test_an_answer_from_cache_dir_serves_without_a_trial(monkeypatch, answer):
         assert library.wait_background(60)
         assert fn.impl == answer and not library.in_trial(fn), fn.note
         assert built == ([] if answer == "mlas" else [1])
+        assert library.plan_trial([fn]) is None  # nor a whole-plan trial
         out = np.empty((64, 80), np.float32)
         fn([x, None], [out])
         np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
