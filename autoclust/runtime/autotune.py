@@ -273,28 +273,57 @@ class Watch:
         self.times: list[float] = []
         self.looks = 0
         self.finished = False
+        self.crowded = 0  # timed runs dropped: another thread ran the side meanwhile
         self._lock = threading.Lock()
+        self._runs = [0, 0]  # runs in flight, runs started (under _count)
+        self._count = threading.Lock()
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        if self.finished or not self._lock.acquire(blocking=False):
-            return self.side.run(inputs)  # decided, or another thread is being timed
+        if self.finished:
+            return self.side.run(inputs)
+        with self._count:
+            self._runs[0] += 1
+            self._runs[1] += 1
+            alone, started = self._runs[0] == 1, self._runs[1]
         try:
-            t0 = self.clock()
-            outs = self.side.run(inputs)
-            self.times.append(self.clock() - t0)
-            if len(self.times) >= WATCH_RUNS:
-                ms = statistics.median(self.times) * 1e3
-                self.times.clear()
-                self.looks += 1
-                if ms > self.loser_ms * (1 + MARGIN):
-                    self.finished = True
-                    self._again(ms)
-                elif self.looks >= WATCH_LOOKS:
-                    self.finished = True
-                    self._stand()
-            return outs
+            if not self._lock.acquire(blocking=False):  # another thread is being timed
+                return self.side.run(inputs)
+            try:
+                return self._timed(inputs, alone, started)
+            finally:
+                self._lock.release()
         finally:
-            self._lock.release()
+            with self._count:
+                self._runs[0] -= 1
+
+    def _timed(self, inputs: list[np.ndarray], alone: bool, started: int) -> list[np.ndarray]:
+        """One run timed; kept only if no other thread ran the side meanwhile (concurrent
+        requests queue on the executable and share the cores: a served plan read 11.9 ms
+        against its trial's 2.8 under four threads). WATCH_LOOKS * WATCH_RUNS dropped runs
+        let the winner stand: under steady contention there is nothing fair to compare."""
+        t0 = self.clock()
+        outs = self.side.run(inputs)
+        seconds = self.clock() - t0
+        with self._count:
+            alone = alone and self._runs == [1, started]
+        if not alone:
+            self.crowded += 1
+            if self.crowded >= WATCH_LOOKS * WATCH_RUNS:
+                self.finished = True
+                self._stand()
+            return outs
+        self.times.append(seconds)
+        if len(self.times) >= WATCH_RUNS:
+            ms = statistics.median(self.times) * 1e3
+            self.times.clear()
+            self.looks += 1
+            if ms > self.loser_ms * (1 + MARGIN):
+                self.finished = True
+                self._again(ms)
+            elif self.looks >= WATCH_LOOKS:
+                self.finished = True
+                self._stand()
+        return outs
 
 
 def deciding(target: Any) -> bool:
