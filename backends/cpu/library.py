@@ -295,10 +295,13 @@ def plan_trial(fns: Sequence[Any]) -> inplan.PlanTrial | None:
         for fn in calls:
             impl = fn.impl if winner == inplan.DECIDED else winner
             fn.switch(impl, fn.alternatives[impl], f"{fn.note}; {how}")
-            with _SESSIONS_LOCK:
-                _DECISIONS[fn.key] = (impl, fn.note)
-            gemm_choice.remember(fn.key, impl, fn.note)
             fn.alternatives = {}  # decided for good
+        # once per signature (each remember rewrites --cache_dir's file): a layer's calls
+        # share one, and BERT-base has 12 layers of them
+        for key, fn in {fn.key: fn for fn in calls}.items():
+            with _SESSIONS_LOCK:
+                _DECISIONS[key] = (fn.impl, fn.note)
+            gemm_choice.remember(key, fn.impl, fn.note)
 
     return inplan.PlanTrial(calls, decided)
 
