@@ -120,7 +120,7 @@ def measure(key: tuple, builders: dict[str, Callable], in_types: list, out_types
             layouts: Layouts, constants: dict[int, np.ndarray],
             quiet: Callable[[], Any] = contextlib.nullcontext) -> tuple[str, str]:
     """(fastest implementation, a note with the best blocks) for one call signature.
-    `quiet()`: a context the candidates are timed in (library.quiet_cores: no compiled
+    `quiet()`: a context the candidates are timed in (background.quiet_cores: no compiled
     run beside them)."""
     disk_key = _disk_key(key)
     hit = _disk_get(disk_key)

@@ -108,7 +108,7 @@ _refcount = sys.getrefcount
 
 
 def _nothing(*args: object) -> None:
-    """A library module without the run gate (library.gate)."""
+    """A library module without the run gate (background.gate)."""
 
 
 _char_at = ctypes.c_char.from_buffer
@@ -262,7 +262,7 @@ class Executable:
         self._guards: dict[str, tuple[tuple[int, ...], np.ndarray]] = {}
         self._check_bounds = check_bounds
         self._library = library
-        self._fresh = True  # the first run holds background work back (library.foreground)
+        self._fresh = True  # the first run holds background work back (background.foreground)
         self._plan_trial, self._trial_lock = _PENDING, threading.Lock()  # inplan.PlanTrial
         self._gate(library)
         self._fixed(constants)
@@ -297,7 +297,7 @@ class Executable:
 
     def _gate(self, library: object) -> None:
         """A run waits while a GEMM measurement times on quiet cores: it holds the arena's
-        lock, which library.quiet_cores takes."""
+        lock, which background.quiet_cores takes."""
         getattr(library, "gate", _nothing)(self._arena)
 
     def settled(self) -> bool:
@@ -631,7 +631,7 @@ class Executable:
     def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """The hot path of every compiled run: _bind_input and _bind_outputs inlined (the
         same checks), no per-run allocation beyond the returned list and new outputs. The
-        arena's lock, held throughout, is also library.quiet_cores' gate.
+        arena's lock, held throughout, is also background.quiet_cores' gate.
         """
         with self._lock:
             if self._generation != self._arena.generation:

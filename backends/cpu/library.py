@@ -40,17 +40,15 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import math
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from autoclust.backends.cpu import background, epilogue, inplan, mlas, onednn
 from autoclust.backends.cpu import choice as gemm_choice
-from autoclust.backends.cpu import epilogue, inplan, mlas, onednn
 from autoclust.backends.cpu.numpy_library import (
     NUMPY_BUILDERS,
     Arrays,
@@ -77,6 +75,9 @@ POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are 
 FUSED = "onednn+post-ops"  # the impl of a call that runs its epilogue too
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
+# the background thread's gates (background.py), which an Executable finds on its library
+foreground, gate, wait_background = background.foreground, background.gate, \
+    background.wait_background
 
 
 class LibraryFn:
@@ -199,6 +200,8 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if fn.impl == "mlas" and "onednn" in builders and not note.startswith("measured"):
         _measure_later(fn, key, builders, (op, attrs, in_types, out_types, threads,
                                            constants), layouts)
+    elif key in _TRYING:
+        _join_trial(fn, key, builders)
     return fn
 
 
@@ -223,7 +226,7 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
             choice, note = gemm_choice.measure(
                 key, {"mlas": _as_called(op, "mlas", _forced_mlas(*call)),
                       "onednn": _as_called(op, "onednn", builders["onednn"])},
-                in_types, out_types, layouts, constants, quiet_cores)
+                in_types, out_types, layouts, constants, background.quiet_cores)
         except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
             choice, note = "mlas", f"not measured: {str(exc)[:80]}"
         with _SESSIONS_LOCK:
@@ -235,7 +238,7 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
             return
         _try_in_plan(key, choice, note, waiting)
 
-    _in_background(measure)
+    background.submit(measure)
 
 
 def _as_called(op: str, impl: str, build: Callable[[], RunFn]) -> Callable[[], RunFn]:
@@ -273,13 +276,43 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
         full = f"{note}; {how}"
         with _SESSIONS_LOCK:
             _DECISIONS[key] = (winner, full)
+            _TRYING.pop(key, None)
+            final = list(calls)
         gemm_choice.remember(key, winner, full)
-        for fn, runs in calls:
+        for fn, runs in final:
             fn.switch(winner, runs[winner], full)
 
     other = "onednn" if first == "mlas" else "mlas"
     trial = inplan.Trial(first, other, decided, ready=lambda: wait_background(timeout=0))
-    for fn, runs in calls:
+    with _SESSIONS_LOCK:
+        _TRYING[key] = (trial, calls)
+        for fn, runs in calls:
+            fn.try_both(trial, runs)
+
+
+def _join_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> None:
+    """A call of signature `key` built while its in-plan trial runs (after the measurement
+    had answered: another layer compiled later, a loaded machine) joins that trial and
+    takes its winner. Left out, it served the measured answer for good while the trial
+    could switch its siblings to the other library: one signature on two libraries."""
+    if fn.impl not in ("mlas", "onednn"):
+        return  # MLAS refused it: NumPy serves
+    try:
+        runs = {fn.impl: fn._current[0]}
+        other = "onednn" if fn.impl == "mlas" else "mlas"
+        runs[other] = builders[other]()
+    except Exception as exc:  # noqa: BLE001 - its own weights refused: stays as built
+        fn.note = f"{fn.note}; not in the plan's trial: {str(exc)[:80]}"
+        return
+    with _SESSIONS_LOCK:  # against `decided`, which takes the trial's calls under it
+        trying = _TRYING.get(key)
+        if trying is None:  # decided meanwhile
+            impl, note = _DECISIONS.get(key, (fn.impl, fn.note))
+            fn.switch(impl, runs[impl], note)
+            return
+        trial, calls = trying
+        calls.append((fn, runs))
+        fn.alternatives, fn.key = runs, key
         fn.try_both(trial, runs)
 
 
@@ -554,17 +587,10 @@ MAX_SESSIONS = 256
 # Build weight-prepacking sessions in one background thread (see _mlas_runner); tests
 # turn it off to check the synchronous path.
 BACKGROUND_PREPACK = True
-_BACKGROUND: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
-_PENDING: list[concurrent.futures.Future] = []
 # signature -> the (LibraryFn, builders) pairs waiting for its MLAS-against-oneDNN answer
 _MEASURING: dict[tuple, list[tuple[LibraryFn, dict[str, Callable]]]] = {}
-# First runs in progress (foreground()): background tasks start only when none is. A first
-# run feeds the GEMMs unpacked weights anyway (MLAS packs them per call), so prepacking
-# beside it is the same work done twice on the core the run's second thread needs: BERT-
-# base's warm first run took 2x its GEMM time beside the background builds, ~1.4x alone.
-_FOREGROUND = threading.Condition()
-_HOLDS = [0]
-MAX_HOLD_S = 30.0  # a background task waits at most this long for first runs to end
+# signature -> its in-plan trial (inplan.Trial) and the (LibraryFn, runs) pairs in it
+_TRYING: dict[tuple, tuple[inplan.Trial, list[tuple[LibraryFn, dict[str, RunFn]]]]] = {}
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
@@ -590,9 +616,9 @@ def _session(op: str, attrs: dict[str, Any], in_types: list, out_types: list, th
 
 def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
                     threads: int, constants: dict[int, np.ndarray],
-                    background: bool) -> concurrent.futures.Future:
+                    later: bool) -> concurrent.futures.Future:
     """A future of the session for op (cached in _SESSIONS): built in the background
-    thread when `background`, else now (raising what onnxruntime raises)."""
+    thread when `later`, else now (raising what onnxruntime raises)."""
     key = (op, _freeze(attrs), tuple(None if t is None else (t[0], len(t[1]), i in constants
                                                              and t[1]) for i, t in
                                      enumerate(in_types)),
@@ -604,8 +630,8 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
             _SESSIONS.move_to_end(key)
             return hit[0]
     args = (op, attrs, in_types, out_types, threads, constants)
-    if background:
-        future = _in_background(mlas.new_session, *args)
+    if later:
+        future = background.submit(mlas.new_session, *args)
     else:
         future = concurrent.futures.Future()
         future.set_result(mlas.new_session(*args))  # a refusal raises here, caching nothing
@@ -614,86 +640,6 @@ def _session_future(op: str, attrs: dict[str, Any], in_types: list, out_types: l
         if len(_SESSIONS) > MAX_SESSIONS:
             _SESSIONS.popitem(last=False)
     return future
-
-
-def _in_background(fn: Callable, *args: Any) -> concurrent.futures.Future:
-    """fn(*args) in the one background thread (prepacking, GEMM measurements), in order,
-    each task after the first runs in progress (foreground())."""
-    with _SESSIONS_LOCK:
-        if _BACKGROUND.get("pool") is None:
-            _BACKGROUND["pool"] = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="autoclust-prepack")
-        future = _BACKGROUND["pool"].submit(_after_foreground, fn, *args)
-        _PENDING[:] = [f for f in _PENDING if not f.done()] + [future]
-    return future
-
-
-def _after_foreground(fn: Callable, *args: Any) -> Any:
-    with _FOREGROUND:
-        _FOREGROUND.wait_for(lambda: not _HOLDS[0], timeout=MAX_HOLD_S)
-    return fn(*args)
-
-
-@contextlib.contextmanager
-def foreground():
-    """Hold background tasks back (between tasks) while a first run is in progress."""
-    with _FOREGROUND:
-        _HOLDS[0] += 1
-    try:
-        yield
-    finally:
-        with _FOREGROUND:
-            _HOLDS[0] -= 1
-            if not _HOLDS[0]:
-                _FOREGROUND.notify_all()
-
-
-# A GEMM measurement (choice.measure, in the background thread) times on quiet cores: it
-# takes every compiled executable's run lock (Arena.lock, held for a whole run), so it
-# waits for the runs in progress to end and new ones wait for it, at run boundaries (a run
-# is never paused), at no cost to a run. Timed beside the foreground's runs, both
-# implementations shared two cores with a run's two threads, and BERT-base's decisions
-# flipped between processes (docs/performance.md). A lock not taken within
-# MAX_QUIET_WAIT_S (a run inside a run, which holds one lock and waits for another) gives
-# the others back and the measurement times anyway.
-_RUN_LOCKS: weakref.WeakSet = weakref.WeakSet()  # objects with a `lock` (executable.Arena)
-MAX_QUIET_WAIT_S = 2.0
-
-
-def gate(holder: Any) -> None:
-    """Register `holder.lock`, which a compiled run holds while it runs (Executable)."""
-    with _SESSIONS_LOCK:
-        _RUN_LOCKS.add(holder)
-
-
-@contextlib.contextmanager
-def quiet_cores():
-    """No compiled run in progress or starting (all run locks held) while this lasts."""
-    with _SESSIONS_LOCK:
-        holders = list(_RUN_LOCKS)
-    taken = []
-    for h in holders:
-        if not h.lock.acquire(timeout=MAX_QUIET_WAIT_S):
-            for lock in reversed(taken):  # not given up in time: the others go back too,
-                lock.release()            # and the timing goes on as it comes
-            taken = []
-            break
-        taken.append(h.lock)
-    try:
-        yield
-    finally:
-        for lock in reversed(taken):
-            lock.release()
-
-
-def wait_background(timeout: float | None = None) -> bool:
-    """Wait for the prepacked sessions being built and the GEMM measurements being made in
-    the background; True when none is left (benchmarks call it before timing the steady
-    state)."""
-    with _SESSIONS_LOCK:
-        pending = [f for f in _PENDING if not f.done()]
-    not_done = concurrent.futures.wait(pending, timeout=timeout).not_done
-    return not not_done
 
 
 def _mlas_runner(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
@@ -753,7 +699,7 @@ def _packing_later(build: Callable[..., RunFn]) -> RunFn:
         return build()
     if getattr(plain, "packed", True):
         return plain
-    return _until_ready(_in_background(build), plain, lambda packed: packed)
+    return _until_ready(background.submit(build), plain, lambda packed: packed)
 
 
 def _with_constants(constants: dict[int, np.ndarray], in_types: list, run: RunFn) -> RunFn:

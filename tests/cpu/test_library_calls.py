@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from autoclust.backends.cpu import library
+from autoclust.backends.cpu import background, library
 from support.op_harness import one_node_model, run_ort
 
 from autoclust import ops
@@ -464,18 +464,18 @@ def test_quiet_cores_gives_up_a_lock_it_cannot_take(monkeypatch) -> None:
     from autoclust.backends.cpu.executable import Arena
     free, held = Arena(), Arena()
     for a in (free, held):
-        library.gate(a)
-    monkeypatch.setattr(library, "MAX_QUIET_WAIT_S", 0.2)
+        background.gate(a)
+    monkeypatch.setattr(background, "MAX_QUIET_WAIT_S", 0.2)
     held.lock.acquire()
     try:
         t0 = time.perf_counter()
-        with library.quiet_cores():
+        with background.quiet_cores():
             assert free.lock.acquire(blocking=False), "a lock kept while timing unquiet"
             free.lock.release()
         assert time.perf_counter() - t0 < 1.0
     finally:
         held.lock.release()
-    with library.quiet_cores():  # all free: all taken
+    with background.quiet_cores():  # all free: all taken
         assert not free.lock.acquire(blocking=False)
         assert not held.lock.acquire(blocking=False)
         grabbed = []
