@@ -58,6 +58,7 @@ SETTLE_RUNS = 20   # measure anyway after this many runs of an executable still 
 FORMAT = 1         # of the --cache_dir entries; bump when their meaning changes
 WATCH_RUNS = 12    # runs of a first trial's winner per look at its time as it serves
 WATCH_LOOKS = 2    # looks before the decision stands unwatched
+WARM_S = 0.05      # a side running longer is timed without an untimed run before it
 
 
 @dataclasses.dataclass
@@ -155,14 +156,18 @@ class Trial:
 
     `exe` and the onnxruntime segment (`segment()` builds it) both have run(inputs);
     `done(decision, winner)` is called once, with the object to serve from then on.
-    `clock` and `settled` are injectable so tests decide deterministically.
+    `min_pairs`: pairs taken whatever the budget says (a first trial: nothing measured
+    yet is kept unmeasured). `clock` and `settled` are injectable so tests decide
+    deterministically.
     """
 
     def __init__(self, name: str, signature: str, exe: Any, segment: Callable[[], Any],
                  budget: Budget, done: Callable[[Decision, Any], None],
                  clock: Callable[[], float] = time.perf_counter,
-                 settled: Callable[[], bool] | None = None, ties: str = COMPILED):
+                 settled: Callable[[], bool] | None = None, ties: str = COMPILED,
+                 min_pairs: int = 0):
         self.name, self.signature, self.ties = name, signature, ties
+        self.min_pairs = min_pairs
         self.exe, self._segment = exe, segment
         self.ort: Any = None  # onnxruntime's side, built at the first measured run
         self.budget, self._done, self.clock = budget, done, clock
@@ -170,6 +175,7 @@ class Trial:
         self.compiled_s: list[float] = []
         self.ort_s: list[float] = []
         self.repeat = 1
+        self.warm = True  # each timed run after an untimed one (_time); not for long runs
         self.pair_s = 0.0  # what the last pair cost beyond the caller's run
         self.runs = 0
         self.finished = False
@@ -190,7 +196,8 @@ class Trial:
     def _measure(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if self.ort is None:
             return self._start(inputs)
-        if self.budget.left_ms() < self.pair_s * 1e3:  # the next pair would overdraw it
+        if len(self.ort_s) >= self.min_pairs and self.budget.left_ms() < self.pair_s * 1e3:
+            # the next pair would overdraw it
             outs = self.exe.run(inputs)
             self._finish(note="measuring budget spent")
             return outs
@@ -226,14 +233,19 @@ class Trial:
         self.budget.charge(self.clock() - t0)
         t_exe, outs = self._time(self.exe, inputs)  # also the compiled side's warm-up
         self.repeat = max(1, min(MAX_REPEAT, int(SAMPLE_S / max(t_exe, 1e-9))))
+        self.warm = t_exe < WARM_S
         return outs
 
     def _time(self, side: Any, inputs: list[np.ndarray]) -> tuple[float, Any]:
         """Seconds of `repeat` runs of `side`, after one untimed run: the first run after
         the other side pays for waking its thread pools (the compiled side has one per
         prepacked GEMM session) and for caches the other side filled, which a steady run
-        does not (timed cold, Qwen2's cluster lost pairs it wins by 6% steady)."""
-        side.run(inputs)
+        does not (timed cold, Qwen2's cluster lost pairs it wins by 6% steady). Not for
+        sides running longer than WARM_S: a wake-up is noise there, the caches hold a small
+        part of the run's data anyway, and the untimed runs tripled a pair's cost (BERT-base
+        at 170 ms a run on a 2-core Zen 3: four pairs in the 3 s budget)."""
+        if self.warm:
+            side.run(inputs)
         t0 = self.clock()
         for _ in range(self.repeat):
             outs = side.run(inputs)
@@ -423,18 +435,19 @@ class Placement:
         last = self.latest.get(runner.name)
         if reason is None and self.budget.left_ms() <= 0 and last is not None:
             return self._inherit(runner, sig, last, exe, "measuring budget spent")
-        if reason is None and self.budget.left_ms() <= 0:
-            reason = "measuring budget spent"
         if reason is not None:
             self._record(Decision(runner.name, sig, COMPILED, f"not measured: {reason}"))
             return exe
-
-        return self._trial(runner, key, sig, exe, entry, cls)
+        # a cluster's first signature is measured whatever the budget: kept unmeasured,
+        # BERT-base's one cluster (170 ms a run on a 2-core Zen 3, its onnxruntime session
+        # built in ~1 s) served 0.90x onnxruntime for the process
+        return self._trial(runner, key, sig, exe, entry, cls, first=last is None)
 
     def _trial(self, runner: Any, key: tuple, sig: str, exe: Any, entry: str, cls: Any,
-               why: str = "") -> Trial:
+               why: str = "", first: bool = False) -> Trial:
         """A cluster's trial for one signature; `why`: a second look's reason (that trial
-        decides for good, a first one's winner is watched where self.watch says so)."""
+        decides for good, a first one's winner is watched where self.watch says so);
+        `first`: the cluster's first, which takes MIN_PAIRS pairs whatever the budget."""
         def done(decision: Decision, winner: Any) -> None:
             if why:
                 decision.reason = f"{why}: {decision.reason}"
@@ -449,7 +462,8 @@ class Placement:
                 store(self.flags.cache_dir, entry, decision)
 
         return Trial(runner.name, sig, exe, runner.onnxruntime_segment, self.budget, done,
-                     self.clock, getattr(exe, "settled", None))
+                     self.clock, getattr(exe, "settled", None),
+                     min_pairs=MIN_PAIRS if first else 0)
 
     def _watch(self, runner: Any, key: tuple, sig: str, exe: Any, entry: str, cls: Any,
                decision: Decision, winner: Any) -> Watch:
@@ -561,21 +575,25 @@ class WholePlan:
                     self.budget)
                 target = self._ort_side(names)
                 self._handed(key, target)
-            elif self.budget.left_ms() <= 0:
-                self.placement._record(Decision(WHOLE, sig, COMPILED,
-                                                "not measured: measuring budget spent"),
-                                       self.budget)
-                target = plan_side
-            else:
-                target = self._trial(key, sig, names, plan_side, entry)
+            elif self.budget.left_ms() <= 0 and WHOLE in self.placement.latest:
+                earlier = self.placement.latest[WHOLE]
+                self.placement._record(Decision(
+                    WHOLE, sig, earlier.winner, f"as measured for {earlier.signature} "
+                    "(measuring budget spent)", source="inherited"), self.budget)
+                target = self._ort_side(names) if earlier.winner == ONNXRUNTIME else plan_side
+                self._handed(key, target)
+            else:  # the first signature is measured whatever the budget (MIN_PAIRS pairs)
+                target = self._trial(key, sig, names, plan_side, entry,
+                                     first=WHOLE not in self.placement.latest)
             self.route[key] = target
             return target
 
     def _trial(self, key: tuple, sig: str, names: tuple, plan_side: Any, entry: str,
-               why: str = "") -> Trial:
+               why: str = "", first: bool = False) -> Trial:
         """The plan against onnxruntime over the whole model for one signature; `why`: a
         second look's reason (that trial decides for good; a first one's winner is
-        watched)."""
+        watched); `first`: the model's first, which takes MIN_PAIRS pairs whatever the
+        budget."""
         def done(decision: Decision, winner: Any) -> None:
             if why:
                 decision.reason = f"{why}: {decision.reason}"
@@ -590,7 +608,8 @@ class WholePlan:
                 self._handed(key, winner)
 
         return Trial(WHOLE, sig, plan_side, lambda: self._ort_side(names), self.budget,
-                     done, self.placement.clock, ties=ONNXRUNTIME)
+                     done, self.placement.clock, ties=ONNXRUNTIME,
+                     min_pairs=MIN_PAIRS if first else 0)
 
     def _watch(self, key: tuple, sig: str, names: tuple, plan_side: Any, entry: str,
                decision: Decision, winner: Any) -> Watch:

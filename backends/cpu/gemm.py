@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import math
 
+from autoclust.backends.cpu.jit import has_avx512
 from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, splat
 from llvmlite import ir
 
@@ -41,9 +42,10 @@ from autoclust.kernel.indexing import contiguous_strides
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
 SCALAR = {"float32": ir.FloatType(), "float64": ir.DoubleType()}
-LANES = {"float32": 16, "float64": 8}  # one 512-bit vector
+LANES = {"float32": 16, "float64": 8}  # one 512-bit vector (half of it on an AVX2 host)
 ROWS = 4           # RB: rows sharing each B load
 STRIDED_ROWS = 8   # RB of a strided product (16 accumulators: 4-8% faster on attention)
+AVX2_STRIDED_ROWS = 6  # the same on AVX2's 16 registers: 12 accumulators, 2 B, 1 A
 VECTORS = 2        # U: column vectors per block
 MAX_FLOPS = 4e6    # below: generated; above: MLAS (measured crossover, see bench_gemm)
 MAX_BATCH_FLOPS = 1e7  # batched products: below this per batch, generated (measured)
@@ -297,7 +299,12 @@ class _Emitter:
         else:
             self.m, self.n, self.k = I64(spec.m), I64(spec.n), I64(spec.k)
         self.ty = SCALAR[spec.dtype]
-        self.vw = LANES[spec.dtype]
+        # AVX-512's 32 registers hold 8 x 2 accumulators of 512 bits; an AVX2 host has 16
+        # of 256: 16-lane vectors there became pairs, the accumulators spilled, and Swin's
+        # window attention P.V ran at half MLAS's speed (Zen 3: 464 us against 253)
+        wide = has_avx512()
+        self.vw = LANES[spec.dtype] if wide else LANES[spec.dtype] // 2
+        self.rb_strided = STRIDED_ROWS if wide else AVX2_STRIDED_ROWS
         self.vty = ir.VectorType(self.ty, self.vw)
         self.align = 4 if spec.dtype == "float32" else 8
 
@@ -396,7 +403,7 @@ class _Emitter:
     def segment(self, lo: ir.Value, hi: ir.Value, bases: _Bases, row0: ir.Value) -> None:
         """Rows [lo, hi) of one batch (row0: its first row; 0 where rows are flat)."""
         b = self.b
-        rb = ROWS if self.s.strided is None else STRIDED_ROWS
+        rb = ROWS if self.s.strided is None else self.rb_strided
         nblk = b.sdiv(b.sub(hi, lo), I64(rb))
         with for_range(b, I64(0), nblk, "blk") as i:
             self.block(b.sub(b.add(lo, b.mul(i, I64(rb))), row0), rb, bases)

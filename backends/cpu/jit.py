@@ -41,6 +41,15 @@ def target_machine() -> llvm.TargetMachine:
         return tm
 
 
+def has_avx512() -> bool:
+    """Whether the host has AVX-512F: 32 vector registers of 512 bits, where an AVX2 host
+    has 16 of 256 (code written for the first spills on the second: gemm.py's blocks)."""
+    got = _state.get("avx512")
+    if got is None:
+        got = _state["avx512"] = "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
+    return got
+
+
 def _new_target_machine() -> llvm.TargetMachine:
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(cpu=llvm.get_host_cpu_name(),

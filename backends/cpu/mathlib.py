@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from autoclust.backends.cpu.jit import has_avx512
 from llvmlite import ir
 
 from autoclust.errors import CompileError, UnsupportedOpError
@@ -210,17 +211,6 @@ class _Ops:
         return self.b.bitcast(a, self.ty)
 
 
-def _has_avx512() -> bool:
-    """Whether the host has AVX-512F (llvm.ldexp then becomes one vscalefps)."""
-    got = _HOST.get("avx512")
-    if got is None:
-        from llvmlite import binding as llvm
-        got = "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
-        _HOST["avx512"] = got
-    return got
-
-
-_HOST: dict[str, bool] = {}
 
 
 def _ldexp(o: _Ops, p: ir.Value, n: ir.Value) -> ir.Value:
@@ -235,7 +225,7 @@ def _ldexp(o: _Ops, p: ir.Value, n: ir.Value) -> ir.Value:
 def _scale_pow2(o: _Ops, p: ir.Value, n: ir.Value) -> ir.Value:
     """p * 2^n for integral float n in [-1076, 1024]: two factors so each stays normal."""
     b = o.b
-    if _has_avx512():
+    if has_avx512():
         # vscalefps: one instruction, one rounding, denormal and overflow results included
         # (elsewhere llvm.ldexp would become a scalar libm call, so the bit tricks stay)
         return _ldexp(o, p, n)
@@ -273,7 +263,7 @@ def _exp(o: _Ops, x: ir.Value, bounded: bool = False, sign: int = 0,
 def _full_zmm(o: _Ops) -> bool:
     """Whether o's type is one full AVX-512 register (16 floats, 8 doubles) on a host that
     has them: the width the explicit vector code (vectorize.py) uses."""
-    return o.lanes * o.k["bits"] == 512 and _has_avx512()
+    return o.lanes * o.k["bits"] == 512 and has_avx512()
 
 
 def _exp_zmm(o: _Ops, x: ir.Value, sign: int, lo: float) -> ir.Value:

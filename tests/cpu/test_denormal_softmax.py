@@ -66,15 +66,16 @@ def scores(shape: tuple = (B, M, K), seed: int = 0) -> np.ndarray:
 
 def test_gemm_read_softmax_drops_denormals_and_matches_onnxruntime():
     """P . I = P: the MatMul's output shows P. The two denormal probabilities of row 0
-    become exactly 0 (onnxruntime keeps them); every other element, NaN row included,
-    matches onnxruntime."""
+    become exactly 0 (onnxruntime keeps them where MLAS's AVX-512 kernel runs, and its
+    AVX2 kernel on a Zen 3 host flushes them too); every other element, NaN row
+    included, matches onnxruntime."""
     s = scores()
     v = np.broadcast_to(np.eye(K, N, dtype=np.float32), (B, K, N)).copy()
     v[1:] = np.random.default_rng(1).standard_normal((B - 1, K, N))
     model = attention()
     want = speed.ort_session(model).run(None, {"s": s, "v": v})[0]
     got = autoclust.InferenceSession(model, must_compile=True).run(None, {"s": s, "v": v})[0]
-    assert 0 < want[0, 0, 1] < 1.2e-38 and 0 < want[0, 0, 2] < 1.2e-38
+    assert 0 <= want[0, 0, 1] < 1.2e-38 and 0 <= want[0, 0, 2] < 1.2e-38
     assert got[0, 0, 1] == 0.0 and got[0, 0, 2] == 0.0
     assert got[0, 0, 0] == 1.0
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
@@ -98,8 +99,14 @@ def test_softmax_seen_elementwise_keeps_denormals(p_out, reader):
         model_p = attention(p_out=True, reader="Mul")
         p_want = speed.ort_session(model_p).run(None, feeds)[1]
         p_got = autoclust.InferenceSession(model_p, must_compile=True).run(None, feeds)[1]
-    assert p_got[0, 0, 1] == pytest.approx(float(p_want[0, 0, 1]), rel=1e-6)
-    assert p_got[0, 0, 2] > 0 and abs(float(p_got[0, 0, 2]) - float(p_want[0, 0, 2])) <= 2e-45
+    # the exact probabilities (float64): ours are them to an ulp or two; onnxruntime's are
+    # them on an AVX-512 host, and its AVX2 softmax on a Zen 3 host flushes the smaller
+    row = s[0, 0].astype(np.float64)
+    exact = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    assert p_got[0, 0, 1] == pytest.approx(exact[1], rel=1e-6)
+    assert p_got[0, 0, 2] > 0 and abs(float(p_got[0, 0, 2]) - exact[2]) <= 2e-45
+    for j in (1, 2):
+        assert p_want[0, 0, j] == 0 or abs(float(p_want[0, 0, j]) - exact[j]) <= 2e-45
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
 

@@ -285,8 +285,8 @@ def test_exp_scaling_paths_agree(dtype: type, sweep32: np.ndarray, monkeypatch) 
     if dtype is np.float64:
         x = np.concatenate([x, np.linspace(-760, 720, 200001)])
     first = run("exp", x)
-    host = mathlib._has_avx512()
-    monkeypatch.setitem(mathlib._HOST, "avx512", not host)
+    host = jit.has_avx512()
+    monkeypatch.setitem(jit._state, "avx512", not host)
     monkeypatch.setattr(sys.modules[__name__], "_CACHE", {})
     other = run("exp", x)
     assert np.array_equal(first, other, equal_nan=True)
@@ -469,11 +469,11 @@ def test_exp_on_full_vectors_matches_the_scalar_loop(dtype: type, sweep32: np.nd
     got, want = run_vectors("exp", x), run("exp", x)
     assert np.array_equal(got, want, equal_nan=True)
     assert np.array_equal(np.isnan(got), np.isnan(x))
-    if mathlib._has_avx512():
+    if jit.has_avx512():
         assert "llvm.x86.avx512.mask.scalef" in _compile("exp", dtype, 64 // x.itemsize)[1]
 
 
-@pytest.mark.skipif(not mathlib._has_avx512(), reason="the masked vscalef path needs AVX-512")
+@pytest.mark.skipif(not jit.has_avx512(), reason="the masked vscalef path needs AVX-512")
 def test_exp_on_full_vectors_skips_underflowing_lanes() -> None:
     """Lanes below exp_lo (softmax scores 104-150 below their row's maximum, as Swin's
     window attention has) cost no more than ordinary ones: a vscalef whose result
