@@ -49,6 +49,11 @@ AVX2_STRIDED_ROWS = 6  # the same on AVX2's 16 registers: 12 accumulators, 2 B, 
 VECTORS = 2        # U: column vectors per block
 MAX_FLOPS = 4e6    # below: generated; above: MLAS (measured crossover, see bench_gemm)
 MAX_BATCH_FLOPS = 1e7  # batched products: below this per batch, generated (measured)
+# the same on an AVX2 host (Zen 3, 2 threads, generated / library time): Swin's 49x49x32
+# windows 0.87; [64,64]x[64,64] 1.44, [128,32]x[32,128] 1.14, attention's [128,64]x[64,128]
+# 1.35, [197,64]x[64,197] 1.86 (the generated blocks reach ~65 GFLOP/s there, the library
+# 90-130 over a whole batch); single products below MAX_FLOPS still win (0.52-0.99)
+AVX2_MAX_BATCH_FLOPS = 3e5
 PACK_MAX = 16384   # elements of one batch's B copied to the stack when its columns are apart
 
 
@@ -202,7 +207,8 @@ def _strided_spec(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpe
     if not any(st and d > 1 for d, st in zip(batch, layouts[1].batch)):
         return None  # one B for every batch (weights): one big GEMM, a library's (prepacked)
     # (the batch count first: every decision on a symbolic size is a guard of the class)
-    if per_batch > MAX_BATCH_FLOPS or (math.prod(batch) == 1 and per_batch > MAX_FLOPS):
+    most = MAX_BATCH_FLOPS if has_avx512() else min(MAX_BATCH_FLOPS, AVX2_MAX_BATCH_FLOPS)
+    if per_batch > most or (math.prod(batch) == 1 and per_batch > MAX_FLOPS):
         return None  # big products, or one alone: a library's blocking pays
     if layouts[2].col != 1 or (strided.pack and k * n > PACK_MAX) or \
             any(v < 0 for op in layouts for v in (op.offset, op.row, op.col, *op.batch)):
