@@ -16,6 +16,13 @@ beside the loop kernels (and in the same native driver call, see executable.py):
 Each B vector load feeds RB fused multiply-adds. Larger problems go to MLAS, which packs
 and blocks for the caches (~180-210 GFLOP/s per core here).
 
+The blocks follow the host's registers: on AVX-512 (32 of 512 bits) vectors of 16 floats
+and 8 x 2 accumulators for a strided product; on AVX2 (16 of 256 bits) vectors of 8 and
+6 x 2 (the 512-bit blocks spilled there: Swin's window P.V ran at half MLAS's speed on a
+Zen 3). There the blocks reach ~65 GFLOP/s on 2 threads against the library's 90-130 over
+a whole batch, so only products below AVX2_MAX_BATCH_FLOPS a batch (Swin's windows) stay
+generated; single products below MAX_FLOPS win on both hosts (no call overhead).
+
 Strided operands (`Strided`, from a call's views: kernel/views.py) take the same blocks one
 batch at a time, each operand at its own batch, row and column strides: attention over
 small windows, where Swin-tiny's Q.K^T is 192 products of [49, 32] x [32, 49] read in place

@@ -58,6 +58,7 @@ class Trial:
         self.ready = ready
         self.clock = clock
         self.done = False
+        self.calls: list = []  # what alternates under it (library.py: (LibraryFn, runs))
         self._decided = decided
         self._count = 0
         self._lock = threading.Lock()

@@ -42,6 +42,7 @@ import collections
 import concurrent.futures
 import math
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -277,15 +278,16 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
         with _SESSIONS_LOCK:
             _DECISIONS[key] = (winner, full)
             _TRYING.pop(key, None)
-            final = list(calls)
+            final = list(calls)  # a late call (_join_trial) appends under this lock
         gemm_choice.remember(key, winner, full)
         for fn, runs in final:
             fn.switch(winner, runs[winner], full)
 
     other = "onednn" if first == "mlas" else "mlas"
     trial = inplan.Trial(first, other, decided, ready=lambda: wait_background(timeout=0))
+    trial.calls = calls
     with _SESSIONS_LOCK:
-        _TRYING[key] = (trial, calls)
+        _TRYING[key] = trial
         for fn, runs in calls:
             fn.try_both(trial, runs)
 
@@ -305,13 +307,12 @@ def _join_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> Non
         fn.note = f"{fn.note}; not in the plan's trial: {str(exc)[:80]}"
         return
     with _SESSIONS_LOCK:  # against `decided`, which takes the trial's calls under it
-        trying = _TRYING.get(key)
-        if trying is None:  # decided meanwhile
+        trial = _TRYING.get(key)
+        if trial is None:  # decided meanwhile
             impl, note = _DECISIONS.get(key, (fn.impl, fn.note))
             fn.switch(impl, runs[impl], note)
             return
-        trial, calls = trying
-        calls.append((fn, runs))
+        trial.calls.append((fn, runs))
         fn.alternatives, fn.key = runs, key
         fn.try_both(trial, runs)
 
@@ -589,8 +590,10 @@ MAX_SESSIONS = 256
 BACKGROUND_PREPACK = True
 # signature -> the (LibraryFn, builders) pairs waiting for its MLAS-against-oneDNN answer
 _MEASURING: dict[tuple, list[tuple[LibraryFn, dict[str, Callable]]]] = {}
-# signature -> its in-plan trial (inplan.Trial) and the (LibraryFn, runs) pairs in it
-_TRYING: dict[tuple, tuple[inplan.Trial, list[tuple[LibraryFn, dict[str, RunFn]]]]] = {}
+# signature -> its running in-plan trial (inplan.Trial; its `calls`, the (LibraryFn, runs)
+# pairs in it). Weak: a trial whose calls' plan was dropped undecided (its cluster handed
+# back) goes with them, and their packed weights with it.
+_TRYING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _decide(op: str, attrs: dict[str, Any], in_types: list, out_types: list,

@@ -152,6 +152,33 @@ def test_a_call_built_during_the_trial_joins_it(monkeypatch):
         library._DECISIONS.clear()
 
 
+@needs_dnnl
+def test_a_trial_left_undecided_goes_with_its_calls(monkeypatch):
+    """The running trials a late call may join are held weakly: calls dropped before
+    their trial decided (a cluster handed back to onnxruntime) are freed, their packed
+    weights with them, and their trial leaves the table."""
+    import gc
+    import weakref
+    assert library.wait_background(60)
+    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k:
+                        ("mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)"))
+    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    in_types = [(np.dtype("float32"), (80, 96)), (np.dtype("float32"), (96, 56))]
+    out_types = [(np.dtype("float32"), (80, 56))]
+    w = RNG.standard_normal((96, 56)).astype(np.float32)
+    try:
+        library._DECISIONS.clear()
+        fn = library.make_call("MatMul", {}, in_types, out_types, 2, {1: w})
+        assert library.wait_background(60) and library.in_trial(fn)
+        key, gone = fn.key, weakref.ref(fn)
+        assert key in library._TRYING
+        del fn
+        gc.collect()
+        assert gone() is None and key not in library._TRYING
+    finally:
+        library._DECISIONS.clear()
+
+
 def test_executable_in_a_trial_has_not_settled():
     """Measured placement times an executable only once it has settled: no call of it in
     an in-plan trial."""
