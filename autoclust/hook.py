@@ -12,7 +12,10 @@ warning when other flags were given, since they then do nothing.
 
 install() replaces onnxruntime.InferenceSession (now, or when the program imports
 onnxruntime) by a subclass that also builds an autoclust session, and routes run(),
-run_with_ort_values(), run_async(), io_binding() and run_with_iobinding() through it. A
+run_with_ort_values(), run_async(), io_binding() and run_with_iobinding() through it.
+autoclust's own onnxruntime sessions keep onnxruntime's class (`ORIGINAL_SESSION` in
+backends/ort: its segments, and the baselines of the benchmarks, the fuzzer and the
+conformance run, which under the hook had compared autoclust with itself). A
 bad AUTOCLUST_FLAGS raises FlagError at session creation, as the API does; under
 --must_compile so does NotCompilableError. `--log` says on stderr, once per session, that
 autoclust is active and what it clustered.

@@ -163,10 +163,11 @@ class OrtRep:
 
     def __init__(self, model: onnx.ModelProto):
         import onnxruntime as ort
+        from autoclust.backends.ort import ORIGINAL_SESSION
         so = ort.SessionOptions()
         so.log_severity_level = 4
-        self.session = ort.InferenceSession(model.SerializeToString(), so,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ORIGINAL_SESSION(model.SerializeToString(), so,
+                                        providers=["CPUExecutionProvider"])
         self.names = [i.name for i in self.session.get_inputs()]
 
     def run(self, inputs: list[Any]) -> list[Any]:

@@ -233,6 +233,23 @@ def test_onnxruntime_idioms_work_under_the_hook(tmp_path):
     assert "runs [3]" in out, out
 
 
+def test_our_tools_compare_with_onnxruntime_itself_under_the_hook(tmp_path):
+    """Under AUTOCLUST_FLAGS the hook swaps onnxruntime.InferenceSession for autoclust's;
+    the benchmarks' and the fuzzer's baselines must stay onnxruntime's own (they compared
+    autoclust with itself: `bench --profile` printed "onnxruntime's profile: 0 nodes")."""
+    proc = run_hooked(tmp_path, """
+        import onnx
+        from autoclust.tools.bench import timing
+        from autoclust.tools.fuzz import onnx_reference
+        m = onnx.load(model)
+        print("hooked", hasattr(ort.InferenceSession(model), "_autoclust"))
+        print("bench", hasattr(timing.ort_session(m, 1), "_autoclust"))
+        print("fuzz", hasattr(onnx_reference.ort_session(m), "_autoclust"))
+    """, "--auto_jit=2")
+    assert "hooked True" in proc.stdout, proc.stdout
+    assert "bench False" in proc.stdout and "fuzz False" in proc.stdout, proc.stdout
+
+
 @pytest.mark.parametrize("build", ["build_wheel", "build_editable"])
 def test_regular_and_editable_wheels_put_the_hook_in_site_packages(tmp_path, build):
     """`pip install .` and `pip install -e .` both install autoclust-hook.pth at the top

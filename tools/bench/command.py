@@ -61,25 +61,16 @@ def _build(case: str) -> tuple[Any, dict[str, np.ndarray]]:
     return model, zoo.feeds(model, dims=dims or None)
 
 
-def _ort_session(model: Any, threads: int) -> Any:
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.intra_op_num_threads = threads
-    # Runs alternate with autoclust's: onnxruntime's default spin-waiting threads would
-    # keep burning both cores during our runs. Spinning off is also measured faster for
-    # onnxruntime itself on these shared 2-core machines, so this is the stricter baseline.
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
 
 
 def run_case(case: str, repeat: int, threads: int, flags: str) -> dict[str, Any]:
     """Time one case in this process; returns a result row."""
+    from autoclust.tools.bench import timing
+
     import autoclust
     from autoclust import flags as flags_mod
     model, feeds = _build(case)
-    ref = _ort_session(model, threads)
+    ref = timing.ort_session(model, threads)
     overrides = flags_mod.parse_string(flags)
     overrides.setdefault("threads", threads)
     t0 = time.perf_counter()

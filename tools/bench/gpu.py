@@ -103,7 +103,7 @@ def copy_bandwidth(nbytes: int = COPY_BYTES) -> float:
 def kernel_case(case: str, repeat: int, copy_gbps: float, small: bool = False
                 ) -> dict[str, Any]:
     """One memory-bound case: kernel time, bandwidth and the fraction of the copy's."""
-    import onnxruntime as ort
+    from autoclust.backends.ort import ORIGINAL_SESSION
     from autoclust.models import zoo
 
     import autoclust
@@ -127,7 +127,7 @@ def kernel_case(case: str, repeat: int, copy_gbps: float, small: bool = False
     session_ms = event_ms(lambda: sess.run(None, dev, output_device="gpu"), max(repeat // 4, 3))
     nbytes = sum(v.nbytes for v in feeds.values()) + sum(o.nbytes for o in out)
     gbps = nbytes / (ms * 1e-3) / 1e9
-    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = ORIGINAL_SESSION(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = ref.run(None, feeds)
     err = max(float(np.max(np.abs(cp.asnumpy(o).astype(np.float64) - w))) for o, w in
               zip(out, want))

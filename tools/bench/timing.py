@@ -35,16 +35,19 @@ def ort_options(threads: int) -> Any:
 
 
 def ort_session(model: Any, threads: int, profile_prefix: str = "") -> Any:
-    """An onnxruntime CPU session over `model` (ModelProto, bytes or path) with ort_options."""
+    """An onnxruntime CPU session over `model` (ModelProto, bytes or path) with ort_options.
+    onnxruntime's own class even under AUTOCLUST_FLAGS: the hook (autoclust/hook.py) then
+    swaps onnxruntime.InferenceSession for one that runs autoclust, and a benchmark given
+    its flags that way compared autoclust with itself ("onnxruntime's profile: 0 nodes")."""
     import onnx
-    import onnxruntime as ort
+    from autoclust.backends.ort import ORIGINAL_SESSION
     so = ort_options(threads)
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return ORIGINAL_SESSION(model, so, providers=["CPUExecutionProvider"])
 
 
 def autoclust_session(model: Any, threads: int, flags: str = "") -> Any:

@@ -242,7 +242,7 @@ def attention_step(out: str) -> dict[str, Any]:
     float16 and bfloat16 also on tensor cores, --gpu_mma_attention, two key tiles and
     more), then its time at seq 2048, head dim 128, float16 against torch's SDPA on this
     GPU, both kernels."""
-    import onnxruntime as ort
+    from autoclust.backends.ort import ORIGINAL_SESSION
     rows, ok = {}, True
     cases = [(TensorProto.FLOAT, False, False), (TensorProto.FLOAT, True, False),
              (TensorProto.FLOAT16, True, False), (TensorProto.FLOAT16, True, True),
@@ -259,8 +259,8 @@ def attention_step(out: str) -> dict[str, Any]:
             ref_feeds = {n: a.astype(np.float32) for n, a in feeds.items()}
         else:
             ref, ref_feeds = m, feeds
-        want = ort.InferenceSession(ref.SerializeToString(), providers=["CPUExecutionProvider"]
-                                    ).run(None, ref_feeds)[0].astype(np.float64)
+        want = ORIGINAL_SESSION(ref.SerializeToString(), providers=["CPUExecutionProvider"]
+                                ).run(None, ref_feeds)[0].astype(np.float64)
         fused = sum(1 for r in sess._runtime.compiled_clusters() for e in r.cache.values()
                     for t in e.program.thunks if getattr(t, "op", "") == "FusedAttention")
         err = float(np.max(np.abs(got - want)))
@@ -312,7 +312,7 @@ def _attention_timing(mma: bool) -> dict[str, Any]:
 
 @step("zoo")
 def zoo_step(out: str) -> dict[str, Any]:
-    import onnxruntime as ort
+    from autoclust.backends.ort import ORIGINAL_SESSION
     from autoclust.models import zoo
 
     import autoclust
@@ -324,7 +324,7 @@ def zoo_step(out: str) -> dict[str, Any]:
             sess, strict = _session(model), True
         except NotCompilableError as exc:  # Conv and pooling stay in onnxruntime here
             sess, strict = autoclust.InferenceSession(model, device="gpu"), str(exc)[:200]
-        ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ref = ORIGINAL_SESSION(model.SerializeToString(), providers=["CPUExecutionProvider"])
         err = 0.0
         for seed in range(3):
             feeds = zoo.feeds(model, seed=seed)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
+from autoclust.backends.ort import ORIGINAL_SESSION
 
 
 def ort_session(model: onnx.ModelProto, reuse_memory: bool = True) -> ort.InferenceSession:
@@ -29,7 +30,7 @@ def ort_session(model: onnx.ModelProto, reuse_memory: bool = True) -> ort.Infere
     so.log_severity_level = 4  # run-time failures are expected; they are reported here
     so.intra_op_num_threads = 1
     so.enable_mem_reuse = reuse_memory
-    return ort.InferenceSession(model.SerializeToString(), so,
+    return ORIGINAL_SESSION(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
 
 
