@@ -393,10 +393,14 @@ class Placement:
         self.latest: dict[str, Decision] = {}  # cluster name -> its last decision
         self.by_class: dict[int, Decision] = {}  # id(ShapeClass) -> its measured decision
         self.clock = clock
-        # whether the clusters' decisions are watched as they serve (Watch): set by the
-        # runtime for a plan that is one cluster. A cluster among others runs colder in
-        # the plan than in its trial's repeats; the whole plan's Watch covers those.
-        self.watch = False
+        # set by the runtime for a plan that is one cluster: that cluster's trial is the
+        # whole model's, so its winner is watched as it serves (Watch; a cluster among
+        # others runs colder in the plan than in its trial's repeats, and the whole plan's
+        # Watch covers those) and a tie not faster in the median goes to onnxruntime, the
+        # baseline, as the whole plan's does (a cluster among others keeps its compiled
+        # code on a doubt: handing it back adds segment boundaries). DeiT's one cluster,
+        # kept "within noise (median ratio 0.970 of 9 pairs)", read 0.96x.
+        self.one_cluster = False
         self._lock = threading.Lock()
 
     def place(self, runner: Any, key: tuple, inputs: list[np.ndarray]) -> Any:
@@ -416,7 +420,7 @@ class Placement:
                 cls = getattr(target, "shape_class", None)
                 if cls is not None:
                     self.by_class.setdefault(id(cls), stored)
-                if stored.winner == COMPILED and self.watch and watched(stored):
+                if stored.winner == COMPILED and self.one_cluster and watched(stored):
                     # another process's decision on this machine: looked at here too
                     target = self._watch(runner, key, sig, target, entry, cls, stored,
                                          target)
@@ -446,13 +450,13 @@ class Placement:
     def _trial(self, runner: Any, key: tuple, sig: str, exe: Any, entry: str, cls: Any,
                why: str = "", first: bool = False) -> Trial:
         """A cluster's trial for one signature; `why`: a second look's reason (that trial
-        decides for good, a first one's winner is watched where self.watch says so);
+        decides for good, a first one's winner is watched where self.one_cluster says so);
         `first`: the cluster's first, which takes MIN_PAIRS pairs whatever the budget."""
         def done(decision: Decision, winner: Any) -> None:
             if why:
                 decision.reason = f"{why}: {decision.reason}"
             served = winner
-            if not why and self.watch and watched(decision):
+            if not why and self.one_cluster and watched(decision):
                 served = self._watch(runner, key, sig, exe, entry, cls, decision, winner)
             runner.route[key] = served
             self._record(decision)
@@ -463,6 +467,7 @@ class Placement:
 
         return Trial(runner.name, sig, exe, runner.onnxruntime_segment, self.budget, done,
                      self.clock, getattr(exe, "settled", None),
+                     ties=ONNXRUNTIME if self.one_cluster else COMPILED,
                      min_pairs=MIN_PAIRS if first else 0)
 
     def _watch(self, runner: Any, key: tuple, sig: str, exe: Any, entry: str, cls: Any,

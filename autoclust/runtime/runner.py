@@ -522,8 +522,8 @@ class Runtime:
         self._whole_segment: Any = None  # whole_model_segment's, built at its first call
         self.rescued = False  # rescue.py has warned
         self.whole = self._whole_plan() if whole_plan else None
-        if self.placement is not None:  # a one-cluster plan: its cluster's decision watched
-            self.placement.watch = whole_plan and len(self.runners) == 1
+        if self.placement is not None:  # a one-cluster plan: its cluster's trial is the model's
+            self.placement.one_cluster = whole_plan and len(self.runners) == 1
 
     def _placement(self, plan: Any, flags: Flags, backend: Any) -> Any:
         """The session's measured placement (autotune.py), or None (flags, device)."""

@@ -559,6 +559,22 @@ def test_whole_plan_within_noise_but_slower_goes_back(monkeypatch):
     assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._OrtSide)
 
 
+@pytest.mark.parametrize("compiled_ms, winner", [(2.04, ONNXRUNTIME), (1.98, COMPILED)])
+def test_a_one_cluster_plans_tie_goes_as_the_whole_models(monkeypatch, compiled_ms, winner):
+    """A plan that is one cluster: its trial is the whole model's, so a tie not faster in
+    the median goes to onnxruntime (DeiT's one cluster, kept "within noise (median ratio
+    0.970)", read 0.96x); a tie faster in the median stays compiled."""
+    _inject(monkeypatch, compiled_ms=compiled_ms, ort_ms=2.0)
+    model, feeds, sess = _session()
+    assert sess._runtime.placement.one_cluster
+    _run_until_decided(sess, feeds)
+    (decision,) = [d for d in sess.explain(as_json=True)["placement"]
+                   if not d["reason"].startswith("second look")][:1]
+    assert decision["winner"] == winner and "within noise" in decision["reason"], decision
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], want[0], rtol=1e-5, atol=1e-6)
+
+
 def test_the_whole_model_side_is_the_users_own_graph(monkeypatch):
     """onnxruntime over the whole model (the side the whole plan is measured against, and
     what a handed-back signature runs) is built from the user's model with the weights the

@@ -87,8 +87,11 @@ def test_zoo_bert_length_stream_compiles_once_and_never_turns_megamorphic(bert, 
     assert [c[0] for c in counts[1:]] == [0] * (len(STREAM) - 1), counts  # never again
     # small and large rows take different GEMM code (a guard on batch * seq, its threshold
     # by GEMM width: the sibling-fused Q/K/V GEMM is 3x wider than the other projections):
-    # at most two more classes, lowered but reusing the LLVM code; other lengths only bind
-    assert runner.compiles == len(runner.classes) <= 3, runner.symbolic_note
+    # at most two more classes, lowered but reusing the LLVM code; other lengths only bind.
+    # An AVX2 host adds one: attention's products are generated below 3e5 flops a batch
+    # only (gemm.AVX2_MAX_BATCH_FLOPS), a guard on seq of its own
+    most = 3 if jit.has_avx512() else 4
+    assert runner.compiles == len(runner.classes) <= most, runner.symbolic_note
     assert sum(c[1] for c in counts) == runner.compiles
     assert runner.bindings == len(set(STREAM))  # each length once, repeats run bound code
 
