@@ -157,7 +157,7 @@ class Trial:
     `exe` and the onnxruntime segment (`segment()` builds it) both have run(inputs);
     `done(decision, winner)` is called once, with the object to serve from then on.
     `min_pairs`: pairs taken whatever the budget says (a first trial: nothing measured
-    yet is kept unmeasured). `clock` and `settled` are injectable so tests decide
+    yet is kept unmeasured; a second look, which decides for good). `clock` and `settled` are injectable so tests decide
     deterministically.
     """
 
@@ -451,7 +451,7 @@ class Placement:
                why: str = "", first: bool = False) -> Trial:
         """A cluster's trial for one signature; `why`: a second look's reason (that trial
         decides for good, a first one's winner is watched where self.one_cluster says so);
-        `first`: the cluster's first, which takes MIN_PAIRS pairs whatever the budget."""
+        `first`: the cluster's first. Both take MIN_PAIRS pairs whatever the budget."""
         def done(decision: Decision, winner: Any) -> None:
             if why:
                 decision.reason = f"{why}: {decision.reason}"
@@ -468,7 +468,7 @@ class Placement:
         return Trial(runner.name, sig, exe, runner.onnxruntime_segment, self.budget, done,
                      self.clock, getattr(exe, "settled", None),
                      ties=ONNXRUNTIME if self.one_cluster else COMPILED,
-                     min_pairs=MIN_PAIRS if first else 0)
+                     min_pairs=MIN_PAIRS if first or why else 0)
 
     def _watch(self, runner: Any, key: tuple, sig: str, exe: Any, entry: str, cls: Any,
                decision: Decision, winner: Any) -> Watch:
@@ -597,7 +597,7 @@ class WholePlan:
                why: str = "", first: bool = False) -> Trial:
         """The plan against onnxruntime over the whole model for one signature; `why`: a
         second look's reason (that trial decides for good; a first one's winner is
-        watched); `first`: the model's first, which takes MIN_PAIRS pairs whatever the
+        watched); `first`: the model's first. Both take MIN_PAIRS pairs whatever the
         budget."""
         def done(decision: Decision, winner: Any) -> None:
             if why:
@@ -614,7 +614,7 @@ class WholePlan:
 
         return Trial(WHOLE, sig, plan_side, lambda: self._ort_side(names), self.budget,
                      done, self.placement.clock, ties=ONNXRUNTIME,
-                     min_pairs=MIN_PAIRS if first else 0)
+                     min_pairs=MIN_PAIRS if first or why else 0)
 
     def _watch(self, key: tuple, sig: str, names: tuple, plan_side: Any, entry: str,
                decision: Decision, winner: Any) -> Watch:

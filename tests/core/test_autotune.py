@@ -490,6 +490,20 @@ def test_a_handed_back_plan_slower_as_it_serves_gets_a_second_look(monkeypatch):
     assert not sess._direct
 
 
+def test_a_second_look_takes_its_pairs_with_the_budget_nearly_spent(monkeypatch):
+    """A second look decides for good, so it takes its MIN_PAIRS pairs once started: with
+    less budget left than a pair costs it had decided on no pair ("not measured") and
+    handed a plan onnxruntime had beaten to the compiled side."""
+    _, feeds, sess = _whole_session(monkeypatch, 5.0, 2.0)
+    budget = sess._runtime.whole.budget
+    budget.spent_ms = budget.total_ms - 1e-3  # budget left, less than any pair costs
+    _watched_runs(sess, feeds, sess._runtime.whole.route, ms=6.0, runs=autotune.WATCH_RUNS + 6)
+    last = sess.explain(as_json=True)["placement"][-1]
+    assert last["reason"].startswith("second look: onnxruntime ran 6.000 ms"), last
+    assert last["winner"] == ONNXRUNTIME and last["pairs"] == autotune.MIN_PAIRS, last
+    assert isinstance(next(iter(sess._runtime.whole.route.values())), autotune._OrtSide)
+
+
 @pytest.mark.parametrize("plan_ms, ort_ms, served_ms, side", [
     (1.0, 2.0, 2.05, autotune._PlanSide),  # within MARGIN of onnxruntime's 2 ms
     (5.0, 2.0, 5.1, autotune._OrtSide)])   # within MARGIN of the plan's 5 ms
