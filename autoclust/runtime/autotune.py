@@ -157,8 +157,8 @@ class Trial:
     `exe` and the onnxruntime segment (`segment()` builds it) both have run(inputs);
     `done(decision, winner)` is called once, with the object to serve from then on.
     `min_pairs`: pairs taken whatever the budget says (a first trial: nothing measured
-    yet is kept unmeasured; a second look, which decides for good). `clock` and `settled` are injectable so tests decide
-    deterministically.
+    yet is kept unmeasured; a second look, which decides for good). `clock` and `settled`
+    are injectable so tests decide deterministically.
     """
 
     def __init__(self, name: str, signature: str, exe: Any, segment: Callable[[], Any],
@@ -338,6 +338,12 @@ class Watch:
         return outs
 
 
+def inherited(cluster: str, signature: str, earlier: Decision, why: str) -> Decision:
+    """`earlier`'s decision taken for another signature, unmeasured (explain says whose)."""
+    return Decision(cluster, signature, earlier.winner,
+                    f"as measured for {earlier.signature} ({why})", source="inherited")
+
+
 def deciding(target: Any) -> bool:
     """Whether a route's target is still a measurement: a Trial deciding, or a Watch."""
     return isinstance(target, (Trial, Watch)) and not target.finished
@@ -483,9 +489,7 @@ class Placement:
 
     def _inherit(self, runner: Any, sig: str, earlier: Decision, exe: Any, why: str) -> Any:
         """What serves `sig` as `earlier` decided for another signature (recorded)."""
-        self._record(Decision(runner.name, sig, earlier.winner,
-                              f"as measured for {earlier.signature} ({why})",
-                              source="inherited"))
+        self._record(inherited(runner.name, sig, earlier, why))
         if earlier.winner == ONNXRUNTIME:
             return runner.onnxruntime_segment(quiet=True) or exe
         return exe
@@ -582,9 +586,8 @@ class WholePlan:
                 self._handed(key, target)
             elif self.budget.left_ms() <= 0 and WHOLE in self.placement.latest:
                 earlier = self.placement.latest[WHOLE]
-                self.placement._record(Decision(
-                    WHOLE, sig, earlier.winner, f"as measured for {earlier.signature} "
-                    "(measuring budget spent)", source="inherited"), self.budget)
+                self.placement._record(inherited(WHOLE, sig, earlier, "measuring budget spent"),
+                                       self.budget)
                 target = self._ort_side(names) if earlier.winner == ONNXRUNTIME else plan_side
                 self._handed(key, target)
             else:  # the first signature is measured whatever the budget (MIN_PAIRS pairs)
