@@ -24,6 +24,14 @@ def timed(trial: inplan.Trial, first_ms: float, other_ms: float, calls: int) -> 
     return ran
 
 
+def _measured(monkeypatch, answer: str, note: str) -> None:
+    """Earlier tests' background work done; every signature's isolated measurement answers
+    (answer, note) at once, and nothing is read from a --cache_dir."""
+    assert library.wait_background(60)
+    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k: (answer, note))
+    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+
+
 @pytest.mark.parametrize("first_ms, other_ms, winner", [
     (2.0, 1.0, "onednn"),     # the other side is faster in the plan: it takes over
     (1.0, 2.0, "mlas"),       # the measured answer holds
@@ -79,10 +87,7 @@ def test_library_tries_both_in_the_plan_and_remembers(monkeypatch, tmp_path):
     """After the isolated measurement, the calls of one signature (two layers' weights)
     share one in-plan trial; its answer serves both, goes to explain's note and to
     --cache_dir, and a new process takes it without a trial."""
-    assert library.wait_background(60)
-    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k:
-                        ("mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)"))
-    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    _measured(monkeypatch, "mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)")
     choice.use_cache_dir(str(tmp_path))
     in_types = [(np.dtype("float32"), (64, 96)), (np.dtype("float32"), (96, 80))]
     out_types = [(np.dtype("float32"), (64, 80))]
@@ -122,10 +127,7 @@ def test_a_call_built_during_the_trial_joins_it(monkeypatch):
     its winner; one built after the trial decided takes the decision. Left out, it kept
     the measured answer while the trial switched its siblings to the other library (a
     flaky test_library_tries_both_in_the_plan_and_remembers showed it)."""
-    assert library.wait_background(60)
-    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k:
-                        ("mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)"))
-    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    _measured(monkeypatch, "mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)")
     monkeypatch.setattr(inplan.Trial, "verdict",  # the plan disagrees with the measurement
                         lambda self: ("onednn", "in the plan: mlas 2.000 ms, onednn 1.000 ms"))
     in_types = [(np.dtype("float32"), (48, 96)), (np.dtype("float32"), (96, 72))]
@@ -159,10 +161,7 @@ def test_a_trial_left_undecided_goes_with_its_calls(monkeypatch):
     weights with them, and their trial leaves the table."""
     import gc
     import weakref
-    assert library.wait_background(60)
-    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k:
-                        ("mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)"))
-    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    _measured(monkeypatch, "mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)")
     in_types = [(np.dtype("float32"), (80, 96)), (np.dtype("float32"), (96, 56))]
     out_types = [(np.dtype("float32"), (80, 56))]
     w = RNG.standard_normal((96, 56)).astype(np.float32)
@@ -315,10 +314,7 @@ def test_an_executable_runs_its_plan_trial_and_its_calls_take_the_winner(monkeyp
     import onnxruntime as ort
 
     import autoclust
-    assert library.wait_background(60)
-    monkeypatch.setattr(choice, "measure", lambda key, builders, *a, **k:
-                        ("onednn", "measured mlas 1.100 ms, onednn 1.000 ms (best of 7)"))
-    monkeypatch.setattr(choice, "known", lambda key, builders: None)
+    _measured(monkeypatch, "onednn", "measured mlas 1.100 ms, onednn 1.000 ms (best of 7)")
     monkeypatch.setattr(inplan.Trial, "verdict",  # the calls' own trials keep oneDNN
                         lambda self: (self.sides[0], "in the plan: kept"))
     real_record = inplan.PlanTrial.record
