@@ -516,10 +516,9 @@ class Fusion:
             return
         ins, in_views = self._operands(node)
         outs, out_views = self._results(node)
-        attrs = tuple(sorted(node.attrs.items()))
-        found = in_views + out_views
+        op, attrs, ins, found = views.transposed_result(node, ins, in_views + out_views)
         g = Group(len(self.groups), None, kir.LibraryCall(
-            node.op, ins, outs, attrs, (node.name,),
+            op, ins, outs, attrs, (node.name,),
             found if any(v is not None for v in found) else ()))
         self.groups.append(g)
         for v in node.outputs:
@@ -574,6 +573,7 @@ class Fusion:
         saved, saved_buffers = set(self.materialized), dict(self.buffers)
         if as_buffer is not None:
             self.materialized.add(as_buffer.name)
+            self.materialized.discard(v.name)  # v over as_buffer, though v is an output
         probe = KernelBuilder(self, tuple(v.shape), 0)
         try:
             e = probe.expr(v, identity_index(tuple(v.shape)))

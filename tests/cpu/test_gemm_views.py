@@ -319,3 +319,55 @@ def test_operand_view_of_a_graph_input_reads_that_input():
     np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0], rtol=2e-5,
                                atol=2e-5)
     assert [k for k in _kernels(sess) if "Transpose" in str(k)] == []
+
+
+def _transposed_result(case: str) -> tuple[onnx.ModelProto, dict]:
+    """A GEMM whose result is read only through a transpose of its last two dims, as
+    SegFormer's x @ W1 is (into the NCHW input of its depthwise Conv)."""
+    n = helper.make_node
+    w = numpy_helper.from_array(RNG.standard_normal((32, 96)).astype(np.float32), "w")
+    if case == "nchw":  # [1, 400, 32] @ [32, 96] -> [1, 96, 20, 20]
+        x_shape, inits, y_shape = [1, 400, 32], [w, numpy_helper.from_array(
+            np.array([1, 96, 20, 20], np.int64), "shape")], [1, 96, 20, 20]
+        nodes = [n("MatMul", ["x", "w"], ["y0"]), n("Transpose", ["y0"], ["y1"], perm=[0, 2, 1]),
+                 n("Reshape", ["y1", "shape"], ["y"])]
+    elif case == "heads":  # per-head [1, 3, 24, 16] @ [1, 3, 16, 40], each head transposed
+        x_shape, inits, y_shape = [1, 3, 24, 16], [numpy_helper.from_array(
+            RNG.standard_normal((1, 3, 16, 40)).astype(np.float32), "w")], [1, 3, 40, 24]
+        nodes = [n("MatMul", ["x", "w"], ["y0"]), n("Transpose", ["y0"], ["y"], perm=[0, 1, 3, 2])]
+    elif case == "fused":  # FusedMatMul's own flags and alpha carry over
+        x_shape, inits, y_shape = [1, 32, 300], [w], [1, 96, 300]
+        nodes = [n("FusedMatMul", ["x", "w"], ["y0"], domain="com.microsoft", transA=1,
+                   alpha=0.5), n("Transpose", ["y0"], ["y"], perm=[0, 2, 1])]
+    else:  # "vector": [32] @ [4, 32, 96] -> [4, 96]: a 1-D operand is not transposed
+        x_shape, inits, y_shape = [32], [numpy_helper.from_array(
+            RNG.standard_normal((4, 32, 96)).astype(np.float32), "w")], [96, 4]
+        nodes = [n("MatMul", ["x", "w"], ["y0"]), n("Transpose", ["y0"], ["y"], perm=[1, 0])]
+    graph = helper.make_graph(nodes, case, [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, x_shape)], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, y_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    return model, {"x": RNG.standard_normal(x_shape).astype(np.float32)}
+
+
+@pytest.mark.parametrize("case", ["nchw", "heads", "fused", "vector"])
+def test_a_result_written_transposed_is_computed_transposed(case):
+    """C^T = op(B)^T @ op(A)^T: the call's result lands in C order, where the libraries
+    write it, instead of a dense stand-in and a transposing copy (kernel/views.py
+    transposed_result); onnxruntime's outputs either way."""
+    model, feeds = _transposed_result(case)
+    sess = autoclust.InferenceSession(model, must_compile=True, min_cluster_size=1)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0], rtol=2e-5,
+                               atol=2e-4)
+    [call] = [c for c in _calls(sess) if c.op in ("MatMul", "FusedMatMul")]
+    out = call.view(len(call.inputs))
+    if case == "vector":
+        assert call.op == "MatMul" and out is not None and out.strides[-1] != 1
+        return
+    attrs = dict(call.attrs)
+    assert call.op == "FusedMatMul" and attrs["transA"] == 1  # 1 - B's own flag
+    assert attrs["transB"] == (0 if case == "fused" else 1)  # 1 - A's own flag
+    assert attrs["alpha"] == (0.5 if case == "fused" else 1.0)
+    assert out is not None and out.strides[-1] == 1 and out.strides[-2] == out.shape[-1]
