@@ -8,7 +8,11 @@ Not folded: ops outside the op table (Random*, custom domains: maybe nondetermin
 nodes with subgraphs, outputs over MAX_FOLD_ELEMENTS, outputs that grow past their inputs
 (Expand/ConstantOfShape/Tile of a small constant: a broadcast is cheaper to compute than to
 load; library ops such as MatMul may grow, since left in they cost a library call per run and
-block folding what follows, e.g. the cos/sin tables of rotary embeddings), and nodes whose reference fails or disagrees with the inferred dtype/shape (the node
+block folding what follows, e.g. the cos/sin tables of rotary embeddings; so may the Gathers,
+whose every element is an index load, a bounds check and a scattered read per run: LeViT's
+attention biases, a [4, 196] table gathered by constant [196, 196] indices into a 600 KB
+addend of each softmax, made those softmax kernels 6x onnxruntime's, which folds them),
+and nodes whose reference fails or disagrees with the inferred dtype/shape (the node
 stays and the backend computes it).
 Folded outputs keep their Value and name, so a graph output that folds stays in the output
 list, now as an initializer.
@@ -26,6 +30,7 @@ from autoclust.passes.edits import detach, set_constant
 MAX_FOLD_ELEMENTS = 1 << 20
 # Outputs up to this size fold even when larger than their inputs (shape tensors, masks).
 SMALL_ELEMENTS = 1024
+GATHERS = frozenset({"Gather", "GatherElements", "GatherND"})  # may grow (module docstring)
 
 
 def _inputs_of(graph: Graph, node: Node, opdef: ops.OpDef, known: dict[str, np.ndarray]
@@ -70,7 +75,7 @@ def evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray] | None = Non
     if arrays is None:
         return None
     input_size = 0 if opdef.shape_of else sum(int(a.size) for a in arrays if a is not None)
-    may_grow = opdef.kind == ops.LIBRARY
+    may_grow = opdef.kind == ops.LIBRARY or (node.op in GATHERS and node.domain in ("", "ai.onnx"))
     for v in node.outputs:
         if v.shape is not None and symbolic.has_syms(v.shape):
             return None  # its size depends on symbolic dims: computed at run time

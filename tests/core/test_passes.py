@@ -299,11 +299,16 @@ def test_fold_size_limits():
     wide = g.add_initializer("wide", np.array([4096], np.int64))
     g.make_node("Expand", [scalar, wide])  # grows 1 -> 4096: cheaper to compute than load
     g.make_node("Shape", [x])  # x is not constant, but its shape is
+    table = g.add_initializer("table", np.arange(8, dtype=np.float32).reshape(2, 4))
+    idx = g.add_initializer("idx", np.arange(2048, dtype=np.int64).reshape(64, 32) % 4)
+    g.make_node("Gather", [table, idx], attrs={"axis": 1})  # grows 2056 -> 4096: folds
     g.outputs = [n.outputs[0] for n in g.nodes]
     g = fold_constants(_typed(g))
     assert _ops(g) == ["ConstantOfShape", "Expand"]
     np.testing.assert_array_equal(g.initializers[g.outputs[1].name], np.zeros((2, 3), np.float32))
     np.testing.assert_array_equal(g.initializers[g.outputs[3].name], [4])
+    np.testing.assert_array_equal(g.initializers[g.outputs[4].name],
+                                  np.arange(8, dtype=np.float32).reshape(2, 4)[:, np.arange(2048).reshape(64, 32) % 4])
     g.verify()
 
 
