@@ -28,6 +28,8 @@ Rule = Callable[[Graph, Node], Result]
 
 # View ops (OpDef.view): the output is the input's elements in the same order.
 VIEWS = tuple(d.op for d in ops.all_ops() if d.view and not d.domain)
+# Elementwise ops (one of one input moves before a transpose: _unary_before_transpose).
+UNARY = tuple(d.op for d in ops.all_ops() if d.kind == ops.ELEMENTWISE and not d.domain)
 
 
 def _is(graph: Graph, v: Value | None, c: float) -> bool:
@@ -216,6 +218,29 @@ def _scale_past_layout(graph: Graph, n: Node) -> Result:
     return (scaled.op, [moved if v is x else v for v in scaled.inputs], dict(scaled.attrs))
 
 
+def _unary_before_transpose(graph: Graph, n: Node) -> Result:
+    """U(Transpose(x)) -> Transpose(U(x)) for a one-input elementwise U read as a MatMul
+    operand, the Transpose (read only by U) swapping the last two dims. SegFormer's
+    Mix-FFN applies its GELU after the depthwise Conv's NCHW result is transposed back to
+    tokens, so a kernel computed the GELU while transposing ([3136, 128]: 0.36 ms); in the
+    Conv's own order it runs contiguous and the transpose becomes the GEMM's transA
+    (_matmul_of_transpose). Exact: the same function of each element either way."""
+    opdef = ops.get(n.op, n.domain)
+    t = n.inputs[0] if len(n.inputs) == 1 else None
+    swap = _made_by(t, "Transpose")
+    x = _last_two_swapped(swap)
+    out = n.outputs[0] if len(n.outputs) == 1 else None
+    if opdef is None or opdef.kind != ops.ELEMENTWISE or t is None or swap is None or \
+            x is None or out is None or len(t.uses) != 1 or t in graph.outputs or len(out.uses) != 1 or \
+            (out.uses[0][0].op, out.uses[0][0].domain) not in \
+            (("MatMul", ""), ("FusedMatMul", "com.microsoft")) or out.uses[0][1] > 1:
+        return None
+    early = Value(graph.unique_name(f"{out.name}_early"), out.dtype, x.shape)
+    graph.add_node(Node(n.op, [x], [early], dict(n.attrs),
+                        graph.unique_name(f"{n.name}_early"), n.domain), graph.nodes.index(n))
+    return ("Transpose", [early], dict(swap.attrs))
+
+
 def _neg_neg(graph: Graph, n: Node) -> Result:
     inner = _made_by(n.inputs[0], "Neg")
     return None if inner is None else inner.inputs[0]
@@ -243,6 +268,7 @@ RULES: list[tuple[str, Rule]] = [
     ("CastLike", _forward(0)),  # CastLike(x: T, y: T) -> x
     ("Dropout", _dropout),  # Dropout(x) -> x (inference)
     ("Neg", _neg_neg),  # -(-x) -> x
+    *[(op, _unary_before_transpose) for op in UNARY],  # U(Transpose(x)) -> Transpose(U(x))
     ("MatMul", _matmul_of_transpose),  # MatMul(a, Transpose(b)) -> FusedMatMul(a, b, transB)
     ("Mul", _scaled_matmul),  # MatMul(a, b) * c -> FusedMatMul(a, b, alpha=c)
     ("MatMul", _matmul_of_scaled),  # MatMul(a * c, b) -> FusedMatMul(a, b, alpha=c)

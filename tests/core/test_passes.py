@@ -283,6 +283,29 @@ def test_fixed_point():
     assert str(optimize(opt, FLAGS)) == str(opt)
 
 
+@pytest.mark.parametrize("case", ["to_matmul", "transpose_read_twice", "not_to_matmul"])
+def test_unary_op_moves_before_the_layout_ops_feeding_a_matmul(case):
+    """Sigmoid(Transpose(Reshape(x))) @ w -> FusedMatMul(Sigmoid(Reshape(x)), w, transA):
+    the elementwise op runs in x's own order and the transpose becomes the GEMM's flag
+    (simplify._unary_before_transpose); nothing moves when the transposed value has another
+    reader or the result does not reach a MatMul. Same outputs to the bit either way."""
+    outputs, tail = {
+        "to_matmul": ("float[2,6,6] y", "y = MatMul(s, w)"),
+        "transpose_read_twice": ("float[2,6,6] y, float[2,6,4] t", "y = MatMul(s, w)"),
+        "not_to_matmul": ("float[2,6,4] y", "y = Relu(s)")}[case]
+    model = _model("float[2,4,3,2] x, float[4,6] w", outputs, f"""
+        shape = Constant<value = int64[3] {{2, 4, 6}}>()
+        r = Reshape(x, shape)
+        t = Transpose<perm = [0, 2, 1]>(r)
+        s = Sigmoid(t)
+        {tail}""")
+    _spec, opt = _check(model, [(2, 4, 3, 2), (4, 6)])
+    sigmoid = next(n for n in opt.nodes if n.op == "Sigmoid")
+    assert (sigmoid.inputs[0].shape != (2, 6, 4)) == (case == "to_matmul")  # x's order
+    if case == "to_matmul":
+        assert _ops(opt) == ["FusedMatMul", "Reshape", "Sigmoid"]
+
+
 def _typed(graph: Graph) -> Graph:
     """Give every node output its inferred type (what specialize does), for IR-built graphs."""
     return specialize(graph, [(v.dtype, v.shape) for v in graph.inputs], {})

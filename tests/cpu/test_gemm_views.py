@@ -335,6 +335,9 @@ def _transposed_result(case: str) -> tuple[onnx.ModelProto, dict]:
         x_shape, inits, y_shape = [1, 3, 24, 16], [numpy_helper.from_array(
             RNG.standard_normal((1, 3, 16, 40)).astype(np.float32), "w")], [1, 3, 40, 24]
         nodes = [n("MatMul", ["x", "w"], ["y0"]), n("Transpose", ["y0"], ["y"], perm=[0, 1, 3, 2])]
+    elif case == "symbolic":  # [1, S, 32] @ [32, 96] -> [1, 96, S], S a symbolic dim
+        x_shape, inits, y_shape = [1, "S", 32], [w], [1, 96, "S"]
+        nodes = [n("MatMul", ["x", "w"], ["y0"]), n("Transpose", ["y0"], ["y"], perm=[0, 2, 1])]
     elif case == "fused":  # FusedMatMul's own flags and alpha carry over
         x_shape, inits, y_shape = [1, 32, 300], [w], [1, 96, 300]
         nodes = [n("FusedMatMul", ["x", "w"], ["y0"], domain="com.microsoft", transA=1,
@@ -349,18 +352,21 @@ def _transposed_result(case: str) -> tuple[onnx.ModelProto, dict]:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 10
-    return model, {"x": RNG.standard_normal(x_shape).astype(np.float32)}
+    concrete = [37 if d == "S" else d for d in x_shape]
+    return model, {"x": RNG.standard_normal(concrete).astype(np.float32)}
 
 
-@pytest.mark.parametrize("case", ["nchw", "heads", "fused", "vector"])
+@pytest.mark.parametrize("case", ["nchw", "heads", "symbolic", "fused", "vector"])
 def test_a_result_written_transposed_is_computed_transposed(case):
     """C^T = op(B)^T @ op(A)^T: the call's result lands in C order, where the libraries
     write it, instead of a dense stand-in and a transposing copy (kernel/views.py
-    transposed_result); onnxruntime's outputs either way."""
+    transposed_result); onnxruntime's outputs either way (a symbolic dim at two sizes)."""
     model, feeds = _transposed_result(case)
     sess = autoclust.InferenceSession(model, must_compile=True, min_cluster_size=1)
-    np.testing.assert_allclose(sess.run(None, feeds)[0], _ort(model, feeds)[0], rtol=2e-5,
-                               atol=2e-4)
+    more = [feeds, {"x": RNG.standard_normal((1, 300, 32)).astype(np.float32)}]
+    for f in more if case == "symbolic" else more[:1]:
+        np.testing.assert_allclose(sess.run(None, f)[0], _ort(model, f)[0], rtol=2e-5,
+                                   atol=2e-4)
     [call] = [c for c in _calls(sess) if c.op in ("MatMul", "FusedMatMul")]
     out = call.view(len(call.inputs))
     if case == "vector":
