@@ -301,7 +301,10 @@ def profile(path: str, feeds: dict[str, np.ndarray], threads: int = 2, rounds: i
     with tempfile.TemporaryDirectory() as tmp:
         prof_ort = timing.ort_session(path, threads, os.path.join(tmp, "ort"))
         whole = rec.wrap("session", lambda: sess.run(None, feeds))
-        profiled = timing.alternate({"ort_profiled": lambda: prof_ort.run(None, feeds),
+        # onnxruntime's plain runs again, in the rounds its profiled runs and our
+        # instrumented ones take: the floor's two terms come from the same moments
+        profiled = timing.alternate({"ort": lambda: plain_ort.run(None, feeds),
+                                     "ort_profiled": lambda: prof_ort.run(None, feeds),
                                      "autoclust_instrumented": whole}, rounds, block)
         ort_prof = ort_profile(prof_ort.end_profiling())
     for row in steps + thunks:
@@ -315,7 +318,7 @@ def profile(path: str, feeds: dict[str, np.ndarray], threads: int = 2, rounds: i
             "autoclust_instrumented_ms": timing.median_ms(profiled["autoclust_instrumented"]),
             "runtime_us": rec.median_us("session"), "steps": steps, "thunks": thunks,
             "ort": ort_prof, "categories": cats,
-            "floor": floor(timing.median_ms(plain["autoclust"]), timing.median_ms(plain["ort"]),
+            "floor": floor(rec.median_us("session") / 1e3, timing.median_ms(profiled["ort"]),
                            cats),
             "load": timing.load_note()}
 
@@ -323,13 +326,17 @@ def profile(path: str, feeds: dict[str, np.ndarray], threads: int = 2, rounds: i
 def floor(autoclust_ms: float, ort_ms: float, cats: dict[str, tuple[float, float]]
           ) -> dict[str, dict[str, float]]:
     """Per side: GEMM ms (GEMMs and convolutions, from the instrumented runs; ours counts
-    those inside onnxruntime segments too, see `_split_segments`), the rest of the plain
-    run, and the floor ratio (plain run / GEMM time; 1.0 is the limit of a GEMM-bound
+    those inside onnxruntime segments too, see `_split_segments`), the rest of the run,
+    and the floor ratio (run / GEMM time; 1.0 is the limit of a GEMM-bound
     model; NaN where the side's GEMMs are not visible: a pass-through session).
 
-    The whole-run times are the uninstrumented medians: onnxruntime's profiler slows its
-    own runs (a 19.1 ms run reads 22.3 ms profiled), so only the GEMM shares come from the
-    instrumented runs, where each GEMM kernel's own time is what the profiler reports.
+    The whole-run times come from the runs the GEMM times come from (`profile`): ours
+    is the instrumented run itself, every one the thunks' medians count, the untimed first
+    run of each block included (its timers, ~1 us a call, count as rest); onnxruntime's
+    its plain runs between its profiled ones, since its profiler slows its own runs (a
+    19.1 ms run reads 22.3 ms profiled) while each GEMM kernel's own time is what the
+    profiler reports. Taken from separate rounds, the two terms read LLaMA-like's floor
+    ratio 1.11 and 0.66 in two processes on a host whose speed moved between rounds.
     """
     out = {}
     for side, whole, k in (("autoclust", autoclust_ms, 0), ("onnxruntime", ort_ms, 1)):
@@ -343,7 +350,7 @@ def floor(autoclust_ms: float, ort_ms: float, cats: dict[str, tuple[float, float
 def floor_table(fl: dict[str, dict[str, float]]) -> str:
     """The floor report as a Markdown table."""
     return timing.table(
-        ["side", "run ms (plain)", "GEMM+Conv ms (instrumented)", "rest ms", "floor ratio"],
+        ["side", "run ms", "GEMM+Conv ms (instrumented)", "rest ms", "floor ratio"],
         [[side, f"{f['run_ms']:.3f}", f"{f['gemm_ms']:.3f}", f"{f['rest_ms']:.3f}",
           f"{f['floor_ratio']:.2f}"] for side, f in fl.items()])
 
@@ -471,12 +478,13 @@ def markdown(p: dict[str, Any], top: int = 25) -> str:
                    "the compiled plan):\n")
         out += [f"- {d['cluster']}: {d['winner']} ({d['reason']})" for d in p["placement"]]
         out.append("")
-    out.append("### GEMM floor (floor ratio = plain run / GEMM time)\n")
+    out.append("### GEMM floor (floor ratio = run / GEMM time)\n")
     out.append(floor_table(p["floor"]))
     out.append("GEMM+Conv ms: the GEMM and convolution kernels' own time in the instrumented "
                "runs (onnxruntime's profiler, our timers; our onnxruntime segments' share by "
-               "onnxruntime's profile); run ms: the plain, uninstrumented median, since "
-               "onnxruntime's profiler slows its own runs.\n")
+               "onnxruntime's profile); run ms, from the same rounds: autoclust's "
+               "instrumented run (the compiled plan), onnxruntime's plain runs between its "
+               "profiled ones, since its profiler slows its own runs.\n")
     rows = [[c, f"{a:.1f}", _pct(a, run_us), f"{b:.1f}", _pct(b, ort_us), f"{a - b:+.1f}"]
             for c, (a, b) in p["categories"].items()]
     rows.append(["total (one run)", f"{run_us:.1f}", "", f"{ort_us:.1f}", "",
