@@ -480,11 +480,10 @@ def markdown(p: dict[str, Any], top: int = 25) -> str:
         out.append("")
     out.append("### GEMM floor (floor ratio = run / GEMM time)\n")
     out.append(floor_table(p["floor"]))
-    out.append("GEMM+Conv ms: the GEMM and convolution kernels' own time in the instrumented "
-               "runs (onnxruntime's profiler, our timers; our onnxruntime segments' share by "
-               "onnxruntime's profile); run ms, from the same rounds: autoclust's "
-               "instrumented run (the compiled plan), onnxruntime's plain runs between its "
-               "profiled ones, since its profiler slows its own runs.\n")
+    out.append("GEMM+Conv ms: the GEMM and Conv kernels' own time in the instrumented runs "
+               "(onnxruntime's profiler, our timers; our onnxruntime segments' share by its "
+               "profile); run ms, from the same rounds: our instrumented run (the compiled "
+               "plan), onnxruntime's plain runs between its profiled ones.\n")
     rows = [[c, f"{a:.1f}", _pct(a, run_us), f"{b:.1f}", _pct(b, ort_us), f"{a - b:+.1f}"]
             for c, (a, b) in p["categories"].items()]
     rows.append(["total (one run)", f"{run_us:.1f}", "", f"{ort_us:.1f}", "",
