@@ -30,6 +30,7 @@ Rule = Callable[[Graph, Node], Result]
 VIEWS = tuple(d.op for d in ops.all_ops() if d.view and not d.domain)
 # Elementwise ops (one of one input moves before a transpose: _unary_before_transpose).
 UNARY = tuple(d.op for d in ops.all_ops() if d.kind == ops.ELEMENTWISE and not d.domain)
+MATMULS = (("MatMul", ""), ("FusedMatMul", "com.microsoft"))  # (op, domain)
 
 
 def _is(graph: Graph, v: Value | None, c: float) -> bool:
@@ -133,7 +134,7 @@ def _scaled_matmul(graph: Graph, n: Node) -> Result:
         p = None if mm is None else mm.producer
         value = graph.constant_value(c)
         if (mm is None or p is None
-                or (p.op, p.domain) not in (("MatMul", ""), ("FusedMatMul", "com.microsoft"))
+                or (p.op, p.domain) not in MATMULS
                 or len(mm.uses) != 1 or mm in graph.outputs or value is None
                 or value.size != 1 or mm.dtype != np.float32 or value.dtype != np.float32
                 or p.attrs.get("alpha", 1.0) != 1.0):
@@ -187,13 +188,15 @@ def _matmul_of_scaled(graph: Graph, n: Node) -> Result:
     return ("FusedMatMul", inputs, attrs, "com.microsoft")
 
 
-def _feeds_matmul(v: Value) -> bool:
-    """v reaches a MatMul operand through single-use views and transposes only."""
+def _feeds_matmul(v: Value, direct: bool = False) -> bool:
+    """v reaches a MatMul operand through single-use views and transposes only (`direct`:
+    v is that operand)."""
     while len(v.uses) == 1 and v.uses[0][1] >= 0:
         user, slot = v.uses[0]
-        if (user.op, user.domain) in (("MatMul", ""), ("FusedMatMul", "com.microsoft")):
+        if (user.op, user.domain) in MATMULS:
             return slot < 2
-        if user.domain or (user.op not in VIEWS and user.op != "Transpose") or slot != 0:
+        if direct or user.domain or (user.op not in VIEWS and user.op != "Transpose") or \
+                slot != 0:
             return False
         v = user.outputs[0]
     return False
@@ -231,9 +234,8 @@ def _unary_before_transpose(graph: Graph, n: Node) -> Result:
     x = _last_two_swapped(swap)
     out = n.outputs[0] if len(n.outputs) == 1 else None
     if opdef is None or opdef.kind != ops.ELEMENTWISE or t is None or swap is None or \
-            x is None or out is None or len(t.uses) != 1 or t in graph.outputs or len(out.uses) != 1 or \
-            (out.uses[0][0].op, out.uses[0][0].domain) not in \
-            (("MatMul", ""), ("FusedMatMul", "com.microsoft")) or out.uses[0][1] > 1:
+            x is None or out is None or len(t.uses) != 1 or t in graph.outputs or \
+            not _feeds_matmul(out, direct=True):
         return None
     early = Value(graph.unique_name(f"{out.name}_early"), out.dtype, x.shape)
     graph.add_node(Node(n.op, [x], [early], dict(n.attrs),

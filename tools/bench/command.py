@@ -61,8 +61,6 @@ def _build(case: str) -> tuple[Any, dict[str, np.ndarray]]:
     return model, zoo.feeds(model, dims=dims or None)
 
 
-
-
 def run_case(case: str, repeat: int, threads: int, flags: str) -> dict[str, Any]:
     """Time one case in this process; returns a result row."""
     from autoclust.tools.bench import timing
