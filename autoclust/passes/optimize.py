@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from autoclust.errors import CompileError, FlagError
 from autoclust.ir import Graph
+from autoclust.passes.batchnorm import fold_batchnorm
 from autoclust.passes.cse import cse
 from autoclust.passes.dce import dce
 from autoclust.passes.edits import copy_graph
@@ -21,6 +22,7 @@ if TYPE_CHECKING:  # flags.py reads PASSES to check --disable_passes
 
 PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
     ("fold_constants", fold_constants),
+    ("fold_batchnorm", fold_batchnorm),  # BatchNormalization after a GEMM: into its weights
     ("simplify", simplify),
     ("cse", cse),
     ("patchify", patchify),  # a Conv tiling its input: a MatMul over its patches

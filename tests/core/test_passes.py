@@ -1,4 +1,4 @@
-"""The cluster optimizer: specialize, fold_constants, simplify, cse, dce and compile.py.
+"""The cluster optimizer: specialize, fold_constants, fold_batchnorm, simplify, cse, dce and compile.py.
 
 Each rewrite is checked twice: by the ops left in the graph (so a rule that stops firing, or
 fires where it must not, fails) and by the numbers: the optimized graph must give exactly
@@ -227,7 +227,7 @@ def test_disable_passes():
     assert _ops(opt) == ["Mul"]
     _, opt = _check(model, [(3, 4)], FLAGS.replace(disable_passes="fold_constants,cse,dce"))
     assert _ops(opt) == []
-    with pytest.raises(FlagError, match="fold_constants, simplify, cse, patchify, siblings, dce, fuse_attention"):
+    with pytest.raises(FlagError, match="fold_constants, fold_batchnorm, simplify, cse, patchify, siblings, dce, fuse_attention"):
         optimize(import_model(model), FLAGS.replace(disable_passes="simplfy"))
 
 

@@ -149,7 +149,7 @@ def run_hooked(tmp_path, code, env_flags, expect_rc=0):
     ("--bogus", "unknown flag --bogus"),
     ("--auto_jit=2 --ops_to_cluster=ELEMENTWISE,Gelluu", "unknown op or group 'Gelluu'"),
     ("--cluster_exclude_ops=NOT_A_GROUP", "groups: CONV_EPILOGUE, DATA_DEPENDENT, ELEMENTWISE"),
-    ("--disable_passes=cse,folding", "passes: fold_constants, simplify, cse, patchify, siblings, dce, fuse_attention"),
+    ("--disable_passes=cse,folding", "passes: fold_constants, fold_batchnorm, simplify, cse, patchify, siblings, dce, fuse_attention"),
 ])
 def test_bad_flags_raise_flag_error_at_session_creation(tmp_path, env_flags, fragment):
     proc = run_hooked(tmp_path, """

@@ -492,7 +492,7 @@ def test_log_says_once_that_autoclust_is_active(capsys):
     ("ops_to_cluster", "ELEMENTWISE,Rellu", "unknown op or group 'Rellu' (did you mean 'Relu'?)"),
     ("cluster_exclude_ops", "REDUCE",
      "groups: CONV_EPILOGUE, DATA_DEPENDENT, ELEMENTWISE, FUSIBLE, GEMM, LAYOUT"),
-    ("disable_passes", "cse,dce,fold", "unknown pass 'fold'; passes: fold_constants, simplify"),
+    ("disable_passes", "cse,dce,fold", "unknown pass 'fold'; passes: fold_constants, fold_batchnorm, simplify"),
 ])
 def test_unknown_op_group_and_pass_names_are_flag_errors(flag, value, fragment):
     with pytest.raises(FlagError) as info:
