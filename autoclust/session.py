@@ -222,6 +222,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         self._output_set = frozenset(self._output_names)
         self._ort = None
         self._ort_rebuilt = False  # once, without buffer reuse (_drop_buffer_reuse)
+        self._ort_disabled: list[str] = []  # see _drop_failed_optimizers
         self._ort_lock = threading.Lock()
         self._ort_values = False  # the pass-through session needs OrtValues (bfloat16, ...)
         self._runtime = None
@@ -264,7 +265,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                     source = bytes(source)
                 self._ort = ort_backend.create_session(
                     source, options or self._sess_options, self._providers,
-                    self._provider_options, parsed=self._model)
+                    self._provider_options, parsed=self._model, disable=self._ort_disabled)
         return self._ort
 
     @property
@@ -382,7 +383,9 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
                 return outs
             return self._run(output_names, input_feed, run_options, output_device)
         except ort_backend.Fail as exc:
-            if ort_backend.PLANNER_FAILURE not in str(exc) or not self._drop_buffer_reuse(exc):
+            if not self._drop_failed_optimizers(exc) and (
+                    ort_backend.PLANNER_FAILURE not in str(exc) or
+                    not self._drop_buffer_reuse(exc)):
                 raise
             return self.run(output_names, input_feed, run_options, output_device)
         except InvalidInputError as exc:  # from compiled checks too (an index out of range,
@@ -418,6 +421,23 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         env = self._runtime.run(feeds, run_options)
         outs = [env[n] for n in names]
         return outs if to_device is None else [to_device(o) for o in outs]
+
+    def _drop_failed_optimizers(self, exc: BaseException) -> bool:
+        """A run of the whole-model session without a plan failed in a node an onnxruntime
+        optimizer inserted (ort_backend.INSERTED_BY; MatMulAddFusion's Reshape of a zero-size
+        A, where plain onnxruntime fails too): the session is made again without it, warning
+        once. Segments do the same themselves (Segment.run_feeds)."""
+        guilty = ort_backend.failed_optimizers(exc, self._ort_disabled)
+        if self._runtime is not None or not guilty:
+            return False
+        self._ort_disabled += guilty
+        ort_backend.warn_optimizer_failure(exc, "the whole model", guilty, stacklevel=4)
+        with self._ort_lock:
+            self._ort = None
+        self._full_session()
+        if self._ort_run is not None:
+            self._ort_run = ort_backend.direct_run(self._ort)
+        return True
 
     def _drop_buffer_reuse(self, exc: BaseException) -> bool:
         """onnxruntime's memory planner failed in a session run() calls itself (PLANNER_FAILURE):

@@ -371,7 +371,7 @@ class _ViewCache:
         hit = self._last.get(slot)
         if hit is not None and hit[0] is x:
             return hit[1]
-        view = x.reshape(-1, x.shape[-1])
+        view = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # -1 is ambiguous when a dim is 0
         self._last[slot] = (x, view)
         return view
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,15 +72,17 @@ def without_buffer_reuse(user: ort.SessionOptions | None, sub_session: bool = Tr
 def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOptions | None,
                    providers: Any = None, provider_options: Any = None,
                    external: dict[str, np.ndarray] | None = None,
-                   parsed: onnx.ModelProto | None = None) -> Any:
+                   parsed: onnx.ModelProto | None = None, disable: Sequence[str] = ()) -> Any:
     """An onnxruntime InferenceSession; load failures become ModelLoadError.
 
     `external`: arrays for the initializers the model holds as stubs (export_model's and
     the importer's), handed over as OrtValues without a copy (the session keeps them);
     they are added to `options`, which must be the caller's own. `parsed`: the model as a
-    ModelProto when `model` is its file or bytes (see broken_optimizers)."""
+    ModelProto when `model` is its file or bytes (see broken_optimizers). `disable`: more
+    graph optimizers to turn off (one whose node failed a run: Segment.run_feeds)."""
     proto = model if isinstance(model, onnx.ModelProto) else parsed
-    disabled = broken_optimizers(proto) if proto is not None else []
+    found = broken_optimizers(proto) if proto is not None else []
+    disabled = list(dict.fromkeys(found + list(disable)))
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     if providers is None:
@@ -116,8 +118,10 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
 # shape inference where onnxruntime knows K = 0 ("Node (gemm_input_reshape) Op (Reshape)
 # [ShapeInferenceError] Invalid position of 0", fuzz 100/794: a Split's empty output @
 # [0, 2] + b; plain onnxruntime cannot load the model either, and without the fusion it
-# answers b). Known only once onnxruntime has inferred the shapes, hence no check ahead.
-INSERTED_BY = {"gemm_input_reshape": "MatMulAddFusion"}
+# answers b). Its Reshape of the Gemm's result back to A's rank fails the same way when
+# N = 0 ("gemm_output_reshape", fuzz 165/2033: [1, 1, 1, 1] @ [1, 0] + [0]). Known only
+# once onnxruntime has inferred the shapes, hence no check ahead.
+INSERTED_BY = {"gemm_input_reshape": "MatMulAddFusion", "gemm_output_reshape": "MatMulAddFusion"}
 
 
 def broken_optimizers(model: onnx.ModelProto) -> list[str]:
@@ -339,6 +343,7 @@ class Segment:
         # what a rebuild without buffer reuse takes (_without_buffer_reuse): the model's
         # weights are external arrays the graph holds anyway, so this keeps a small proto
         self._source = (model, options, providers, provider_options, external)
+        self._disabled: list[str] = []  # optimizers a failed run turned off (_rebuilt)
         if external:  # a copy (add_external_initializers mutates it), spinning off
             options = sub_session_options(options)
         self.session = create_session(model, options, providers, provider_options, external)
@@ -369,10 +374,27 @@ class Segment:
                 return values.run(self.session, self.output_names, feeds, run_options)
             return self._run(self.output_names, feeds, run_options)
         except Fail as exc:
-            if PLANNER_FAILURE not in str(exc) or self._source is None:
+            guilty = failed_optimizers(exc, self._disabled)
+            if guilty and self._source is not None:
+                self._without_optimizers(exc, guilty)
+            elif PLANNER_FAILURE not in str(exc) or self._source is None:
                 raise
-            self._without_buffer_reuse(exc)
+            else:
+                self._without_buffer_reuse(exc)
         return self.run_feeds(feeds, run_options)
+
+    def _without_optimizers(self, exc: BaseException, guilty: list[str]) -> None:
+        """Rebuild the session without the optimizers whose inserted node failed a run,
+        warning once each: MatMulAddFusion's Reshape of A to 2-D infers -1 wrongly for a
+        zero-size A ({2, 0, 4} to {2, 4}: fuzz 165/2033's kin), which plain onnxruntime
+        fails on at run time too; without the fusion the model answers."""
+        self._disabled += guilty
+        warn_optimizer_failure(exc, self.name, guilty, stacklevel=6)
+        model, options, providers, provider_options, external = self._source
+        if external:  # a fresh copy, as __init__ makes
+            options = sub_session_options(options)
+        self.session = create_session(model, options, providers, provider_options, external,
+                                      disable=self._disabled)
 
     def _without_buffer_reuse(self, exc: BaseException) -> None:
         """Rebuild the session with the memory planner's buffer reuse off, once, warning:
@@ -386,7 +408,23 @@ class Segment:
         self._source = None
         warn_planner_failure(exc, self.name, stacklevel=5)
         self.session = create_session(model, without_buffer_reuse(options), providers,
-                                      provider_options, external)
+                                      provider_options, external, disable=self._disabled)
+
+
+def failed_optimizers(exc: BaseException, disabled: Sequence[str]) -> list[str]:
+    """The graph optimizers (not in `disabled`) whose inserted node (INSERTED_BY) a run's
+    error names: "... running Reshape node. Name:'gemm_input_reshape' Status Message: ..."."""
+    return [o for node, o in INSERTED_BY.items()
+            if f"Name:'{node}'" in str(exc) and o not in disabled]
+
+
+def warn_optimizer_failure(exc: BaseException, where: str, guilty: list[str],
+                           stacklevel: int) -> None:
+    """The one warning for a session rebuilt without the optimizers a run failed in."""
+    first = str(exc).rsplit("Status Message: ", 1)[-1].split("\n")[0][-160:]
+    warnings.warn(f"autoclust: onnxruntime failed a run of {where} in a node that "
+                  f"{', '.join(guilty)} inserted ({first}); it runs without it from now on",
+                  RuntimeWarning, stacklevel=stacklevel)
 
 
 def warn_planner_failure(exc: BaseException, where: str, stacklevel: int) -> None:
