@@ -434,7 +434,8 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         ort_backend.warn_optimizer_failure(exc, "the whole model", guilty, stacklevel=4)
         with self._ort_lock:
             self._ort = None
-        self._full_session()
+        self._full_session(ort_backend.without_buffer_reuse(self._sess_options, sub_session=False)
+                           if self._ort_rebuilt else None)  # keeps _drop_buffer_reuse's change
         if self._ort_run is not None:
             self._ort_run = ort_backend.direct_run(self._ort)
         return True

@@ -343,7 +343,7 @@ class Segment:
         # what a rebuild without buffer reuse takes (_without_buffer_reuse): the model's
         # weights are external arrays the graph holds anyway, so this keeps a small proto
         self._source = (model, options, providers, provider_options, external)
-        self._disabled: list[str] = []  # optimizers a failed run turned off (_rebuilt)
+        self._disabled: list[str] = []  # optimizers a failed run turned off (_without_optimizers)
         if external:  # a copy (add_external_initializers mutates it), spinning off
             options = sub_session_options(options)
         self.session = create_session(model, options, providers, provider_options, external)
