@@ -432,13 +432,18 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
             return False
         self._ort_disabled += guilty
         ort_backend.warn_optimizer_failure(exc, "the whole model", guilty, stacklevel=4)
+        self._rebuild_full_session()
+        return True
+
+    def _rebuild_full_session(self) -> None:
+        """Make the pass-through session again with what the drops above decided (buffer
+        reuse off once _ort_rebuilt; _ort_disabled's optimizers off), and its run entry."""
         with self._ort_lock:
             self._ort = None
         self._full_session(ort_backend.without_buffer_reuse(self._sess_options, sub_session=False)
-                           if self._ort_rebuilt else None)  # keeps _drop_buffer_reuse's change
+                           if self._ort_rebuilt else None)
         if self._ort_run is not None:
             self._ort_run = ort_backend.direct_run(self._ort)
-        return True
 
     def _drop_buffer_reuse(self, exc: BaseException) -> bool:
         """onnxruntime's memory planner failed in a session run() calls itself (PLANNER_FAILURE):
@@ -449,10 +454,7 @@ class InferenceSession(ort_backend.ORIGINAL_SESSION):
         if self._runtime is None and not self._ort_rebuilt:
             self._ort_rebuilt = True
             ort_backend.warn_planner_failure(exc, "the whole model", stacklevel=4)
-            self._full_session(ort_backend.without_buffer_reuse(self._sess_options,
-                                                                sub_session=False))
-            if self._ort_run is not None:
-                self._ort_run = ort_backend.direct_run(self._ort)
+            self._rebuild_full_session()
             return True
         if self._direct:
             self._direct.clear()

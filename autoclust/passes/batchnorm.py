@@ -21,9 +21,9 @@ parameters are constants of its input's float dtype, and s and t are finite; its
 [M, C] (channel axis 1) and is the MatMul's result or a Reshape of it whose last dim is C
 (row-major, so column c of the Reshape is column c of the result); the MatMul's B is a
 constant [K, C] of the same dtype with finite scaled weights, and the MatMul's result, the
-Reshape's and the BatchNormalization's input are read by nothing else. Scaled weights are cached by the identity of the
-arrays they come from (siblings.derived), so a new signature shares them and the
-library's prepacked copy.
+Reshape's and the BatchNormalization's input are read by nothing else. Scaled weights are
+cached by the identity of the arrays they come from and eps (siblings.derived), so a new
+signature shares them and the library's prepacked copy.
 """
 
 from __future__ import annotations
@@ -62,27 +62,31 @@ def _gemm_before(graph: Graph, f: Value, channels: int) -> tuple[Node, np.ndarra
     return node, w
 
 
-def _affine(graph: Graph, bn: Node) -> tuple[Value, int, np.ndarray, np.ndarray] | None:
-    """(input, channels, s, t) of an inference BatchNormalization over [M, C] (see the
-    module docstring), or None."""
+def _affine(graph: Graph, bn: Node
+            ) -> tuple[Value, np.ndarray, np.ndarray, list[np.ndarray], float] | None:
+    """(input, s, t, the four parameters, eps) of an inference BatchNormalization over
+    [M, C] that alone reads its input (see the module docstring), or None."""
     if int(bn.attrs.get("training_mode", 0)) or len(bn.inputs) != 5 or \
             any(v.uses or v in graph.outputs for v in bn.outputs[1:]):
         return None
     f = bn.inputs[0]
-    params = [graph.constant_value(v) for v in bn.inputs[1:]]
     if f is None or f.dtype is None or f.dtype.name not in FLOAT_DTYPES or \
-            f.shape is None or len(f.shape) != 2 or not isinstance(f.shape[1], int):
+            f.shape is None or len(f.shape) != 2 or not isinstance(f.shape[1], int) or \
+            _only_reader(f, graph) is not bn:
         return None
-    channels = f.shape[1]
-    if any(p is None or p.shape != (channels,) or p.dtype != f.dtype for p in params):
+    found = [graph.constant_value(v) for v in bn.inputs[1:]]
+    params = [p for p in found if p is not None and p.shape == (f.shape[1],) and
+              p.dtype == f.dtype]
+    if len(params) != 4:
         return None
-    g, b, m, v = (p.astype(np.float64) for p in params)  # type: ignore[union-attr]
+    eps = float(bn.attrs.get("epsilon", 1e-5))
+    g, b, m, v = (p.astype(np.float64) for p in params)
     with np.errstate(all="ignore"):
-        s = g / np.sqrt(v + float(bn.attrs.get("epsilon", 1e-5)))
+        s = g / np.sqrt(v + eps)
         t = b - m * s
     if not (np.isfinite(s).all() and np.isfinite(t).all()):
         return None
-    return f, channels, s, t.astype(f.dtype)
+    return f, s, t.astype(f.dtype), params, eps
 
 
 def _scaled_columns(w: np.ndarray, s: np.ndarray, key: tuple, sources: list[np.ndarray]
@@ -101,15 +105,14 @@ def fold_batchnorm(graph: Graph) -> Graph:
         if bn.op != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
             continue
         affine = _affine(graph, bn)
-        found = None if affine is None or _only_reader(affine[0], graph) is not bn else \
-            _gemm_before(graph, affine[0], affine[1])
-        if affine is None or found is None:
+        if affine is None:
             continue
-        f, _, s, t = affine
+        f, s, t, params, eps = affine
+        found = _gemm_before(graph, f, len(s))  # s: one scale per channel
+        if found is None:
+            continue
         matmul, w = found
-        sources = [w] + [graph.constant_value(v) for v in bn.inputs[1:]]
-        key = ("bn_scaled", float(bn.attrs.get("epsilon", 1e-5)))
-        scaled = _scaled_columns(w, s, key, sources)  # type: ignore[arg-type]
+        scaled = _scaled_columns(w, s, ("bn_scaled", eps), [w] + params)
         if scaled is None:
             continue
         replace_node(graph, matmul, "MatMul",

@@ -101,8 +101,7 @@ def create_session(model: onnx.ModelProto | bytes | str, options: ort.SessionOpt
                                        **({"disabled_optimizers": disabled} if disabled else {}))
             break
         except Exception as exc:  # noqa: BLE001 - onnxruntime's own Fail/InvalidGraph/...
-            guilty = [o for node, o in INSERTED_BY.items()
-                      if f"Node ({node})" in str(exc) and o not in disabled]
+            guilty = failed_optimizers(exc, disabled)
             if not guilty:
                 where = model if isinstance(model, str) else "model bytes"
                 raise load_error(f"onnxruntime could not load {where}: {exc}", exc) from None
@@ -412,10 +411,12 @@ class Segment:
 
 
 def failed_optimizers(exc: BaseException, disabled: Sequence[str]) -> list[str]:
-    """The graph optimizers (not in `disabled`) whose inserted node (INSERTED_BY) a run's
-    error names: "... running Reshape node. Name:'gemm_input_reshape' Status Message: ..."."""
-    return [o for node, o in INSERTED_BY.items()
-            if f"Name:'{node}'" in str(exc) and o not in disabled]
+    """The graph optimizers (not in `disabled`) whose inserted node (INSERTED_BY) a load
+    error ("Node (gemm_input_reshape) Op (Reshape) ...") or a run's ("... running Reshape
+    node. Name:'gemm_input_reshape' Status Message: ...") names, each once."""
+    text = str(exc)
+    return list(dict.fromkeys(o for node, o in INSERTED_BY.items() if o not in disabled and
+                              (f"Node ({node})" in text or f"Name:'{node}'" in text)))
 
 
 def warn_optimizer_failure(exc: BaseException, where: str, guilty: list[str],
