@@ -517,7 +517,10 @@ def test_exp_below_gives_the_bits_of_exp_of_the_flush_select(dtype: type, vector
     assert (want[x < c] == 0).all() and (want[(x >= c) & (x < 0)] > 0).all()
     low = ~(x > 0)  # <= 0 and NaN
     assert np.array_equal(go(f"exp_below:{c!r}:nonpositive", x[low]), want[low], equal_nan=True)
-    compares = {name: _compile(name, dtype, lanes)[1].count(" fcmp ")
+    # distinct compares (predicate, constant): the loop body's count, however many times
+    # LLVM unrolled it for this host (Rocket Lake's cost model unrolls by 2 plus an epilogue)
+    compares = {name: len(set(re.findall(r" fcmp (\w+) (?:<[^>]*>|\w+) %\S+, (.+)$",
+                                         _compile(name, dtype, lanes)[1], re.MULTILINE)))
                 for name in (f"exp_select:{c!r}", f"exp_below:{c!r}",
                              f"exp_below:{c!r}:nonpositive")}
     assert list(compares.values()) == sorted(compares.values(), reverse=True), compares
