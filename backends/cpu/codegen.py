@@ -34,7 +34,7 @@ from autoclust.backends.cpu.llvm_types import (
     constant,
     is_float,
 )
-from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, not_vectorized
+from autoclust.backends.cpu.loops import I64, entry_alloca, for_nest, not_vectorized, splat
 from llvmlite import ir
 
 from autoclust import symbolic
@@ -233,59 +233,80 @@ class KernelEmitter:
         return self._scalar_reduction(red, inner_ranges, phase)
 
     def _vector_sum_phase(self, red: kir.Reduction, inner_ranges: list, phase: int) -> bool:
-        """A float sum phase that stashes a costly value (softmax's exp(x - max)) over rows
-        of a fixed length of at least 16, stored along the row: emitted as full-width
-        vector code (_vector_sum). Left to LLVM's loop vectorizer, it took 256-bit vectors
-        interleaved four times and ran at half the speed of onnxruntime's softmax."""
+        """A float sum phase stashing a costly value along the row (softmax's exp(x - max)),
+        rows of at least 16 or of a symbolic length: full-width vector code (_vector_sum);
+        LLVM's loop vectorizer ran it at half the speed of onnxruntime's softmax."""
         stashed = [st for _, st in self._stashed(phase)]
         if red.kind != "sum" or red.dtype not in ("float32", "float64") or not stashed \
                 or red.expr.dtype != red.dtype or not inner_ranges or red.scan:
             return False
         n, last = self.inner_extents[-1], len(self.kernel.shape) - 1
-        if symbolic.is_sym(n) or n < vectorize.lanes(red.dtype):
+        if not symbolic.is_sym(n) and n < vectorize.lanes(red.dtype):
             return False
         return vectorize.supported(red.expr, last) and \
             all(same(st.index.coeffs[last], 1) for st in stashed)
 
     def _vector_sum(self, red: kir.Reduction, inner_ranges: list, phase: int) -> ir.Value:
-        """The row in chunks of v lanes into a vector accumulator (the stashed values
-        stored as vectors); lanes summed after the row. When v does not divide the row, a
-        last chunk ends at the row's end, overlapping the one before it: it stores and adds
-        only its lanes past that chunk (where the stash goes over the input, inplace.py,
-        the overlapped lanes read back stashed values: fuzz 159/2416). A scalar
-        tail (up to 15 exps a row, each as costly as a vector one) made Whisper's 750-long
-        softmax rows 1.5x onnxruntime's time."""
+        """Vector chunks (_vector_sum_chunks); a row of symbolic length takes them when it is
+        at least v long, the scalar loop otherwise, chosen per run (the loop vectorizer took
+        134 us for BERT-base's [1536, 128] of symbolic rows, the chunks 70, Intel host)."""
         b = self.b
-        n, v = self.inner_extents[-1], vectorize.lanes(red.dtype)
-        ty = COMPUTE[red.dtype]
+        n = self.inner_extents[-1]
+        if not symbolic.is_sym(n):
+            return self._vector_sum_chunks(red, inner_ranges, phase, n)
+        length, result = inner_ranges[-1][1], entry_alloca(b, COMPUTE[red.dtype], "vsumres")
+        with b.if_else(b.icmp_signed(">=", length, _i64(vectorize.lanes(red.dtype)))) \
+                as (wide, narrow):
+            with wide:
+                b.store(self._vector_sum_chunks(red, inner_ranges, phase, length), result)
+            with narrow:
+                b.store(self._scalar_reduction(red, inner_ranges, phase), result)
+        return b.load(result)
+
+    def _vector_sum_chunks(self, red: kir.Reduction, inner_ranges: list, phase: int,
+                           n: int | ir.Value) -> ir.Value:
+        """A row of n >= v elements (an int or a symbolic length's run-time value) in chunks of
+        v lanes, the stash stored as vectors, the lanes summed after the row. A last chunk
+        ends at the row's end, overlapping the one before, and keeps only its new lanes
+        (where the stash goes over the input, inplace.py, the overlap reads back stashed
+        values: fuzz 159/2416); a scalar tail made Whisper's softmax 1.5x onnxruntime's."""
+        b, v, ty = self.b, vectorize.lanes(red.dtype), COMPUTE[red.dtype]
         vx = vectorize.VectorExprs(self, v)
         acc = entry_alloca(b, ir.VectorType(ty, v), "vsum")
         zero = ir.Constant(acc.allocated_type, [-0.0] * v)  # -0.0 + x == x
         b.store(zero, acc)
+        lanes = ir.Constant(ir.VectorType(I64, v), list(range(v)))  # to mask the last chunk
 
-        def chunk(start: ir.Value, skip: int) -> None:
+        def chunk(start: ir.Value, skip: int | ir.Value) -> None:
             self.iv = self.outer + rows + [start]
             self.memo, vx.memo = {}, {}
             x = vx.value(red.expr)
             # the overlapping last chunk: only its lanes from `skip` on are new; the first
             # `skip` are summed and stashed already (and where the stash is written over
             # the input, inplace.py, this chunk read them back as stashed values)
-            mask = ir.Constant(ir.VectorType(ir.IntType(1), v), [j >= skip for j in range(v)])
+            masked = not isinstance(skip, int) or skip > 0
+            mask = b.icmp_signed(">=", lanes, splat(b, _i64(skip) if isinstance(skip, int)
+                                                    else skip, v))
             align = 4 if red.dtype == "float32" else 8  # element alignment, as vectorize's
             for sub, st in self._stashed(phase):
                 addr = self._address(st.buf, st.index, lanes=v, store=True)
                 value = vx.value(sub)
-                if skip:  # the stash's first `skip` lanes stay as the chunk before left them
+                if masked:  # the stash's first `skip` lanes stay as the chunk before left them
                     value = b.select(mask, value, b.load(addr, typ=value.type, align=align))
                 b.store(value, addr, align=align)
-            if skip:
+            if masked:
                 x = b.select(mask, x, zero)
             b.store(b.fadd(b.load(acc), x, flags=REDUCE_FLAGS), acc)
 
         with for_nest(b, inner_ranges[:-1], "vrow") as rows:
-            with for_nest(b, [(_i64(0), _i64(n // v))], "vr") as (c,):
+            full = _i64(n // v) if isinstance(n, int) else b.sdiv(n, _i64(v))
+            with for_nest(b, [(_i64(0), full)], "vr") as (c,):
                 chunk(b.mul(c, _i64(v), flags=["nsw"]), 0)
-            if n % v:
+            if not isinstance(n, int):  # the remainder known at run time
+                rem = b.srem(n, _i64(v))
+                with b.if_then(b.icmp_signed("!=", rem, _i64(0))):
+                    chunk(b.sub(n, _i64(v)), b.sub(_i64(v), rem))
+            elif n % v:
                 chunk(_i64(n - v), v - n % v)
         return vx.horizontal_sum(_reduce_init("sum", red.dtype, ty, red), b.load(acc),
                                  REDUCE_FLAGS)

@@ -246,6 +246,55 @@ def test_softmax_sum_phase_is_vector_code(n, vector):
     assert bool(re.search(r"llvm\.vector\.reduce\.fadd\.v16f32", text)) == vector
 
 
+@pytest.mark.parametrize("elem", [F32, F64])
+def test_softmax_sum_phase_over_a_symbolic_row_length(elem, tmp_path):
+    """A row of symbolic length (the parametric kernel of an export with a dynamic sequence)
+    sums in vector chunks too, chosen per run: rows of at least one vector take the chunks
+    and, where the lanes do not divide the row, the overlapping last chunk (its skipped
+    lanes a run-time mask); shorter rows the scalar loop. One compile serves every length;
+    the special rows, huge, tiny and denormal values against onnxruntime."""
+    dtype = helper.tensor_dtype_to_np_dtype(elem)
+    m = model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+              [("x", elem, ["rows", "n"])], [("y", elem)])
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1,
+                                      autotune=False, dump_to=str(tmp_path))
+    compiles = None  # a row of 1 is a shape class of its own; from 750 on, one code
+    for n in [1, 750, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100]:
+        x = np.concatenate([special_rows(n, dtype), np.full((1, n), 1e20, dtype),
+                            np.full((1, n), 1e-40, dtype),
+                            np.random.default_rng(n).standard_normal((5, n)).astype(dtype) * 30])
+        assert_same(sess.run(None, {"x": x}), ref.run(None, {"x": x}),
+                    rtol=1e-5 if elem == F32 else 1e-12, atol=1e-7)
+        compiles = cpu.COMPILE_COUNT if n == 750 else compiles
+    assert cpu.COMPILE_COUNT == compiles
+    text = "".join(p.read_text() for p in tmp_path.glob("*.ll"))  # both classes' code
+    lanes = 16 if elem == F32 else 8
+    assert re.search(rf"llvm\.vector\.reduce\.fadd\.v{lanes}f(32|64)", text), text[:3000]
+
+
+@pytest.mark.parametrize("check_bounds", [False, True])
+def test_symbolic_softmax_written_over_its_scores(check_bounds):
+    """The same over scores the softmax overwrites (a MatMul's result read by another
+    MatMul, as attention's, inplace.py): the overlapping last chunk of a row whose length
+    is known only at run time reads back its first lanes already stashed and must keep
+    them (as fuzz 159/2416 for a fixed length), with and without --check_bounds."""
+    m = model([helper.make_node("MatMul", ["a", "b"], ["s"]),
+               helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+               helper.make_node("MatMul", ["p", "v"], ["y"])],
+              [("a", F32, [3, "rows", 4]), ("b", F32, [4, "n"]), ("v", F32, ["n", 4])],
+              [("y", F32)])
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = autoclust.InferenceSession(m, must_compile=True, min_cluster_size=1,
+                                      autotune=False, check_bounds=check_bounds)
+    rng = np.random.default_rng(0)
+    for n in [18, 33, 750, 16, 5]:
+        feeds = {"a": rng.standard_normal((3, 7, 4)).astype(np.float32) * 4,
+                 "b": rng.standard_normal((4, n)).astype(np.float32),
+                 "v": rng.standard_normal((n, 4)).astype(np.float32)}
+        assert_same(sess.run(None, feeds), ref.run(None, feeds), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("gemm_reader", [True, False])
 def test_softmax_exp_is_one_masked_step(gemm_reader):
     """The sum phase's exp of x - max(x) compares each chunk once: against log(2^-126)
