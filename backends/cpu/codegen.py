@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from autoclust.backends.cpu import mathops, pieces, vectorize
 from autoclust.backends.cpu.llvm_types import (
@@ -250,18 +251,11 @@ class KernelEmitter:
         """Vector chunks (_vector_sum_chunks); a row of symbolic length takes them when it is
         at least v long, the scalar loop otherwise, chosen per run (the loop vectorizer took
         134 us for BERT-base's [1536, 128] of symbolic rows, the chunks 70, Intel host)."""
-        b = self.b
         n = self.inner_extents[-1]
         if not symbolic.is_sym(n):
             return self._vector_sum_chunks(red, inner_ranges, phase, n)
-        length, result = inner_ranges[-1][1], entry_alloca(b, COMPUTE[red.dtype], "vsumres")
-        with b.if_else(b.icmp_signed(">=", length, _i64(vectorize.lanes(red.dtype)))) \
-                as (wide, narrow):
-            with wide:
-                b.store(self._vector_sum_chunks(red, inner_ranges, phase, length), result)
-            with narrow:
-                b.store(self._scalar_reduction(red, inner_ranges, phase), result)
-        return b.load(result)
+        return self._per_run(red, inner_ranges, phase, lambda length: self._vector_sum_chunks(
+            red, inner_ranges, phase, length))
 
     def _vector_sum_chunks(self, red: kir.Reduction, inner_ranges: list, phase: int,
                            n: int | ir.Value) -> ir.Value:
@@ -333,18 +327,24 @@ class KernelEmitter:
     def _vector_reduction(self, red: kir.Reduction, inner_ranges: list) -> ir.Value:
         """A max/min row in chunks of v lanes (see _vector_chunks); a row of symbolic length
         takes them when it is at least v long, the scalar loop otherwise (chosen per run)."""
-        b = self.b
         n = self.inner_extents[-1]
         if not symbolic.is_sym(n):
             return self._vector_chunks(red, inner_ranges, vectorize.width(red.dtype, n), n)
-        n = inner_ranges[-1][1]
-        v = vectorize.lanes(red.dtype)
+        return self._per_run(red, inner_ranges, -1, lambda length: self._vector_chunks(
+            red, inner_ranges, vectorize.lanes(red.dtype), length))
+
+    def _per_run(self, red: kir.Reduction, inner_ranges: list, phase: int,
+                 chunks: Callable[[ir.Value], ir.Value]) -> ir.Value:
+        """A row of symbolic length: chunks(its run-time length) when it is at least one
+        vector long, the scalar loop (phase's) otherwise, chosen per run."""
+        b, length = self.b, inner_ranges[-1][1]
         result = entry_alloca(b, COMPUTE[red.dtype], "vres")
-        with b.if_else(b.icmp_signed(">=", n, _i64(v))) as (wide, narrow):
+        with b.if_else(b.icmp_signed(">=", length, _i64(vectorize.lanes(red.dtype)))) \
+                as (wide, narrow):
             with wide:
-                b.store(self._vector_chunks(red, inner_ranges, v, n), result)
+                b.store(chunks(length), result)
             with narrow:
-                b.store(self._scalar_reduction(red, inner_ranges, -1), result)
+                b.store(self._scalar_reduction(red, inner_ranges, phase), result)
         return b.load(result)
 
     def _vector_chunks(self, red: kir.Reduction, inner_ranges: list, v: int,
