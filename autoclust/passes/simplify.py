@@ -95,6 +95,41 @@ def _reshape_chain(graph: Graph, n: Node) -> Result:
     return ("Reshape", [x, new_constant(graph, np.array(out.shape, np.int64), "shape")], {})
 
 
+def _unit_dims_after_transpose(graph: Graph, n: Node) -> Result:
+    """V(Transpose(x, p)) -> Transpose(V'(x), q) for a view V that only adds or drops
+    dims of size 1, the Transpose read only by V. Attention exports fold the heads into
+    the batch around a transpose of K ([1, H, S, D] -> [H, S, D] -> [H, D, S] ->
+    [1, H, D, S]); moved next to x, V meets the other views (_reshape_chain) and the two
+    transposes compose (_transpose_transpose) into one the GEMM reads (_matmul_of_transpose).
+    V' puts x's dims of size > 1, in x's order, where the output has its dims of size > 1."""
+    t = _made_by(n.inputs[0], "Transpose")
+    out = n.outputs[0]
+    perm = None if t is None else _perm(t)
+    x = None if t is None else t.inputs[0]
+    if t is None or perm is None or x is None or x.shape is None or out.shape is None or \
+            len(t.outputs[0].uses) != 1 or t.outputs[0] in graph.outputs or 0 in out.shape:
+        return None
+    moved = [p for p in perm if x.shape[p] != 1]  # x's dims, in the Transpose's order
+    places = [i for i, d in enumerate(out.shape) if d != 1]
+    if [x.shape[p] for p in moved] != [out.shape[i] for i in places] or \
+            sum(not isinstance(d, int) for d in out.shape) > 1:
+        return None
+    order = sorted(moved)
+    shape = list(out.shape)
+    for i, p in zip(places, order):
+        shape[i] = x.shape[p]
+    q = list(range(len(shape)))
+    for i, p in zip(places, moved):
+        q[i] = places[order.index(p)]
+    if q == sorted(q):
+        return None  # the Transpose moved only dims of size 1: _reshape_chain's case
+    target = np.array([d if isinstance(d, int) else -1 for d in shape], np.int64)
+    early = Value(graph.unique_name(f"{out.name}_early"), out.dtype, tuple(shape))
+    graph.add_node(Node("Reshape", [x, new_constant(graph, target, "shape")], [early], {},
+                        graph.unique_name(f"{n.name}_early")), graph.nodes.index(n))
+    return ("Transpose", [early], {"perm": q})
+
+
 def _dropout(graph: Graph, n: Node) -> Result:
     training = n.inputs[2] if len(n.inputs) > 2 else None
     if training is not None and not _is(graph, training, False):
@@ -113,17 +148,44 @@ def _last_two_swapped(node: Node | None) -> Value | None:
     return node.inputs[0] if perm == list(range(r - 2)) + [r - 1, r - 2] else None
 
 
+def _rows_kept(graph: Graph, v: Value | None) -> Value | None:
+    """For a single-use v = Transpose(x, p) that also moves the batch dims but puts x's
+    last dim second to last (attention's K^T: x [B, S, H, D], p [0, 2, 3, 1]): a new
+    Transpose(x, p with its last two swapped), whose rows stay x's contiguous rows, so
+    that v is that value with its last two dims swapped. Else None."""
+    node = _made_by(v, "Transpose")
+    perm = None if node is None else _perm(node)
+    if v is None or node is None or perm is None or len(perm) < 3 or \
+            perm[-2] != len(perm) - 1 or len(v.uses) != 1 or v in graph.outputs:
+        return None
+    swapped = perm[:-2] + [perm[-1], perm[-2]]
+    shape = None if v.shape is None else (*v.shape[:-2], v.shape[-1], v.shape[-2])
+    rows = Value(graph.unique_name(f"{v.name}_rows"), v.dtype, shape)
+    graph.add_node(Node("Transpose", [node.inputs[0]], [rows], {"perm": swapped},
+                        graph.unique_name(f"{node.name}_rows")), graph.nodes.index(node) + 1)
+    return rows
+
+
 def _matmul_of_transpose(graph: Graph, n: Node) -> Result:
-    """MatMul reading a transposed operand reads it in place: the library call does."""
-    a, b = n.inputs[0], n.inputs[1]
-    if n.outputs[0].dtype is None or n.outputs[0].dtype.kind != "f":
+    """MatMul reading a transposed operand reads it in place: the library call does. A
+    transpose that also moves batch dims keeps only that part (_rows_kept): the last
+    two dims' swap becomes the GEMM's trans flag, so a copy of the operand (where one is
+    needed) copies whole rows instead of gathering a column per element."""
+    fused = n.op == "FusedMatMul"
+    if n.outputs[0].dtype is None or n.outputs[0].dtype.kind != "f" or (fused and any(
+            n.attrs.get(k) for k in ("transBatchA", "transBatchB"))):
         return None
-    ta = _last_two_swapped(_made_by(a, "Transpose"))
-    tb = _last_two_swapped(_made_by(b, "Transpose"))
-    if ta is None and tb is None:
+    inputs = list(n.inputs[:2])
+    flags = [int(n.attrs.get(k, 0)) if fused else 0 for k in ("transA", "transB")]
+    for k in (0, 1):
+        found = None if flags[k] else (_last_two_swapped(_made_by(inputs[k], "Transpose"))
+                                       or _rows_kept(graph, inputs[k]))
+        if found is not None:
+            inputs[k], flags[k] = found, 1
+    if inputs == n.inputs[:2]:
         return None
-    attrs = {"transA": int(ta is not None), "transB": int(tb is not None)}
-    return ("FusedMatMul", [ta or a, tb or b], attrs, "com.microsoft")
+    attrs = {**(n.attrs if fused else {}), "transA": flags[0], "transB": flags[1]}
+    return ("FusedMatMul", inputs, attrs, "com.microsoft")
 
 
 def _scaled_matmul(graph: Graph, n: Node) -> Result:
@@ -265,6 +327,7 @@ RULES: list[tuple[str, Rule]] = [
     ("Transpose", _transpose_transpose),  # Transpose(Transpose(x)) -> Transpose(x) or x
     *[(op, _forward(0)) for op in VIEWS],  # Reshape(x) to x's own shape -> x, Identity(x) -> x
     *[(op, _reshape_chain) for op in VIEWS],  # Reshape(Reshape(x)) -> Reshape(x) or x
+    *[(op, _unit_dims_after_transpose) for op in VIEWS],  # R(T(x)) -> T(R(x)), R adds 1s
     *[(op, _scale_past_layout) for op in (*VIEWS, "Transpose")],  # L(x*c) -> L(x)*c
     ("Cast", _forward(0)),  # Cast(x: T, to=T) -> x
     ("CastLike", _forward(0)),  # CastLike(x: T, y: T) -> x
@@ -272,6 +335,7 @@ RULES: list[tuple[str, Rule]] = [
     ("Neg", _neg_neg),  # -(-x) -> x
     *[(op, _unary_before_transpose) for op in UNARY],  # U(Transpose(x)) -> Transpose(U(x))
     ("MatMul", _matmul_of_transpose),  # MatMul(a, Transpose(b)) -> FusedMatMul(a, b, transB)
+    ("FusedMatMul", _matmul_of_transpose),  # the same, for a flag not yet set
     ("Mul", _scaled_matmul),  # MatMul(a, b) * c -> FusedMatMul(a, b, alpha=c)
     ("MatMul", _matmul_of_scaled),  # MatMul(a * c, b) -> FusedMatMul(a, b, alpha=c)
     ("FusedMatMul", _matmul_of_scaled),  # FusedMatMul(a * c, b) -> alpha times c

@@ -306,6 +306,55 @@ def test_unary_op_moves_before_the_layout_ops_feeding_a_matmul(case):
         assert _ops(opt) == ["FusedMatMul", "Reshape", "Sigmoid"]
 
 
+# Attention's K^T as the dynamo exporter writes it: heads folded into the batch around the
+# transpose ([1, S, H, D] -> [1, H, S, D] -> [H, S, D] -> [H, D, S] -> [1, H, D, S]).
+KEY_CHAIN = """
+    hs = Constant<value = int64[3] {4, 6, 8}>()
+    bs = Constant<value = int64[4] {1, 4, 8, 6}>()
+    t1 = Transpose<perm = [0, 2, 1, 3]>(k)
+    r1 = Reshape(t1, hs)
+    t2 = Transpose<perm = [0, 2, 1]>(r1)
+    kt = Reshape(t2, bs)
+"""
+
+
+@pytest.mark.parametrize("case", ["key", "key_read_twice", "a_side", "unsqueeze"])
+def test_transposes_around_unit_dims_become_the_gemm_flag(case):
+    """A view adding or dropping dims of 1 after a Transpose moves before it
+    (simplify._unit_dims_after_transpose), the transposes compose, and a Transpose that
+    moves batch dims but keeps the rows' dim next to last splits into a row-keeping
+    transpose and the GEMM's trans flag (_rows_kept): K^T above becomes FusedMatMul(q,
+    Transpose(k, [0, 2, 1, 3]), transB=1). A transposed value read twice stays."""
+    inputs, outputs, body, shapes = {
+        "key": ("float[1,6,4,8] k, float[1,4,6,8] q", "float[1,4,6,6] y",
+                KEY_CHAIN + "y = MatMul(q, kt)", [(1, 6, 4, 8), (1, 4, 6, 8)]),
+        "key_read_twice": ("float[1,6,4,8] k, float[1,4,6,8] q", ("float[1,4,6,6] y, "
+                           "float[1,4,8,6] kt"), KEY_CHAIN + "y = MatMul(q, kt)",
+                           [(1, 6, 4, 8), (1, 4, 6, 8)]),
+        "a_side": ("float[1,8,4,6] x, float[1,4,8,5] b", "float[1,4,6,5] y",
+                   "a = Transpose<perm = [0, 2, 3, 1]>(x)\n y = MatMul(a, b)",
+                   [(1, 8, 4, 6), (1, 4, 8, 5)]),
+        "unsqueeze": ("float[2,4,5] x", "float[1,2,4,5] y",
+                      ("ax = Constant<value = int64[1] {0}>()\n t = Transpose<perm = [1, 0, 2]>(x)"
+                      "\n u = Unsqueeze(t, ax)\n v = Transpose<perm = [0, 2, 1, 3]>(u)"
+                      "\n y = Relu(v)"), [(2, 4, 5)]),
+    }[case]
+    _spec, opt = _check(_model(inputs, outputs, body), shapes)
+    transposes = [n.attr("perm") for n in opt.nodes if n.op == "Transpose"]
+    gemm = next((n for n in opt.nodes if n.op in ("MatMul", "FusedMatMul")), None)
+    if case == "key":
+        assert _ops(opt) == ["FusedMatMul", "Transpose"] and transposes == [[0, 2, 1, 3]]
+        assert (gemm.attr("transA"), gemm.attr("transB")) == (0, 1)
+        assert gemm.inputs[1].producer.inputs[0] is opt.inputs[0]  # k itself, transposed
+    elif case == "key_read_twice":
+        assert gemm.op == "MatMul"  # the K^T copy is an output anyway
+    elif case == "a_side":
+        assert _ops(opt) == ["FusedMatMul", "Transpose"] and transposes == [[0, 2, 1, 3]]
+        assert (gemm.attr("transA"), gemm.attr("transB")) == (1, 0)
+    else:
+        assert _ops(opt) == ["Relu", "Reshape"]  # the two transposes cancel
+
+
 def _typed(graph: Graph) -> Graph:
     """Give every node output its inferred type (what specialize does), for IR-built graphs."""
     return specialize(graph, [(v.dtype, v.shape) for v in graph.inputs], {})

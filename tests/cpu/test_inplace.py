@@ -78,15 +78,14 @@ def test_layer_norm_writes_over_the_product():
 def test_kernel_keeps_an_input_it_must_not_overwrite(case):
     w2 = RNG.standard_normal((40, 8)).astype(np.float32)
     if case == "transpose":  # reads t[j, i] while writing u[i, j] (a kernel of its own:
-        # the scaled product reads no strided view)
+        # a transpose read by the GEMM alone would be its flag, simplify._matmul_of_transpose)
         text = f"""{HEAD}
             m (float[40,40] x, float[40,5] w3) => (float[40,5] v)
-            <float two = {{2.0}}>
             {{
                 t = Softmax<axis = 1>(x)
-                u = Transpose<perm = [1, 0]>(t)
-                d = Mul(u, two)
-                v = MatMul(d, w3)
+                d = Transpose<perm = [1, 0]>(t)
+                u = Add(d, x)
+                v = MatMul(u, w3)
             }}"""
         inputs = {"x": RNG.standard_normal((40, 40)).astype(np.float32) * 3,
                   "w3": RNG.standard_normal((40, 5)).astype(np.float32)}
