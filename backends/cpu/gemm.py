@@ -121,17 +121,15 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> GemmSpec | N
     """The GemmSpec of a MatMul/Gemm call this module can generate, else None."""
     if t.op not in ("MatMul", "Gemm", "FusedMatMul") or len(t.outputs) != 1:
         return None
-    if any(v is not None for v in t.views):
-        return _strided_spec(t, buffers)
     attrs = dict(t.attrs)
+    if any(v is not None for v in t.views) or attrs.get("transA", 0) or attrs.get("transB", 0):
+        return _strided_spec(t, buffers)  # a transposed operand is a strided one
     ins = [None if b is None else buffers[b] for b in t.inputs]
     a, b, out = ins[0], ins[1], buffers[t.outputs[0]]
     dtype = out.dtype
     if dtype not in SCALAR or any(x is not None and x.dtype != dtype for x in ins):
         return None
-    if attrs.get("transA", 0) or attrs.get("transB", 0) or len(b.shape) < 2:
-        return None
-    if len(a.shape) < 2 or out.size == 0:
+    if len(b.shape) < 2 or len(a.shape) < 2 or out.size == 0:
         return None
     k, n = b.shape[-2], b.shape[-1]
     if a.shape[-1] != k or out.shape[-1] != n:

@@ -275,3 +275,31 @@ def test_sequence_lengths_share_one_dynamic_product_code(monkeypatch):
             (seq, seq, 16, True), (seq, 16, seq, True)], specs
     assert len({gemm.code_key(s) for seq in (20, 33, 7) for s in specs[seq]}) == 2
     assert specs[gemm.PACK_MAX // 16 + 1] == []  # Q.K^T packs too much, P.V too big
+
+
+@pytest.mark.parametrize("side", ["transB", "transA"])
+def test_dense_transposed_operands_run_generated_code(side):
+    """A batched product reading a dense buffer through FusedMatMul's transA/transB (LLaMA's
+    rotated K, since simplify makes K^T the GEMM's flag) is a strided product: generated
+    code, equal to onnxruntime, not a library call."""
+    n = helper.make_node
+    shapes = {"transB": ([1, 8, 32, 16], [1, 8, 32, 16]), "transA": ([1, 8, 16, 32], [1, 8, 16, 8])}
+    (sa, sb), swap = shapes[side], n("Transpose", ["t"], ["tt"], perm=[0, 1, 3, 2])
+    nodes = [n("Sin", ["b" if side == "transB" else "a"], ["t"]), swap,
+             n("MatMul", ["a", "tt"] if side == "transB" else ["tt", "b"], ["y"])]
+    out = [1, 8, 32, 32] if side == "transB" else [1, 8, 32, 8]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info(x, TensorProto.FLOAT, s)
+                                       for x, s in (("a", sa), ("b", sb))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    feeds = {"a": RNG.standard_normal(sa).astype(np.float32),
+             "b": RNG.standard_normal(sb).astype(np.float32)}
+    sess = autoclust.InferenceSession(model, must_compile=True)
+    np.testing.assert_allclose(sess.run(None, feeds)[0],
+                               ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    (call,) = [t for t in exe.program.thunks if isinstance(t, kir.LibraryCall)]
+    assert call.op == "FusedMatMul" and dict(call.attrs)[side] == 1
+    assert len(exe._gemms) == 1 and exe.library_fns == {}, kir.format_program(exe.program)
