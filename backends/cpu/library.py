@@ -201,9 +201,24 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if fn.impl == "mlas" and "onednn" in builders and not note.startswith("measured"):
         _measure_later(fn, key, builders, (op, attrs, in_types, out_types, threads,
                                            constants), layouts)
-    elif key in _TRYING:
-        _join_trial(fn, key, builders)
+    else:
+        _follow_trial(fn, key, builders)
     return fn
+
+
+def _follow_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> None:
+    """A call built on a measured answer joins its signature's in-plan trial: the running
+    one, or the one being set up (it waits in that trial's list, as _try_in_plan's late
+    calls). Left out, it kept the measured library while the trial could move its
+    siblings to the other."""
+    with _SESSIONS_LOCK:
+        waiting = _MEASURING.get(key)
+        if waiting is not None:
+            waiting.append((fn, builders))
+            return
+        running = key in _TRYING
+    if running:
+        _join_trial(fn, key, builders)
 
 
 def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], call: tuple,
@@ -219,7 +234,12 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
         if waiting is not None:
             waiting.append((fn, builders))
             return
-        _MEASURING[key] = [(fn, builders)]
+        measured = _DECISIONS.get(key, ("", ""))[1].startswith("measured")
+        if not measured:
+            _MEASURING[key] = [(fn, builders)]
+    if measured:  # answered since this call read its decision: it joins, as a later one
+        _join_trial(fn, key, builders)
+        return
     op, in_types, out_types, constants = call[0], call[2], call[3], call[5]
 
     def measure() -> None:
@@ -231,9 +251,13 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
         except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
             choice, note = "mlas", f"not measured: {str(exc)[:80]}"
         with _SESSIONS_LOCK:
+            # the entry stays until the trial is registered: a call made meanwhile read
+            # the old decision and joins the list, then the trial (_try_in_plan)
             _DECISIONS[key] = (choice, note)
-            waiting = _MEASURING.pop(key)
+            waiting = list(_MEASURING[key])
         if not note.startswith("measured"):
+            with _SESSIONS_LOCK:
+                waiting = _MEASURING.pop(key)
             for each, _ in waiting:
                 each.note = f"{each.note}; {note}"
             return
@@ -256,7 +280,21 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
     --cache_dir (another process wrote it meanwhile) serves at once; a call whose oneDNN
     build fails stays on MLAS."""
     settled = note.endswith("(--cache_dir)")
-    calls = []
+    calls: list[tuple[LibraryFn, dict[str, RunFn]]] = []
+    trial = _start_trials(key, first, note, waiting, settled, calls)
+    with _SESSIONS_LOCK:  # registered together: a call made now joins the trial
+        late = _MEASURING.pop(key)[len(waiting):]
+        if trial is not None:
+            _TRYING[key] = trial
+            for fn, runs in calls:
+                fn.try_both(trial, runs)
+    for fn, their_builders in late:  # made while the calls above were built
+        _join_trial(fn, key, their_builders)
+
+
+def _start_trials(key: tuple, first: str, note: str, waiting: list, settled: bool,
+                  calls: list) -> inplan.Trial | None:
+    """_try_in_plan's trial (None: none needed), its (call, runs) pairs put in `calls`."""
     for fn, their_builders in waiting:
         if settled and first == "mlas":
             fn.note = note
@@ -271,7 +309,7 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
             fn.alternatives, fn.key = runs, key
         calls.append((fn, runs))
     if settled or not calls:
-        return
+        return None
 
     def decided(winner: str, how: str) -> None:
         full = f"{note}; {how}"
@@ -286,10 +324,7 @@ def _try_in_plan(key: tuple, first: str, note: str, waiting: list) -> None:
     other = "onednn" if first == "mlas" else "mlas"
     trial = inplan.Trial(first, other, decided, ready=lambda: wait_background(timeout=0))
     trial.calls = calls
-    with _SESSIONS_LOCK:
-        _TRYING[key] = trial
-        for fn, runs in calls:
-            fn.try_both(trial, runs)
+    return trial
 
 
 def _join_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> None:
@@ -311,6 +346,8 @@ def _join_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> Non
         if trial is None:  # decided meanwhile
             impl, note = _DECISIONS.get(key, (fn.impl, fn.note))
             fn.switch(impl, runs[impl], note)
+            if "; whole plan:" not in note and not note.endswith("(--cache_dir)"):
+                fn.alternatives, fn.key = runs, key  # as its siblings: in the plan's trial
             return
         trial.calls.append((fn, runs))
         fn.alternatives, fn.key = runs, key

@@ -3,11 +3,14 @@
 `new_session` builds the session (its non-constant dims symbolic, constant weights handed
 over in place so MLAS prepacks them); `bound_runner` runs it into the caller's arrays
 through an io_binding. library.py caches the sessions and chooses when to use them.
+
+Sessions come from onnxruntime's C API (backends/ort/capi.py), all sharing one intra-op
+thread pool, or where that is unavailable from its Python binding, a pool each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,14 +18,23 @@ import onnx
 import onnxruntime as ort
 from autoclust.backends import ort as ort_backend
 from autoclust.backends.cpu.numpy_library import Arrays, RunFn
+from autoclust.backends.ort import capi
 from onnx import helper
 
 OPSET = 18
+# Whether the shared pool's worker spins between calls. Off: the chain of 12 GEMMs ran 3%
+# faster with it, but the worker spins on for milliseconds after the last call and took
+# the cores from what ran next (onnxruntime's own session, alternating: 11.9 -> 13.2-13.5
+# ms), as the user's code after a run would lose them.
+SPIN = False
 CONTRIB = ("FusedMatMul",)  # ops of onnxruntime's com.microsoft domain
 
 
+Session = ort.InferenceSession | capi.Session
+
+
 def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
-                 threads: int, constants: dict[int, np.ndarray]) -> ort.InferenceSession:
+                threads: int, constants: dict[int, np.ndarray]) -> Session:
     """A single-node onnxruntime session for op, its non-constant dims symbolic.
 
     Constants travel as external initializers (OrtValues over our arrays), not inside the
@@ -40,8 +52,7 @@ def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
                                     data_location=onnx.TensorProto.EXTERNAL)
             stub.external_data.add(key="location", value=f"in{i}")
             inits.append(stub)
-            value = np.ascontiguousarray(constants[i], t[0]).reshape(t[1])
-            external[f"in{i}"] = ort.OrtValue.ortvalue_from_numpy(value)
+            external[f"in{i}"] = np.ascontiguousarray(constants[i], t[0]).reshape(t[1])
         else:
             dims = [f"in{i}_{k}" for k in range(len(t[1]))]
             graph_inputs.append(helper.make_tensor_value_info(f"in{i}", elem, dims))
@@ -57,6 +68,15 @@ def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
         imports.append(helper.make_opsetid("com.microsoft", 1))
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14
+    shared = capi.env(max(threads, 1), SPIN)
+    if shared is not None:
+        return capi.Session(shared, model.SerializeToString(), external)
+    return _binding_session(model, threads, external)
+
+
+def _binding_session(model: onnx.ModelProto, threads: int,
+                     external: dict[str, np.ndarray]) -> ort.InferenceSession:
+    """The session through onnxruntime's Python binding, with a thread pool of its own."""
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = max(threads, 0)
@@ -65,12 +85,13 @@ def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
     # Spinning threads steal the cores our own kernels run on between calls.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    values = [ort.OrtValue.ortvalue_from_numpy(a) for a in external.values()]
     if external:
-        so.add_external_initializers(list(external), list(external.values()))
+        so.add_external_initializers(list(external), values)
     # Not ort.InferenceSession: under the hook that is autoclust's own session class.
     sess = ort_backend.ORIGINAL_SESSION(model.SerializeToString(), so,
                                         providers=["CPUExecutionProvider"])
-    sess._autoclust_keep = external  # the session reads the initializers in place
+    sess._autoclust_keep = values  # the session reads the initializers in place
     return sess
 
 
@@ -83,14 +104,14 @@ def stand_in(kept: dict[int, np.ndarray], k: int, like: np.ndarray) -> np.ndarra
     return d
 
 
-def bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
-                  constants: dict[int, np.ndarray]) -> RunFn:
+def bound_runner(sess: Session, in_types: list, out_types: list,
+                 constants: dict[int, np.ndarray]) -> RunFn:
     """Run sess into the callers' arrays, rebinding only arrays not bound last time. A
     strided input (a view: V among the fused Q, K, V) is copied into a dense stand-in kept
     for the next call: bound afresh each call (onnxruntime copying it again), Whisper's
     [6, 750, 750] x [6, 750, 64] P.V took 1.6x its time on a dense V."""
     fed = [i for i, t in enumerate(in_types) if t is not None and i not in constants]
-    binding = sess.io_binding()
+    bind, run_bound = _binder(sess)
     last_in: list[Any] = [None] * len(fed)
     last_out: list[Any] = [None] * len(out_types)
     stand_ins: dict[int, np.ndarray] = {}
@@ -105,12 +126,29 @@ def bound_runner(sess: ort.InferenceSession, in_types: list, out_types: list,
                 np.copyto(d, x)
                 x = d
             if x is not last_in[k]:  # holding the array keeps its identity meaningful
-                binding.bind_cpu_input(f"in{i}", x)
+                bind(f"in{i}", x, False)
                 last_in[k] = x
         for j, y in enumerate(outputs):
             if y is not last_out[j]:
-                binding.bind_ortvalue_output(f"out{j}", ort.OrtValue.ortvalue_from_numpy(y))
+                bind(f"out{j}", y, True)
                 last_out[j] = y
-        sess.run_with_iobinding(binding)
+        run_bound()
 
     return run
+
+
+def _binder(sess: Session) -> tuple[Callable[[str, np.ndarray, bool], None],
+                                    Callable[[], None]]:
+    """(bind(name, array, output), run()) over a new io binding of sess."""
+    if isinstance(sess, capi.Session):
+        binding = sess.binding()
+        return binding.bind, binding.run
+    py_binding = sess.io_binding()
+
+    def bind(name: str, x: np.ndarray, output: bool) -> None:
+        if output:
+            py_binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(x))
+        else:
+            py_binding.bind_cpu_input(name, x)
+
+    return bind, lambda: sess.run_with_iobinding(py_binding)

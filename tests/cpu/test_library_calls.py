@@ -278,16 +278,12 @@ def test_mlas_strided_operands_go_through_kept_dense_copies(monkeypatch) -> None
     bound afresh each call, Whisper's P.V took 1.3-1.6x its time."""
     from autoclust.backends.cpu import mlas
     binds: list[str] = []
-    real = mlas.bound_runner
+    real = mlas._binder
 
-    def spying(sess, *args):
-        binding = sess.io_binding()
-        bind = binding.bind_cpu_input
-        binding.bind_cpu_input = lambda name, x: (binds.append(name), bind(name, x))
-        proxy = type("Proxy", (), {"io_binding": lambda self: binding,
-                                   "run_with_iobinding": lambda self, b: sess.run_with_iobinding(b)})
-        return real(proxy(), *args)
-    monkeypatch.setattr(mlas, "bound_runner", spying)
+    def spying(sess):
+        bind, run = real(sess)
+        return (lambda name, x, output: (binds.append(name), bind(name, x, output))), run
+    monkeypatch.setattr(mlas, "_binder", spying)
     f32 = np.dtype("float32")
     fn = library.make_call("MatMul", {}, [(f32, (2, 5, 5)), (f32, (2, 5, 3))], [(f32, (2, 5, 3))],
                            2, impl="mlas")
