@@ -170,7 +170,7 @@ class Env:
         self.handle = env  # never released: sessions of this process hold it until exit
 
 
-def env(threads: int, spin: bool = True) -> Env | None:
+def env(threads: int, spin: bool = False) -> Env | None:
     """The shared environment, made at the first call (onnxruntime allows one environment a
     process); None when the C API is unavailable, the environment's pool has another thread
     count than `threads`, or this process is a fork of the one that made it (its workers

@@ -135,3 +135,37 @@ def test_forked_child_does_not_use_the_parents_pool() -> None:
     child.join(60)
     assert child.exitcode == 0
     assert answer.get(timeout=5) is True
+
+
+_IDLE_AFTER_A_CALL = """
+import sys, time
+import numpy as np
+from autoclust.backends.cpu import mlas
+mlas.SPIN = sys.argv[1] == "spin"
+a, w = np.ones((128, 768), np.float32), np.ones((768, 2304), np.float32)
+types = [(a.dtype, a.shape), (w.dtype, w.shape)]
+out_types = [(a.dtype, (128, 2304))]
+run = mlas.bound_runner(mlas.new_session("MatMul", {}, types, out_types, 2, {1: w}),
+                        types, out_types, {1: w})
+y = np.empty((128, 2304), np.float32)
+for _ in range(3):
+    run([a, w], [y])
+cpu = time.process_time()
+time.sleep(0.2)
+print(time.process_time() - cpu)
+"""
+
+
+def test_shared_pool_sleeps_between_calls() -> None:
+    """After a call the process uses no CPU while the caller sleeps: the shared pool's
+    worker does not spin (a spinning one, asked for here, burns ~28 ms on this check)."""
+    import subprocess
+    import sys
+
+    def cpu_while_asleep(mode: str) -> float:
+        done = subprocess.run([sys.executable, "-c", _IDLE_AFTER_A_CALL, mode],
+                              capture_output=True, text=True, timeout=120, check=True)
+        return float(done.stdout.split()[-1])
+
+    assert cpu_while_asleep("sleep") < 0.005
+    assert cpu_while_asleep("spin") > 0.010  # the check sees a spinning worker
