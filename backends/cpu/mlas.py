@@ -68,7 +68,8 @@ def new_session(op: str, attrs: dict[str, Any], in_types: list, out_types: list,
         imports.append(helper.make_opsetid("com.microsoft", 1))
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10  # onnxruntime 1.31 reads IR <= 13; onnx 1.23 writes 14
-    shared = capi.env(max(threads, 1), SPIN)
+    dtypes = [t[0] for t in in_types if t is not None] + [t[0] for t in out_types]
+    shared = capi.env(max(threads, 1), SPIN) if capi.supports(dtypes) else None
     if shared is not None:
         return capi.Session(shared, model.SerializeToString(), external)
     return _binding_session(model, threads, external)

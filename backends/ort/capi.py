@@ -37,7 +37,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -184,6 +184,12 @@ def env(threads: int, spin: bool = False) -> Env | None:
     if made.pid != os.getpid():  # type: ignore[union-attr]
         return None  # a forked child: the pool's threads stayed in the parent
     return made if made.threads == threads else None  # type: ignore[union-attr]
+
+
+def supports(dtypes: Iterable[np.dtype]) -> bool:
+    """Whether every dtype has a tensor type here (bfloat16 and the other ml_dtypes do not:
+    their sessions keep the binding's)."""
+    return all(np.dtype(d) in _ELEMENT for d in dtypes)
 
 
 def current() -> Env | None:

@@ -121,6 +121,19 @@ def test_another_thread_count_keeps_the_bindings_session() -> None:
     np.testing.assert_array_equal(out, a)
 
 
+def test_bfloat16_keeps_the_bindings_session(monkeypatch) -> None:
+    """ml_dtypes arrays have no tensor type in the C API here: such sessions are the
+    binding's, as before."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    assert not capi.supports([np.dtype("float32"), bf16])
+    made = []
+    monkeypatch.setattr(mlas, "_binding_session", lambda *a: made.append(a) or "binding's")
+    assert mlas.new_session("Relu", {}, [(bf16, (4,))], [(bf16, (4,))], pool_threads(),
+                            {}) == "binding's"
+    assert len(made) == 1
+
+
 def _env_in_child(threads: int, answer: multiprocessing.Queue) -> None:
     answer.put(capi.env(threads) is None)
 
