@@ -155,6 +155,51 @@ def test_a_call_built_during_the_trial_joins_it(monkeypatch):
 
 
 @needs_dnnl
+def test_a_call_built_while_the_trial_is_set_up_joins_it(monkeypatch):
+    """The window between the measurement's answer and the trial's start: a call built
+    then reads the measured answer, finds no trial yet, and must still join the one
+    being set up (the background thread is held inside that set-up here). Left out, it
+    kept the measured library while the trial could move its sibling to the other (1
+    run in 30 of test_library_tries_both_in_the_plan_and_remembers under load)."""
+    import threading
+    _measured(monkeypatch, "mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)")
+    monkeypatch.setattr(inplan.Trial, "verdict",
+                        lambda self: ("onednn", "in the plan: mlas 2.000 ms, onednn 1.000 ms"))
+    inside, go = threading.Event(), threading.Event()
+    real_start = library._start_trials
+
+    def held(*args, **kwargs):
+        inside.set()
+        assert go.wait(30)
+        return real_start(*args, **kwargs)
+    monkeypatch.setattr(library, "_start_trials", held)
+    in_types = [(np.dtype("float32"), (48, 96)), (np.dtype("float32"), (96, 72))]
+    out_types = [(np.dtype("float32"), (48, 72))]
+    weights = [RNG.standard_normal((96, 72)).astype(np.float32) for _ in range(2)]
+    x = RNG.standard_normal((48, 96)).astype(np.float32)
+    try:
+        library._DECISIONS.clear()
+        first = library.make_call("MatMul", {}, in_types, out_types, 2, {1: weights[0]})
+        assert inside.wait(30)  # measured; the trial not registered yet
+        assert [note[:8] for _, note in library._DECISIONS.values()] == ["measured"]
+        second = library.make_call("MatMul", {}, in_types, out_types, 2, {1: weights[1]})
+        go.set()
+        assert library.wait_background(60)
+        fns = [first, second]
+        assert all(library.in_trial(fn) for fn in fns)
+        while any(library.in_trial(fn) for fn in fns):
+            for fn, w in zip(fns, weights):
+                out = np.empty((48, 72), np.float32)
+                fn([x, None], [out])
+                np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+        assert [fn.impl for fn in fns] == ["onednn", "onednn"]
+        assert fns[0].note == fns[1].note
+    finally:
+        go.set()
+        library._DECISIONS.clear()
+
+
+@needs_dnnl
 def test_a_trial_left_undecided_goes_with_its_calls(monkeypatch):
     """The running trials a late call may join are held weakly: calls dropped before
     their trial decided (a cluster handed back to onnxruntime) are freed, their packed
