@@ -120,6 +120,28 @@ def test_library_tries_both_in_the_plan_and_remembers(monkeypatch, tmp_path):
         library._DECISIONS.clear()
 
 
+def _trial_disagreeing_with_measurement(monkeypatch, layers: int) -> tuple:
+    """(in_types, out_types, weights of `layers` layers, x) of a [48, 96] x [96, 72]
+    MatMul whose measurement answers MLAS and whose in-plan trial answers oneDNN."""
+    _measured(monkeypatch, "mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)")
+    monkeypatch.setattr(inplan.Trial, "verdict",  # the plan disagrees with the measurement
+                        lambda self: ("onednn", "in the plan: mlas 2.000 ms, onednn 1.000 ms"))
+    in_types = [(np.dtype("float32"), (48, 96)), (np.dtype("float32"), (96, 72))]
+    out_types = [(np.dtype("float32"), (48, 72))]
+    weights = [RNG.standard_normal((96, 72)).astype(np.float32) for _ in range(layers)]
+    return in_types, out_types, weights, RNG.standard_normal((48, 96)).astype(np.float32)
+
+
+def _run_until_decided(fns: list, weights: list, x: np.ndarray) -> None:
+    """Call each layer's fn in turn, as runs of a plan do, until none is in a trial; every
+    output equal to x @ its weights."""
+    while any(library.in_trial(fn) for fn in fns):
+        for fn, w in zip(fns, weights):
+            out = np.empty((x.shape[0], w.shape[1]), np.float32)
+            fn([x, None], [out])
+            np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+
+
 @needs_dnnl
 def test_a_call_built_during_the_trial_joins_it(monkeypatch):
     """A call of a signature built after its measurement answered (its in-plan trial
@@ -127,13 +149,7 @@ def test_a_call_built_during_the_trial_joins_it(monkeypatch):
     its winner; one built after the trial decided takes the decision. Left out, it kept
     the measured answer while the trial switched its siblings to the other library (a
     flaky test_library_tries_both_in_the_plan_and_remembers showed it)."""
-    _measured(monkeypatch, "mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)")
-    monkeypatch.setattr(inplan.Trial, "verdict",  # the plan disagrees with the measurement
-                        lambda self: ("onednn", "in the plan: mlas 2.000 ms, onednn 1.000 ms"))
-    in_types = [(np.dtype("float32"), (48, 96)), (np.dtype("float32"), (96, 72))]
-    out_types = [(np.dtype("float32"), (48, 72))]
-    weights = [RNG.standard_normal((96, 72)).astype(np.float32) for _ in range(3)]
-    x = RNG.standard_normal((48, 96)).astype(np.float32)
+    in_types, out_types, weights, x = _trial_disagreeing_with_measurement(monkeypatch, 3)
     try:
         library._DECISIONS.clear()
         first = library.make_call("MatMul", {}, in_types, out_types, 2, {1: weights[0]})
@@ -141,11 +157,7 @@ def test_a_call_built_during_the_trial_joins_it(monkeypatch):
         late = library.make_call("MatMul", {}, in_types, out_types, 2, {1: weights[1]})
         assert library.in_trial(late) and late.key == first.key
         fns = [first, late]
-        while any(library.in_trial(fn) for fn in fns):
-            for fn, w in zip(fns, weights):
-                out = np.empty((48, 72), np.float32)
-                fn([x, None], [out])
-                np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+        _run_until_decided(fns, weights, x)
         assert [fn.impl for fn in fns] == ["onednn", "onednn"]
         after = library.make_call("MatMul", {}, in_types, out_types, 2, {1: weights[2]})
         assert after.impl == "onednn" and not library.in_trial(after)
@@ -162,9 +174,7 @@ def test_a_call_built_while_the_trial_is_set_up_joins_it(monkeypatch):
     kept the measured library while the trial could move its sibling to the other (1
     run in 30 of test_library_tries_both_in_the_plan_and_remembers under load)."""
     import threading
-    _measured(monkeypatch, "mlas", "measured mlas 1.000 ms, onednn 1.100 ms (best of 7)")
-    monkeypatch.setattr(inplan.Trial, "verdict",
-                        lambda self: ("onednn", "in the plan: mlas 2.000 ms, onednn 1.000 ms"))
+    in_types, out_types, weights, x = _trial_disagreeing_with_measurement(monkeypatch, 2)
     inside, go = threading.Event(), threading.Event()
     real_start = library._start_trials
 
@@ -173,10 +183,6 @@ def test_a_call_built_while_the_trial_is_set_up_joins_it(monkeypatch):
         assert go.wait(30)
         return real_start(*args, **kwargs)
     monkeypatch.setattr(library, "_start_trials", held)
-    in_types = [(np.dtype("float32"), (48, 96)), (np.dtype("float32"), (96, 72))]
-    out_types = [(np.dtype("float32"), (48, 72))]
-    weights = [RNG.standard_normal((96, 72)).astype(np.float32) for _ in range(2)]
-    x = RNG.standard_normal((48, 96)).astype(np.float32)
     try:
         library._DECISIONS.clear()
         first = library.make_call("MatMul", {}, in_types, out_types, 2, {1: weights[0]})
@@ -187,11 +193,7 @@ def test_a_call_built_while_the_trial_is_set_up_joins_it(monkeypatch):
         assert library.wait_background(60)
         fns = [first, second]
         assert all(library.in_trial(fn) for fn in fns)
-        while any(library.in_trial(fn) for fn in fns):
-            for fn, w in zip(fns, weights):
-                out = np.empty((48, 72), np.float32)
-                fn([x, None], [out])
-                np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-3)
+        _run_until_decided(fns, weights, x)
         assert [fn.impl for fn in fns] == ["onednn", "onednn"]
         assert fns[0].note == fns[1].note
     finally:
