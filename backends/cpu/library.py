@@ -250,14 +250,14 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
                 in_types, out_types, layouts, constants, background.quiet_cores)
         except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
             choice, note = "mlas", f"not measured: {str(exc)[:80]}"
+        measured = note.startswith("measured")
         with _SESSIONS_LOCK:
-            # the entry stays until the trial is registered: a call made meanwhile read
-            # the old decision and joins the list, then the trial (_try_in_plan)
+            # a measured answer's entry stays until the trial is registered: a call made
+            # meanwhile read the old decision and joins the list, then the trial
+            # (_try_in_plan)
             _DECISIONS[key] = (choice, note)
-            waiting = list(_MEASURING[key])
-        if not note.startswith("measured"):
-            with _SESSIONS_LOCK:
-                waiting = _MEASURING.pop(key)
+            waiting = list(_MEASURING[key]) if measured else _MEASURING.pop(key)
+        if not measured:
             for each, _ in waiting:
                 each.note = f"{each.note}; {note}"
             return
