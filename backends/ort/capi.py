@@ -137,7 +137,7 @@ def _load() -> dict[str, object]:
 def unavailable() -> str | None:
     """Why the C API cannot serve (None: it can)."""
     with _LOCK:
-        return _load().get("error")  # type: ignore[return-value]
+        return _load().get("error") or _STATE.get("env_error")  # type: ignore[return-value]
 
 
 def _f(name: str) -> Any:  # a ctypes function
@@ -172,18 +172,24 @@ class Env:
 
 def env(threads: int, spin: bool = False) -> Env | None:
     """The shared environment, made at the first call (onnxruntime allows one environment a
-    process); None when the C API is unavailable, the environment's pool has another thread
-    count than `threads`, or this process is a fork of the one that made it (its workers
-    did not come along). Such sessions keep the binding's per-session pools."""
+    process); None when the C API is unavailable, the environment could not be made (its
+    message is kept: `unavailable()`), its pool has another thread count than `threads` or
+    another spin setting than `spin`, or this process is a fork of the one that made it (its
+    workers did not come along). Such sessions keep the binding's per-session pools."""
     with _LOCK:
-        if _load().get("error"):
+        if _load().get("error") or _STATE.get("env_error"):
             return None
         made = _STATE.get("env")
         if made is None:
-            made = _STATE["env"] = Env(threads, spin)
+            try:
+                made = _STATE["env"] = Env(threads, spin)
+            except CApiError as exc:
+                _STATE["env_error"] = f"the environment could not be made: {exc}"
+                return None
     if made.pid != os.getpid():  # type: ignore[union-attr]
         return None  # a forked child: the pool's threads stayed in the parent
-    return made if made.threads == threads else None  # type: ignore[union-attr]
+    same = made.threads == threads and made.spin == spin  # type: ignore[union-attr]
+    return made if same else None
 
 
 def supports(dtypes: Iterable[np.dtype]) -> bool:

@@ -134,6 +134,34 @@ def test_bfloat16_keeps_the_bindings_session(monkeypatch) -> None:
     assert len(made) == 1
 
 
+def test_an_environment_that_cannot_be_made_keeps_the_bindings_session(monkeypatch) -> None:
+    """onnxruntime refusing the environment is answered like an unavailable C API: None,
+    the reason in `unavailable()`, and library sessions made by the binding, not an
+    exception that would send the call to NumPy."""
+    assert capi.unavailable() is None
+    loaded = {k: v for k, v in capi._STATE.items() if k != "env"}  # no environment yet
+
+    def refuse(*args):
+        raise capi.CApiError("no threads for you")
+
+    monkeypatch.setattr(capi, "_STATE", loaded)
+    monkeypatch.setattr(capi, "Env", refuse)
+    assert capi.env(pool_threads()) is None
+    assert "could not be made: no threads for you" in capi.unavailable()
+    a = np.ones((4, 8), np.float32)
+    sess = mlas.new_session("Relu", {}, types([a]), types([a]), pool_threads(), {})
+    assert not isinstance(sess, capi.Session)
+    out = np.empty_like(a)
+    mlas.bound_runner(sess, types([a]), types([a]), {})([a], [out])
+    np.testing.assert_array_equal(out, a)
+
+
+def test_another_spin_setting_keeps_the_bindings_session() -> None:
+    threads = pool_threads()
+    made = capi.env(threads)
+    assert made is not None and capi.env(threads, spin=not made.spin) is None
+
+
 def _env_in_child(threads: int, answer: multiprocessing.Queue) -> None:
     answer.put(capi.env(threads) is None)
 
