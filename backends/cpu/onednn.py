@@ -181,6 +181,8 @@ def version() -> str:
 # packing made to measure oneDNN against MLAS, which MLAS won, is not kept).
 _PACKINGS: dict[int, tuple[weakref.ref, list]] = {}
 _PACKED_LOCK = threading.Lock()
+# ids of weights arrays gone whose packings _drain_forgotten has not dropped yet
+_FORGOTTEN: list[int] = []
 # (id(weights), user shape, user strides) -> set when the packing under way is done
 _PACKING: dict[tuple, threading.Event] = {}
 
@@ -188,6 +190,7 @@ _PACKING: dict[tuple, threading.Event] = {}
 def _packed(weights: np.ndarray, b: Operand, packed_md: VP) -> np.ndarray | None:
     """An earlier packing of `weights`, read with layout `b`, into layout `packed_md`."""
     lib = _lib()
+    _drain_forgotten()
     owner, packings = _PACKINGS.get(id(weights), (None, ()))
     if owner is None or owner() is not weights:
         return None
@@ -205,6 +208,7 @@ def _remember(weights: np.ndarray, b: Operand, packed_md: VP, packed: np.ndarray
     if lib.dnnl_memory_desc_clone(ctypes.byref(md), packed_md):
         return  # not shared: the next primitive packs its own
     key = id(weights)
+    _drain_forgotten()  # an entry of a dead array with this id goes first
     if key not in _PACKINGS:
         _PACKINGS[key] = (weakref.ref(weights), [])
         weakref.finalize(weights, _forget, key)
@@ -212,11 +216,25 @@ def _remember(weights: np.ndarray, b: Operand, packed_md: VP, packed: np.ndarray
 
 
 def _forget(key: int) -> None:
-    """The weights array `key` is gone: drop its packings' descriptors."""
-    with _PACKED_LOCK:
-        _, packings = _PACKINGS.pop(key, (None, ()))
-    for _, md, _ in packings:
-        _lib().dnnl_memory_desc_destroy(md)
+    """The weights array `key` is gone: drop its packings' descriptors, now if the lock is
+    free, else at the next lookup. This is a finalizer: it runs wherever the array dies,
+    also inside a region holding _PACKED_LOCK (a garbage collection started by an
+    allocation there), where waiting for the lock hung the process (a test run's prepack
+    thread, making an Event under the lock)."""
+    _FORGOTTEN.append(key)
+    if _PACKED_LOCK.acquire(blocking=False):
+        try:
+            _drain_forgotten()
+        finally:
+            _PACKED_LOCK.release()
+
+
+def _drain_forgotten() -> None:
+    """Drop the packings of the arrays _forget queued (under _PACKED_LOCK)."""
+    while _FORGOTTEN:
+        _, packings = _PACKINGS.pop(_FORGOTTEN.pop(), (None, ()))
+        for _, md, _ in packings:
+            _lib().dnnl_memory_desc_destroy(md)
 
 
 def _lib():

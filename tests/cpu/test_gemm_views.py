@@ -210,6 +210,40 @@ def test_primitives_share_the_packing_of_one_weights_array():
 
 
 @needs_dnnl
+def test_weights_dying_inside_the_packing_lock_do_not_hang_the_thread():
+    """A weights array's finalizer runs wherever it dies: here inside a region holding
+    the packing lock (as a garbage collection set off by an allocation there does). It
+    used to wait for that lock and hang the thread; now the packings go at the next
+    lookup."""
+    import gc
+    import threading
+    w = np.random.default_rng(5).standard_normal((256, 512)).astype(np.float32)
+    a = np.ones((8, 256), np.float32)
+    y = np.empty((8, 512), np.float32)
+    mm = onednn.Matmul(onednn.Operand(a.shape), onednn.Operand(w.shape),
+                       onednn.Operand(y.shape), weights=w, threads=1)
+    key = id(w)
+    assert key in onednn._PACKINGS
+    del mm
+
+    def die_inside_the_lock() -> None:
+        nonlocal w
+        with onednn._PACKED_LOCK:
+            del w  # the finalizer runs here, the lock held
+            gc.collect()
+
+    t = threading.Thread(target=die_inside_the_lock, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the finalizer waited for the lock its own thread held"
+    assert key in onednn._PACKINGS  # left for the next lookup ...
+    other = np.zeros((256, 512), np.float32)
+    onednn.Matmul(onednn.Operand(a.shape), onednn.Operand(other.shape),
+                  onednn.Operand(y.shape), weights=other, threads=1)([a, y])
+    assert not any(owner() is None for owner, _ in onednn._PACKINGS.values())  # ... gone
+
+
+@needs_dnnl
 def test_a_packing_under_way_holds_back_only_its_own_weights(monkeypatch):
     """While one thread reorders weights (the background packing of a warm first run), a
     primitive looking for an earlier packing of them does not wait (it reads the weights
