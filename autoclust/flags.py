@@ -64,6 +64,9 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("cpu_helpers", str, "native", "helper threads of CPU kernels split over "
              "--threads: native (pthreads, futex; Linux x86-64, else python) or python",
              choices=("native", "python")),
+    FlagSpec("cpu_allow_spinning", bool, True, "native helpers keep polling for the next "
+             "split while a cluster runs (at SCHED_IDLE: only otherwise idle cores), instead "
+             "of sleeping between splits; as onnxruntime's session.intra_op.allow_spinning"),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),

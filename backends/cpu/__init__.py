@@ -124,7 +124,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
             "".join(f"  {', '.join(program.thunks[i].nodes)}: {spec}\n"
                     for i, (_, spec) in gemms.items())
     code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds, flags.cpu_helpers,
-                flags.fast_math)
+                flags.fast_math, flags.cpu_allow_spinning)
     if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
         dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
         return Parametric(program, code, dims)
@@ -143,6 +143,7 @@ class Code:
     check_bounds: bool = False
     helpers: str = "native"  # --cpu_helpers
     fast_math: bool = False  # --fast_math: approximate epilogues too (backends/cpu/epilogue.py)
+    spinning: bool = True  # --cpu_allow_spinning: helpers poll between a run's splits
 
     def executable(self, program: kir.Program, env: dict[str, int],
                    dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
@@ -158,7 +159,7 @@ class Code:
                  for i, (name, spec) in self.gemms.items()} if env else self.gemms
         return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
                           library, MIN_CHUNK_WORK, gemms, self.check_bounds, dims, arena,
-                          impls, self.helpers, self.fast_math)
+                          impls, self.helpers, self.fast_math, self.spinning)
 
 
 class Parametric:

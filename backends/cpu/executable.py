@@ -17,6 +17,8 @@ caller ~10 us through Python helpers (two wake-ups: their queue, then the GIL) a
 microseconds through native ones, and degrades to one thread when no core is free.
 Consecutive native steps (unsplit kernels and generated GEMMs) run through one call of
 a small native driver, so a small cluster costs one ctypes call, not one per kernel.
+While a run is in progress, native helpers poll for the next split at SCHED_IDLE instead
+of sleeping (`pool.NativePool.linger`; `--cpu_allow_spinning=false` lets them sleep).
 """
 
 from __future__ import annotations
@@ -239,16 +241,17 @@ class Executable:
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
                  check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
                  arena: Arena | None = None, impls: dict[int, str] | None = None,
-                 helpers: str = "native", fast_math: bool = False):
+                 helpers: str = "native", fast_math: bool = False, spinning: bool = True):
         self.program = program
-        self._helpers, self._fast_math = helpers, fast_math  # --cpu_helpers, --fast_math
+        # --cpu_helpers, --fast_math, --cpu_allow_spinning; the helpers polling while a run
+        # is on (pool.linger), once a split step takes them
+        self._helpers, self._fast_math, self._spinning = helpers, fast_math, spinning
+        self._pool: pool.NativePool | None = None
         constants = program.constants
         self.engine, self.dumps = engine, dumps  # the engine keeps the code alive
         self.buffers = {b.id: b for b in program.buffers}
         self._arena = arena if arena is not None else Arena()
-        self._lock = self._arena.lock
-        self._dims = dims or {}
-        self._impls = impls or {}
+        self._lock, self._dims, self._impls = self._arena.lock, dims or {}, impls or {}
         self.library_fns: dict[int, Callable] = {}  # library thunk index -> its call
         self._ptrs = (ctypes.c_void_p * max(1, len(program.buffers)))()
         self._ptrs_addr = ctypes.addressof(self._ptrs)
@@ -260,8 +263,7 @@ class Executable:
         self._sites: list[ctypes.Array] = []  # keeps the per-kernel arrays alive
         # --check_bounds: kernel name -> (its buffers, its guard array; codegen.GUARD_SIZES)
         self._guards: dict[str, tuple[tuple[int, ...], np.ndarray]] = {}
-        self._check_bounds = check_bounds
-        self._library = library
+        self._check_bounds, self._library = check_bounds, library
         self._fresh = True  # the first run holds background work back (background.foreground)
         self._plan_trial, self._trial_lock = _PENDING, threading.Lock()  # inplan.PlanTrial
         self._gate(library)
@@ -479,6 +481,8 @@ class Executable:
         Splitter call (--cpu_helpers=python, or no native helpers here)."""
         native = pool.get(threads) if self._helpers == "native" else None
         if native is not None:
+            if self._spinning:
+                self._pool = native
             job, arr = native.job(addr, bufs, bounds)
             keep.extend((job, arr))
             return Native(native.step_address, job.ctypes.data, 0, 0, work)
@@ -648,8 +652,15 @@ class Executable:
                 # refs when the caller dropped it: our slot, `old` and getrefcount's argument
                 if old is None or _refcount(old) != 3:
                     self._set(bid, np.empty(shape, dtype))
-            for step in self._steps:
-                step()
+            helpers = self._pool
+            if helpers is not None:
+                helpers.linger(1)
+            try:
+                for step in self._steps:
+                    step()
+            finally:
+                if helpers is not None:
+                    helpers.linger(-1)
             if self._guards:
                 self._raise_out_of_bounds()
             outs = [np.array(arrays[bid], copy=True) if copy else arrays[bid]
