@@ -143,7 +143,7 @@ class Code:
     check_bounds: bool = False
     helpers: str = "native"  # --cpu_helpers
     fast_math: bool = False  # --fast_math: approximate epilogues too (backends/cpu/epilogue.py)
-    spinning: bool = True  # --cpu_allow_spinning: helpers poll between a run's splits
+    spinning: bool = False  # --cpu_allow_spinning: helpers poll between a run's splits
 
     def executable(self, program: kir.Program, env: dict[str, int],
                    dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,

@@ -17,8 +17,8 @@ caller ~10 us through Python helpers (two wake-ups: their queue, then the GIL) a
 microseconds through native ones, and degrades to one thread when no core is free.
 Consecutive native steps (unsplit kernels and generated GEMMs) run through one call of
 a small native driver, so a small cluster costs one ctypes call, not one per kernel.
-While a run is in progress, native helpers poll for the next split at SCHED_IDLE instead
-of sleeping (`pool.NativePool.linger`; `--cpu_allow_spinning=false` lets them sleep).
+With `--cpu_allow_spinning` the native helpers poll for the next split at SCHED_IDLE while
+a run is in progress instead of sleeping between splits (`pool.NativePool.linger`).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class Executable:
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
                  check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
                  arena: Arena | None = None, impls: dict[int, str] | None = None,
-                 helpers: str = "native", fast_math: bool = False, spinning: bool = True):
+                 helpers: str = "native", fast_math: bool = False, spinning: bool = False):
         self.program = program
         # --cpu_helpers, --fast_math, --cpu_allow_spinning; the helpers polling while a run
         # is on (pool.linger), once a split step takes them
@@ -479,7 +479,7 @@ class Executable:
         """fn(bufs, start, stop) over `bounds` on all threads: a native-driver step
         (ac_pool_step on pool.py's helpers, its job arrays appended to `keep`), or a
         Splitter call (--cpu_helpers=python, or no native helpers here)."""
-        native = pool.get(threads) if self._helpers == "native" else None
+        native = pool.get(threads, self._spinning) if self._helpers == "native" else None
         if native is not None:
             if self._spinning:
                 self._pool = native

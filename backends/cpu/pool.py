@@ -22,6 +22,7 @@ The state is one int64 array per thread count; its words, each on its own cache 
     busy   [40]  1 while a caller owns the pool: a second caller runs its chunks alone
     sleep  [48]  helpers asleep in the futex (the caller wakes them only then)
     linger [56]  plan runs in progress (`linger`): helpers poll instead of sleeping
+    idle   [57]  1: the helpers take SCHED_IDLE at start and poll while linger > 0
 
 As with Splitter, the caller never waits for a helper to start: it claims chunks too, and
 waits only for chunks a helper has claimed (spinning briefly, then a futex wait of at most
@@ -59,6 +60,7 @@ SPIN = 32                  # helper: pauses before sleeping (~1-5 us)
 CALLER_SPIN = 2048         # caller: pauses before sleeping on helpers' chunks
 STATE_WORDS = 64
 LINGER = 56                # the state word counting runs in progress (helpers keep polling)
+IDLE = 57                  # set before the helpers start: they take SCHED_IDLE and may poll
 RUN_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                           ctypes.c_void_p, ctypes.c_int64)
 JOB_WORDS = 5              # ac_pool_step's job: state, fn, bufs, bounds, n
@@ -123,14 +125,22 @@ entry:
   %wakep = getelementptr i64, ptr %st, i64 24
   %sleepp = getelementptr i64, ptr %st, i64 48
   %lingerp = getelementptr i64, ptr %st, i64 56
+  %wantp = getelementptr i64, ptr %st, i64 57
+  %want = load atomic i64, ptr %wantp seq_cst, align 8
+  %asked = icmp ne i64 %want, 0
+  br i1 %asked, label %setidle, label %start
+setidle:
   %param = alloca i32, align 4
   store i32 0, ptr %param, align 4
   %policy = call i64 @ac_syscall3(i64 144, i64 0, i64 5, ptr %param)  ; SCHED_IDLE
-  %idle = icmp eq i64 %policy, 0
+  %took = icmp eq i64 %policy, 0
+  br label %start
+start:
+  %idle = phi i1 [ false, %entry ], [ %took, %setidle ]
   %first = load atomic i32, ptr %wakep seq_cst, align 8
   br label %spin
 spin:
-  %seen = phi i32 [ %first, %entry ], [ %seen, %slept ], [ %now, %work ]
+  %seen = phi i32 [ %first, %start ], [ %seen, %slept ], [ %now, %work ]
   br label %poll
 poll:
   %i = phi i32 [ 0, %spin ], [ %i2, %pause ]
@@ -264,7 +274,7 @@ entry:
 """.replace("CALLER_SPIN", str(CALLER_SPIN)).replace("SPIN", str(SPIN))
 
 ENABLED = True             # False: Splitter's Python helpers serve every split (A/B runs)
-_POOLS: dict[int, NativePool | None] = {}
+_POOLS: dict[tuple[int, bool], NativePool | None] = {}
 _LOCK = threading.Lock()
 _CODE: dict[str, int] = {}
 _CACHE_DIR = [""]  # --cache_dir of the sessions (use_cache_dir): the driver's object code
@@ -299,10 +309,11 @@ def _code() -> dict[str, int]:
 class NativePool:
     """One state array and `helpers` native threads serving it."""
 
-    def __init__(self, helpers: int):
+    def __init__(self, helpers: int, polling: bool = False):
         code = _code()
-        self.helpers = helpers
+        self.helpers, self.polling = helpers, polling
         self.state = np.zeros(STATE_WORDS, np.int64)
+        self.state[IDLE] = int(polling)
         self.address = self.state.ctypes.data
         self._lingering, self._linger_lock = 0, threading.Lock()
         self.step_address = code["ac_pool_step"]
@@ -346,18 +357,21 @@ class NativePool:
         self._run(self.address, fn, bufs, bounds.ctypes.data, n)
 
 
-def get(threads: int) -> NativePool | None:
+def get(threads: int, polling: bool = False) -> NativePool | None:
     """The process-wide pool with threads - 1 native helpers (made on first use), or None
-    where native helpers are not supported or could not start."""
+    where native helpers are not supported or could not start. `polling`
+    (--cpu_allow_spinning): the pool whose SCHED_IDLE helpers poll while a run lingers;
+    sessions with and without it in one process get a pool each."""
     if not ENABLED:
         return None
+    key = (threads, polling)
     with _LOCK:
-        if threads not in _POOLS:
+        if key not in _POOLS:
             pool = None
             if supported() and threads > 1:
                 try:
-                    pool = NativePool(threads - 1)
+                    pool = NativePool(threads - 1, polling)
                 except OSError:
                     pool = None
-            _POOLS[threads] = pool
-        return _POOLS[threads]
+            _POOLS[key] = pool
+        return _POOLS[key]

@@ -218,7 +218,7 @@ def test_helpers_take_only_idle_cpu():
     other thread (onnxruntime's GEMM workers in the plan, the user's threads)."""
     import os
     before = set(_policies())
-    p = pool.NativePool(2)
+    p = pool.NativePool(2, polling=True)
     _KEEP.append(p)
 
     def new() -> list[int]:  # the policies of the pool's threads (each sets its own first)
@@ -233,7 +233,7 @@ def test_helpers_poll_while_a_run_is_in_progress_and_sleep_after(fill):
     the next split: BERT-base 3-4% faster); once no run is in progress it sleeps."""
     import os
     import time
-    p = pool.NativePool(1)
+    p = pool.NativePool(1, polling=True)
     _KEEP.append(p)
     if os.SCHED_IDLE not in _policies().values():
         pytest.skip("helpers could not take SCHED_IDLE here: they never linger")
@@ -258,9 +258,10 @@ def test_a_plan_run_that_raises_ends_its_linger():
     from support.chains import compile_model, model_from_text
     model = model_from_text(SPLIT_MODEL)
     x = np.random.default_rng(3).standard_normal(1 << 19).astype(np.float32)
-    exe, args = compile_model(model, {"x": x}, threads=2, cpu_helpers="native")
+    exe, args = compile_model(model, {"x": x}, threads=2, cpu_helpers="native",
+                              cpu_allow_spinning=True)
     exe.run(args)
-    helpers = pool.get(2)
+    helpers = pool.get(2, polling=True)
     assert exe._pool is helpers and helpers.state[pool.LINGER] == 0
 
     def fail() -> None:
@@ -273,14 +274,29 @@ def test_a_plan_run_that_raises_ends_its_linger():
     assert helpers.state[pool.LINGER] == 0
 
 
-def test_without_spinning_a_plan_run_leaves_the_helpers_to_sleep():
-    """--cpu_allow_spinning=false: split kernels still go to the helpers, which sleep
-    between splits as onnxruntime's workers with allow_spinning 0."""
+def test_without_spinning_a_plan_run_leaves_the_helpers_to_sleep(fill):
+    """The default (--cpu_allow_spinning off): split kernels go to helpers of normal
+    priority, which sleep between splits as onnxruntime's workers with allow_spinning 0,
+    and never poll, even with a run counted in their state."""
+    import os
+    import time
+
     from support.chains import compile_model, model_from_text
     model = model_from_text(SPLIT_MODEL)
     x = np.random.default_rng(3).standard_normal(1 << 19).astype(np.float32)
-    exe, args = compile_model(model, {"x": x}, threads=2, cpu_helpers="native",
-                              cpu_allow_spinning=False)
+    exe, args = compile_model(model, {"x": x}, threads=2, cpu_helpers="native")
     assert exe.split and exe._pool is None
     exe.run(args)
     assert pool.get(2).state[pool.LINGER] == 0
+    before = set(_policies())
+    p = pool.NativePool(1)
+    _KEEP.append(p)
+    a = np.zeros(1000, np.int64)
+    p.linger(1)
+    p.run(fill, a.ctypes.data, _bounds(1000, 4))
+    assert _until(lambda: p.state[48] == 1)  # asleep although a run is counted
+    time.sleep(0.02)
+    assert p.state[48] == 1
+    p.linger(-1)
+    mine = [pol for tid, pol in _policies().items() if tid not in before]
+    assert mine == [os.SCHED_OTHER]
