@@ -30,18 +30,19 @@ waits only for chunks a helper has claimed (spinning briefly, then a futex wait 
 often follow each other within microseconds), then sleeps. Linux on x86-64 only (the futex
 is a raw syscall); elsewhere `get()` returns None and Splitter serves.
 
-Helpers run at SCHED_IDLE, and while a plan run is in progress (executable.py counts it in
-`linger`, --cpu_allow_spinning) they keep polling instead of sleeping. In a plan, split
-kernels alternate with library GEMMs whose onnxruntime worker takes the helper's core; a
-sleeping helper then costs the next split a futex wake-up, tens of microseconds on the
-2-core VMs (profiled, BERT's generated Q.K^T took 300 us after a GEMM, 160 alone). At SCHED_IDLE the polling
-helper gives way at once to any other thread (onnxruntime's worker, the user's threads) and
-is back the moment that core idles: BERT-base, LLaMA, T5 and ViT 2.2-2.6% faster (the A/B
-in docs/performance.md), onnxruntime's own runs in the same process unchanged. A helper
-preempted inside a chunk holds up its caller only until the caller sleeps on it, which
-frees the caller's core for the helper. An unprivileged thread cannot leave SCHED_IDLE
-(RLIMIT_NICE), so the policy is for the helper's life; a helper that could not take it
-never polls. The pool uses no CPU once no run is in progress.
+With --cpu_allow_spinning (`get(threads, polling=True)`: a pool of its own) the helpers
+run at SCHED_IDLE, and while a plan run is in progress (executable.py counts it in
+`linger`) they keep polling instead of sleeping. In a plan, split kernels alternate with
+library GEMMs whose onnxruntime worker takes the helper's core; a sleeping helper then
+costs the next split a futex wake-up, tens of microseconds on the 2-core VMs (profiled,
+BERT's generated Q.K^T took 300 us after a GEMM, 160 alone). At SCHED_IDLE the polling
+helper gives way at once to any other thread and is back the moment that core idles: ONNX
+exports 2.2-2.7% faster (BERT-base, LLaMA, T5, ViT, Qwen2; docs/performance.md), but a
+torch process whose GEMMs ran on oneDNN's OpenMP threads 10-20% slower (not understood),
+so it is not the default. A helper preempted inside a chunk holds up its caller only until
+the caller sleeps on it, which frees the caller's core. An unprivileged thread cannot
+leave SCHED_IDLE (RLIMIT_NICE), so the policy is for the helper's life; a helper that
+could not take it never polls. The pool uses no CPU once no run is in progress.
 """
 
 from __future__ import annotations
