@@ -9,7 +9,8 @@ native code compiled once per process by LLVM: helpers are pthreads running
 native driver, through `ac_pool_step`), so a split kernel costs a few atomics and, when a
 helper sleeps, one futex wake.
 
-The state is one int64 array per thread count; its words, each on its own cache line:
+The state is one int64 array per pool (thread count, polling or not); its words, each on
+its own cache line:
 
     ctrl   [0]   gen << 32 | n << 16 | next chunk   (claims: fetch-add; the chunk count
                                                    travels with the index, so a helper
@@ -334,7 +335,8 @@ class NativePool:
 
     def linger(self, delta: int) -> None:
         """+1 when a run of a plan using this pool starts, -1 when it ends: while any run
-        is in progress, idle helpers keep polling for the next split instead of sleeping."""
+        is in progress, a polling pool's helpers keep polling for the next split instead of
+        sleeping (the others sleep as ever)."""
         with self._linger_lock:
             self._lingering += delta
             self.state[LINGER] = self._lingering
