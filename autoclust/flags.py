@@ -67,8 +67,8 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("cpu_allow_spinning", bool, False, "native helpers poll for the next split "
              "while a cluster runs (at SCHED_IDLE: only otherwise idle cores) instead of "
              "sleeping between splits; onnxruntime's session.intra_op.allow_spinning for our "
-             "helpers (ONNX exports 2-3% faster; with oneDNN's OpenMP GEMMs in a torch "
-             "process up to 20% slower)"),
+             "helpers (ONNX exports 1-3% faster; not in plans calling oneDNN, whose "
+             "OpenMP threads it slowed)"),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),

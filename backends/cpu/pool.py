@@ -38,9 +38,9 @@ library GEMMs whose onnxruntime worker takes the helper's core; a sleeping helpe
 costs the next split a futex wake-up, tens of microseconds on the 2-core VMs (profiled,
 BERT's generated Q.K^T took 300 us after a GEMM, 160 alone). At SCHED_IDLE the polling
 helper gives way at once to any other thread and is back the moment that core idles: ONNX
-exports 2.2-2.7% faster (BERT-base, LLaMA, T5, ViT, Qwen2; docs/performance.md), but a
-torch process whose GEMMs ran on oneDNN's OpenMP threads 10-20% slower (not understood),
-so it is not the default. A helper preempted inside a chunk holds up its caller only until
+exports 1-3% faster (BERT-base, LLaMA, T5, ViT, Qwen2; docs/performance.md). A torch
+process whose GEMMs ran on oneDNN's OpenMP threads ran 10-20% slower (not understood), so
+a plan calling oneDNN does not poll (executable.py), and the flag is not the default. A helper preempted inside a chunk holds up its caller only until
 the caller sleeps on it, which frees the caller's core. An unprivileged thread cannot
 leave SCHED_IDLE (RLIMIT_NICE), so the policy is for the helper's life; a helper that
 could not take it never polls. The pool uses no CPU once no run is in progress.

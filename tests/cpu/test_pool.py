@@ -300,3 +300,33 @@ def test_without_spinning_a_plan_run_leaves_the_helpers_to_sleep(fill):
     p.linger(-1)
     mine = [pol for tid, pol in _policies().items() if tid not in before]
     assert mine == [os.SCHED_OTHER]
+
+
+GEMM_MODEL = """
+        <ir_version: 10, opset_import: ["" : 18]>
+        g (float[1024, 512] x) => (float[1024, 512] y) {
+            w = Constant <value_float = 0.01> ()
+            s = Constant <value_ints = [512, 512]> ()
+            ws = Expand(w, s)
+            m = MatMul(x, ws)
+            y = Erf(m)
+        }
+    """
+
+
+@pytest.mark.parametrize("impl,polls", [("mlas", True), ("onednn", False)])
+def test_a_plan_calling_onednn_does_not_poll(monkeypatch, impl, polls):
+    """--cpu_allow_spinning: a run polls only while none of its library calls is on
+    oneDNN (its OpenMP threads lost their cores to the polling helpers)."""
+    from autoclust.backends.cpu import library
+    from support.chains import compile_model, model_from_text
+    model = model_from_text(GEMM_MODEL)
+    x = np.random.default_rng(4).standard_normal((1024, 512)).astype(np.float32)
+    exe, args = compile_model(model, {"x": x}, threads=2, cpu_allow_spinning=True)
+    exe.run(args)
+    assert exe.library_fns and exe._pool is not None
+    monkeypatch.setattr(library, "current_impl", lambda fn: impl)
+    counted = []
+    exe._steps = [lambda: counted.append(int(exe._pool.state[pool.LINGER]))]
+    exe.run(args)
+    assert counted == [1 if polls else 0]
