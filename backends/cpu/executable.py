@@ -495,9 +495,10 @@ class Executable:
         not in a plan calling oneDNN, whose OpenMP threads lost their cores to the polling
         helpers (ViT through torch.compile: 51 -> 62 ms a run; dropping the polling only
         around each oneDNN call still left 56-59 ms)."""
+        if self._pool is None:
+            return None  # the default: nothing to look up on the hot path
         impl = getattr(self._library, "current_impl", None)
-        if self._pool is None or impl is not None and any(
-                impl(fn) == "onednn" for fn in self.library_fns.values()):
+        if impl is not None and any(impl(fn) == "onednn" for fn in self.library_fns.values()):
             return None
         return self._pool
 
