@@ -64,11 +64,11 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("cpu_helpers", str, "native", "helper threads of CPU kernels split over "
              "--threads: native (pthreads, futex; Linux x86-64, else python) or python",
              choices=("native", "python")),
-    FlagSpec("cpu_allow_spinning", bool, False, "native helpers poll for the next split "
+    FlagSpec("cpu_allow_spinning", bool, True, "native helpers poll for the next split "
              "while a cluster runs (at SCHED_IDLE: only otherwise idle cores) instead of "
              "sleeping between splits; onnxruntime's session.intra_op.allow_spinning for our "
-             "helpers (ONNX exports 1-3% faster; not in plans calling oneDNN, whose "
-             "OpenMP threads it slowed)"),
+             "helpers (ONNX exports 0-3% faster; not in plans calling oneDNN, whose "
+             "OpenMP threads it slowed). Off: helpers sleep between splits"),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),

@@ -40,6 +40,9 @@ from collections.abc import Callable
 MIN_SAMPLES = 6   # timed calls of each implementation before the trial decides
 PLAN_SAMPLES = 6  # timed runs of each variant of the whole plan (PlanTrial)
 DECIDED = "as decided"
+# bumped whenever a call's `impl` changes (library.LibraryFn.switch, PlanTrial.apply): a
+# plan caches what it derives from its calls' impls (Executable._polling_pool) until then
+SWITCHES = [0]
 MARGIN = 0.03     # the other implementation must be faster than this to take over
 
 
@@ -123,6 +126,7 @@ class PlanTrial:
         for fn, (impl, current) in zip(self.fns, self.as_decided):
             if name == DECIDED:
                 fn.impl, fn._current = impl, current
+                SWITCHES[0] += 1
             else:
                 fn._current = (fn.alternatives[name], name == "onednn", None)
 

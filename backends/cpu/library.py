@@ -73,6 +73,7 @@ MLAS_TYPES = {"MatMul": (F32, F64), "Gemm": (F32, F64), "Einsum": (F32, F64),
               "AveragePool": (F32,), "GlobalAveragePool": (F32,), "GlobalMaxPool": (F32,)}
 SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
 POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
+SWITCHES = inplan.SWITCHES  # bumped at every change of a call's impl (see inplan.py)
 FUSED = "onednn+post-ops"  # the impl of a call that runs its epilogue too
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
@@ -100,6 +101,7 @@ class LibraryFn:
     def switch(self, impl: str, run: RunFn, note: str) -> None:
         """Run `impl` from now on (a background measurement found it faster)."""
         self.impl, self.note = impl, note
+        SWITCHES[0] += 1
         # one attribute, swapped at once: a call on another thread sees both or neither
         self._current = (run, impl == "onednn", None)  # oneDNN writes strided outputs in place
 

@@ -31,16 +31,17 @@ waits only for chunks a helper has claimed (spinning briefly, then a futex wait 
 often follow each other within microseconds), then sleeps. Linux on x86-64 only (the futex
 is a raw syscall); elsewhere `get()` returns None and Splitter serves.
 
-With --cpu_allow_spinning (`get(threads, polling=True)`: a pool of its own) the helpers
-run at SCHED_IDLE, and while a plan run is in progress (executable.py counts it in
-`linger`) they keep polling instead of sleeping. In a plan, split kernels alternate with
+With --cpu_allow_spinning (the default; `get(threads, polling=True)`: a pool of its own)
+the helpers run at SCHED_IDLE, and while a plan run is in progress (executable.py counts it
+in `linger`) they keep polling instead of sleeping. In a plan, split kernels alternate with
 library GEMMs whose onnxruntime worker takes the helper's core; a sleeping helper then
 costs the next split a futex wake-up, tens of microseconds on the 2-core VMs (profiled,
 BERT's generated Q.K^T took 300 us after a GEMM, 160 alone). At SCHED_IDLE the polling
 helper gives way at once to any other thread and is back the moment that core idles: ONNX
-exports 1-3% faster (BERT-base, LLaMA, T5, ViT, Qwen2; docs/performance.md). A torch
-process whose GEMMs ran on oneDNN's OpenMP threads ran 10-20% slower (not understood), so
-a plan calling oneDNN does not poll (executable.py), and the flag is not the default. A helper preempted inside a chunk holds up its caller only until
+exports 0-3% faster (docs/performance.md). oneDNN's OpenMP threads, though, spin after
+their GEMMs and starve a SCHED_IDLE helper in mid-chunk (torch's ViT 10-20% slower, BEiT's
+export 5-7%), so a plan calling oneDNN neither polls nor uses this pool: its split jobs
+are pointed at the default pool's helpers (executable.py). A helper preempted inside a chunk holds up its caller only until
 the caller sleeps on it, which frees the caller's core. An unprivileged thread cannot
 leave SCHED_IDLE (RLIMIT_NICE), so the policy is for the helper's life; a helper that
 could not take it never polls. The pool uses no CPU once no run is in progress.
@@ -363,7 +364,7 @@ class NativePool:
 def get(threads: int, polling: bool = False) -> NativePool | None:
     """The process-wide pool with threads - 1 native helpers (made on first use), or None
     where native helpers are not supported or could not start. `polling`
-    (--cpu_allow_spinning): the pool whose SCHED_IDLE helpers poll while a run lingers;
+    (--cpu_allow_spinning, the default): the pool whose SCHED_IDLE helpers poll while a run lingers;
     sessions with and without it in one process get a pool each."""
     if not ENABLED:
         return None
