@@ -83,7 +83,9 @@ def lower_graph(graph: Graph, flags: Flags, backend: Any) -> kir.Program:
     with symbolic.recording() as rec:
         if pol.fused_attention and "fuse_attention" not in flags.disable_passes \
                 and any(n.op == "Softmax" for n in graph.nodes):
-            graph = fuse_attention(copy_graph(graph), pol.fused_attention)
+            graph = fuse_attention(copy_graph(graph), pol.fused_attention,
+                                   pol.attention_dtypes, pol.attention_min_keys,
+                                   pol.attention_symbolic)
         program = attach_epilogues(fuse(graph, pol.fold_bias, pol.library_views),
                                    pol.library_epilogues)
         program = collapse_loops(program)

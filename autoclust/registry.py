@@ -85,6 +85,13 @@ class Policy:
     # Attention (softmax(Q K^T) V) as one FusedAttention library call (passes/attention.py)
     # for head dims up to this; 0: never (the unfused ops lower as usual).
     fused_attention: int = 0
+    # the dtypes of Q, K, V it fuses (CPU: float32; empty: the pass's own list), and the
+    # fewest keys worth it (CPU: shorter rows stay unfused, their scores fit in cache)
+    attention_dtypes: tuple = ()
+    attention_min_keys: int = 0
+    # whether it fuses attention whose sizes are symbolic (CPU: no, its kernel's sizes are
+    # in its code; that attention stays unfused)
+    attention_symbolic: bool = True
     # dtypes this backend's library calls take beyond the op table's (GPU: bfloat16 GEMMs)
     library_dtypes: frozenset = frozenset()
     # Whether a kernel may store its output over one of its inputs, the input's last

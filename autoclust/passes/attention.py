@@ -33,6 +33,7 @@ from typing import TypeGuard
 
 import numpy as np
 
+from autoclust import symbolic
 from autoclust.ir import Graph, Node, Value
 from autoclust.ops import attention as attn
 from autoclust.passes.dce import dce
@@ -44,12 +45,17 @@ DTYPES = ("float16", "float32", "bfloat16")
 MASKED = -1e30   # a constant mask value at or below this hides its key (as -inf does)
 
 
-def fuse_attention(graph: Graph, max_head_dim: int = 128) -> Graph:
-    """`graph` with every matched attention replaced by one FusedAttention node."""
+def fuse_attention(graph: Graph, max_head_dim: int = 128, dtypes: tuple[str, ...] = (),
+                   min_keys: int = 0, symbolic_sizes: bool = True) -> Graph:
+    """`graph` with every matched attention replaced by one FusedAttention node (Q, K and
+    V of one of `dtypes`, empty: DTYPES; at least `min_keys` keys; with `symbolic_sizes`
+    false, only attention whose scores' shape is concrete, checked before any decision on
+    a symbolic size could become a guard of its shape class)."""
     changed = False
     for node in list(graph.nodes):
-        if node.op == "Softmax" and node.domain in ("", "ai.onnx") and node in graph.nodes:
-            changed = _fuse(graph, node, max_head_dim) or changed
+        if node.op == "Softmax" and node.domain in ("", "ai.onnx") and node in graph.nodes \
+                and (symbolic_sizes or not symbolic.has_syms(tuple(node.inputs[0].shape))):
+            changed = _fuse(graph, node, max_head_dim, dtypes or DTYPES, min_keys) or changed
     return dce(graph) if changed else graph
 
 
@@ -176,7 +182,8 @@ def _prescaled(graph: Graph, v: Value) -> tuple[Value, float]:
     return v, 1.0
 
 
-def _fuse(graph: Graph, softmax: Node, max_head_dim: int) -> bool:
+def _fuse(graph: Graph, softmax: Node, max_head_dim: int, dtypes: tuple[str, ...],
+          min_keys: int) -> bool:
     axis = softmax.attr("axis", -1)
     rank = len(softmax.inputs[0].shape)
     if axis not in (-1, rank - 1) or rank < 2:
@@ -198,8 +205,8 @@ def _fuse(graph: Graph, softmax: Node, max_head_dim: int) -> bool:
         return False
     (qb, qv), (kb, kv), (vb, vv), mask = views
     d, dv = qv[2][0], vv[2][0]
-    if q.dtype.name not in DTYPES or not q.dtype == kt.dtype == out_mm.inputs[1].dtype \
-            or max(d, dv) > max_head_dim:
+    if q.dtype.name not in dtypes or not q.dtype == kt.dtype == out_mm.inputs[1].dtype \
+            or max(d, dv) > max_head_dim or kv[1][0] < min_keys:
         return False
     attrs.update(scale=scale * cq * ck, batch=list(out_mm.outputs[0].shape[:-2]),
                  q_view=attn.view_ints(qv), k_view=attn.view_ints(kv),

@@ -16,7 +16,17 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from autoclust.backends.cpu import choice, codegen, dwconv, gemm, inplace, jit, library, pool
+from autoclust.backends.cpu import (
+    attention,
+    choice,
+    codegen,
+    dwconv,
+    gemm,
+    inplace,
+    jit,
+    library,
+    pool,
+)
 from autoclust.backends.cpu.executable import Arena, Executable
 from llvmlite import ir
 
@@ -56,6 +66,10 @@ POLICY = Policy(
     library_epilogues=frozenset({"MatMul", "FusedMatMul", "Gemm"}),
     writes_over=inplace.writes_over,                        # softmax over its scores, ...
     symbolic_dims=True,
+    fused_attention=attention.MAX_HEAD_DIM,                 # generated: attention.py
+    attention_dtypes=("float32",),
+    attention_min_keys=attention.MIN_KEYS,
+    attention_symbolic=False,
 )
 # Kernels with at least this many loop iterations are split over `--threads` threads
 # (executable.Splitter: chunks of the outer loop claimed by the caller and helper threads),
@@ -215,18 +229,30 @@ def _kernel_unit(k: kir.Kernel, flags: Flags) -> Unit:
     return k.name, key, build, sym
 
 
-def _generated_spec(t: kir.Thunk, buffers: dict) -> gemm.GemmSpec | dwconv.DwSpec | None:
+def _generated_spec(t: kir.Thunk, buffers: dict
+                    ) -> gemm.GemmSpec | dwconv.DwSpec | attention.AttnSpec | None:
     """The spec of a library call this backend generates code for, else None."""
     if not isinstance(t, kir.LibraryCall):
         return None
     if t.op == "Conv":
         return dwconv.spec_for(t, buffers)
+    if t.op == "FusedAttention":
+        return attention.spec_for(t, buffers)
     spec = gemm.spec_for(t, buffers)
     # symbolic rows are a run-time range; other symbolic sizes need a library call
     return spec if spec is not None and not symbolic.has_syms(gemm.code_spec(spec)) else None
 
 
-def _gemm_unit(spec: gemm.GemmSpec | dwconv.DwSpec) -> Unit:
+def _gemm_unit(spec: gemm.GemmSpec | dwconv.DwSpec | attention.AttnSpec) -> Unit:
+    if isinstance(spec, attention.AttnSpec):
+        key = cache.make_key(attention.code_key(spec), jit.version_key())
+        sym = f"a_{key[:20]}"
+
+        def build_attention() -> str:
+            module = ir.Module(name="autoclust_attention")
+            attention.emit(module, sym, spec)
+            return str(module)
+        return sym, key, build_attention, sym, True
     conv = isinstance(spec, dwconv.DwSpec)
     key = cache.make_key(dwconv.code_key(spec) if conv else f"gemm|{gemm.code_key(spec)}",
                          jit.version_key())

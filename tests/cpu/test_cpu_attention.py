@@ -1,0 +1,145 @@
+"""FusedAttention on the CPU (backends/cpu/attention.py): one generated kernel per attention
+with at least attention_min_keys keys, against onnxruntime running the unfused graph.
+
+Every mask kind (additive, select with -inf or a finite fill, causal from a constant, with
+an offset, none), rows fully masked with and without the exporters' NaN guard, grouped-query
+heads, head dims 1..128 and Dv != D, query blocks and key tiles cut short (Sq, Sk not
+multiples of 32 and 64), one and two threads, and NaN, +-inf and 1e20 in the inputs.
+The kernel's online softmax rounds differently from onnxruntime's three steps, so answers
+are compared to a tolerance (1e-5 relative), NaN positions exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from autoclust.backends import cpu
+from autoclust.backends.cpu import attention
+from support.attention_models import _feeds, bert_like, dynamo_like, select_like
+
+import autoclust
+from autoclust.ops import attention as attn
+
+
+@pytest.fixture
+def any_length(monkeypatch):
+    """Fuse attention over any number of keys (the policy's threshold is about speed)."""
+    monkeypatch.setattr(cpu, "POLICY", dataclasses.replace(cpu.POLICY, attention_min_keys=1))
+
+
+def _ort(model, feeds):
+    return ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _generated(sess) -> list:
+    """The AttnSpecs of the session's FusedAttention calls that run generated code."""
+    return [spec for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
+            for _, spec in exe._gemms.values() if isinstance(spec, attention.AttnSpec)]
+
+
+def _calls(sess) -> list:
+    return [t for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
+            for t in exe.program.thunks if getattr(t, "op", "") == attn.OP]
+
+
+def _run(model, feeds, threads=1):
+    sess = autoclust.InferenceSession(model, must_compile=True, min_cluster_size=1,
+                                      autotune=False, threads=threads)
+    return sess, sess.run(None, feeds)[0]
+
+
+def _close(got, want):
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+CASES = [  # id, model, masked rows, expected attributes
+    ("bert-d32", lambda: bert_like(2, 19, 3, 32), (), {"mask": "add"}),
+    ("bert-long", lambda: bert_like(1, 200, 2, 64), (), {"mask": "add"}),
+    ("dynamo-guard-masked-rows", lambda: dynamo_like(2, 4, 4, 13, 45, 16, 16), (3, 12),
+     {"mask": "add", "nan_to_zero": 1}),
+    ("dynamo-no-guard-masked-rows", lambda: dynamo_like(1, 2, 2, 9, 33, 8, 8, guard=False),
+     (0, 5), {"mask": "add", "nan_to_zero": 0}),
+    ("dynamo-gqa-dv", lambda: dynamo_like(1, 6, 2, 37, 70, 64, 40, mask=False), (),
+     {"mask": ""}),
+    ("dynamo-d80-sq1", lambda: dynamo_like(2, 2, 1, 1, 37, 80, 80), (), {}),
+    ("dynamo-d1", lambda: dynamo_like(1, 1, 1, 4, 3, 1, 1), (), {}),
+    ("dynamo-d128-tiles", lambda: dynamo_like(1, 2, 2, 70, 130, 128, 128), (69,), {}),
+    ("select-bool-masked-rows", lambda: select_like(2, 2, 11, 34, 16), (2,),
+     {"mask": "select"}),
+    ("select-finite-fill", lambda: select_like(1, 3, 8, 8, 32, fill=-3.4e38), (4,),
+     {"mask": "select"}),
+    ("causal", lambda: select_like(1, 2, 40, 40, 16, causal=0), (), {"causal": 1}),
+    ("causal-offset", lambda: select_like(1, 2, 40, 90, 64, causal=50), (), {"causal": 1}),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name,build,masked,attrs", CASES, ids=[c[0] for c in CASES])
+def test_fused_attention_matches_onnxruntime(any_length, name, build, masked, attrs, threads):
+    model = build()
+    feeds = _feeds(model, masked_rows=masked)
+    sess, got = _run(model, feeds, threads)
+    calls = _calls(sess)
+    assert len(calls) == 1 and len(_generated(sess)) == 1
+    have = dict(calls[0].attrs)
+    assert all(have.get(k, 0 if k != "mask" else "") == v for k, v in attrs.items()), have
+    _close(got, _ort(model, feeds)[0])
+
+
+SPECIAL = {"guard": lambda: dynamo_like(1, 2, 2, 20, 70, 16, 16),
+           "no-guard": lambda: dynamo_like(1, 2, 2, 20, 70, 16, 16, guard=False),
+           "causal": lambda: select_like(1, 2, 70, 70, 16, causal=0)}
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 1e20, -1e20])
+@pytest.mark.parametrize("kind", SPECIAL)
+def test_special_values_give_onnxruntimes_answer(any_length, value, kind):
+    """A NaN, an infinity or 1e20 in Q, K or V: the rows it reaches come out as
+    onnxruntime's (NaN, or 0 under the exporters' guard; 1e20 scores saturate the
+    softmax), every other row unharmed. A V value that is not finite makes its column NaN
+    even in rows that give its key no weight, as 0 * V does in onnxruntime's P.V: rows
+    before it under a causal mask (whose key tiles the kernel skips), and the rows the
+    guard zeroes."""
+    model = SPECIAL[kind]()
+    feeds = _feeds(model, seed=3)
+    feeds["q"][0, 0, 3, 5] = value
+    feeds["k"][0, 1, 40, 2] = value
+    feeds["v"][0, 0, 67, 1] = value
+    sess, got = _run(model, feeds)
+    assert len(_generated(sess)) == 1
+    want = _ort(model, feeds)[0]
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    ok = np.isfinite(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=1e-5, atol=1e-6)
+
+
+def test_short_rows_stay_unfused_long_rows_fuse():
+    """The policy's threshold (attention.MIN_KEYS): 128 keys keep the three steps, 256
+    keys take one generated kernel; both give onnxruntime's answer."""
+    assert attention.MIN_KEYS == cpu.POLICY.attention_min_keys == 192
+    for keys, fused in ((128, 0), (256, 1)):
+        model = dynamo_like(1, 2, 2, 33, keys, 32, 32)
+        feeds = _feeds(model, masked_rows=(4,))
+        sess, got = _run(model, feeds, threads=2)
+        assert len(_calls(sess)) == len(_generated(sess)) == fused
+        _close(got, _ort(model, feeds)[0])
+
+
+def test_head_dims_past_the_kernels_stay_unfused(any_length):
+    """Head dims above MAX_HEAD_DIM (the stack holds a block's Q and output) keep the
+    three steps; float16 attention too (the policy fuses float32 only)."""
+    model = dynamo_like(1, 2, 2, 20, 40, attention.MAX_HEAD_DIM + 32, 16)
+    feeds = _feeds(model)
+    sess, got = _run(model, feeds)
+    assert _calls(sess) == []
+    _close(got, _ort(model, feeds)[0])
+    assert cpu.POLICY.attention_dtypes == ("float32",)
+    model = dynamo_like(1, 2, 2, 20, 40, 16, 16, "float16")
+    sess, _ = _run(model, _feeds(model))
+    assert _calls(sess) == []
