@@ -143,3 +143,25 @@ def test_head_dims_past_the_kernels_stay_unfused(any_length):
     model = dynamo_like(1, 2, 2, 20, 40, 16, 16, "float16")
     sess, _ = _run(model, _feeds(model))
     assert _calls(sess) == []
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_shapes_match_onnxruntime(any_length, seed):
+    """Random batch, heads (grouped or not), lengths, head dims, mask kind and masked rows:
+    the shapes nobody picked by hand."""
+    rng = np.random.default_rng(100 + seed)
+    sq, sk = int(rng.integers(1, 90)), int(rng.integers(1, 200))
+    d, dv = int(rng.integers(1, 129)), int(rng.integers(1, 129))
+    kind = ["add", "none", "select", "causal"][seed % 4]
+    if kind in ("add", "none"):
+        hkv = int(rng.integers(1, 4))
+        model = dynamo_like(int(rng.integers(1, 3)), hkv * int(rng.integers(1, 3)), hkv, sq,
+                            sk, d, dv, mask=kind == "add", guard=bool(seed % 3))
+    else:
+        causal = int(rng.integers(0, 3)) if kind == "causal" else None
+        model = select_like(1, int(rng.integers(1, 4)), sq, max(sk, sq + 2), d, causal=causal)
+    masked = tuple(int(r) for r in rng.integers(0, sq, 2)) if kind in ("add", "select") else ()
+    feeds = _feeds(model, seed=seed, masked_rows=masked)
+    sess, got = _run(model, feeds, threads=1 + seed % 2)
+    assert len(_generated(sess)) == 1
+    _close(got, _ort(model, feeds)[0])
