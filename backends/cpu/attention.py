@@ -3,10 +3,10 @@
 Unfused, attention is three steps: Q.K^T writes the scores, a softmax reads and writes them,
 P.V reads them. Whisper-tiny's encoder (6 heads, 750 frames) writes 13.5 MB of scores a
 layer that way, and its three steps took 5.3 ms a layer against 3.5-3.8 in OpenVINO's
-fused attention (docs/performance.md). Here one kernel takes rows [start, stop) of the flat
-(batch index b, query row i) range in blocks of RB = 2 * VW query rows (32 on AVX-512) that
-never cross a batch index, and works across a block's rows: lane r of every vector is query
-row i0 + r, so the softmax's row maxima and sums are plain vector operations.
+fused attention (docs/performance.md). Here one kernel takes blocks [start, stop) of the
+flat (batch index b, block of RB = 2 * VW query rows: 32 on AVX-512) range -- threads split
+whole blocks -- and works across a block's rows: lane r of every vector is query row i0 + r,
+so the softmax's row maxima and sums are plain vector operations.
 
     qt[d] = Q[b, i0 + r, d]                   the block's Q, transposed onto the stack
     m = -inf, l = 0, o[e] = 0                 per row: running maximum, sum, output
@@ -50,7 +50,7 @@ from autoclust import symbolic
 from autoclust.kernel import ir as kir
 from autoclust.ops import attention as attn
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 F32 = ir.FloatType()
 PTR = ir.PointerType()
 MAX_HEAD_DIM = 128
@@ -137,8 +137,8 @@ def code_key(spec: AttnSpec) -> str:
 
 
 def emit(module: ir.Module, name: str, spec: AttnSpec) -> None:
-    """Emit `void name(ptr bufs, i64 start, i64 stop)` over flat query rows; bufs holds
-    the q, k, v (, mask) and output pointers."""
+    """Emit `void name(ptr bufs, i64 start, i64 stop)` over blocks of query rows
+    (AttnSpec.rows); bufs holds the q, k, v (, mask) and output pointers."""
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
     set.add(fn.attributes, '"reciprocal-estimates"="none"')
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -158,8 +158,7 @@ class _Emitter:
         self.ue = 8 if wide else 4    # output dims per P.V block
         self.vty = ir.VectorType(F32, self.vw)
         self.ity = ir.VectorType(I64, self.vw)
-        self.mty = ir.VectorType(I1, self.vw)
-        rb = block_rows()
+        self.rb = block_rows()
         # per output dim e, the last key j whose V[j, e] is NaN or +-inf (-1: none), where
         # keys the kernel skips would have made onnxruntime's P.V NaN (0 * inf, 0 * NaN):
         # keys past a causal block's diagonal, and the zeroed rows of the NaN guard
@@ -168,7 +167,6 @@ class _Emitter:
         self.qt = entry_alloca(b, self.vty, "qt", count=2 * spec.d)     # [d][2] vectors
         self.ot = entry_alloca(b, self.vty, "ot", count=2 * spec.dv)    # [e][2]
         self.st = entry_alloca(b, self.vty, "st", count=2 * BK)         # [j][2]
-        self.rb = rb
 
     # ---- helpers ----------------------------------------------------------------------
     def c(self, x: float) -> ir.Constant:
