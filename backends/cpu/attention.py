@@ -127,9 +127,18 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> AttnSpec | N
     if symbolic.has_syms(ints) or min(nb, sq, sk, d, dv) < 1 or max(d, dv) > MAX_HEAD_DIM \
             or min(ints) < 0 or k[2][0] != d or v[1][0] != sk:
         return None
+    if any(_last(view) >= buffers[b].size for view, b in zip(views, t.inputs)) or \
+            buffers[t.outputs[0]].size != nb * sq * dv:
+        return None  # a view past its buffer: the code would read outside it
     return AttnSpec(nb, sq, sk, d, dv, tuple(views), mask, float(a.get("scale", 1.0)),
                     float(a.get("fill", -math.inf)), int(a.get("causal", 0)),
                     int(a.get("causal_offset", 0)), int(a.get("nan_to_zero", 0)))
+
+
+def _last(view: attn.View) -> int:
+    """The largest element offset a view reads."""
+    batch, (r, rs), (c, cs) = view
+    return sum((n - 1) * st for n, st in batch) + (r - 1) * rs + (c - 1) * cs
 
 
 def code_key(spec: AttnSpec) -> str:

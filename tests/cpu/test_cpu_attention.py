@@ -165,3 +165,19 @@ def test_random_shapes_match_onnxruntime(any_length, seed):
     sess, got = _run(model, feeds, threads=1 + seed % 2)
     assert len(_generated(sess)) == 1
     _close(got, _ort(model, feeds)[0])
+
+
+def test_a_view_past_its_buffer_is_not_generated():
+    """spec_for checks each view's last element against its buffer: a view that would
+    read outside it gets no generated code (the call would run the NumPy reference)."""
+    from autoclust.kernel import ir as kir
+    q = (((2, 64),), (10, 128), (64, 1))  # two heads of [10, 64] rows 128 apart
+    attrs = (("batch", [2]), ("k_view", attn.view_ints(q)), ("q_view", attn.view_ints(q)),
+             ("v_view", attn.view_ints(q)))
+    call = kir.LibraryCall(attn.OP, (0, 1, 2), (3,), attrs, ("n",))
+
+    def buffers(size):
+        return {i: kir.Buffer(i, f"b{i}", "float32", (size,), "temp") for i in range(3)} | \
+            {3: kir.Buffer(3, "out", "float32", (2 * 10 * 64,), "temp")}
+    assert attention.spec_for(call, buffers(10 * 128)) is not None
+    assert attention.spec_for(call, buffers(10 * 128 - 1)) is None
