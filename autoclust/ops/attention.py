@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from autoclust.errors import OutOfBoundsError
 from autoclust.ops.table import LIBRARY, Arrays, InferContext, TypeShape, register
 
 DOMAIN = "autoclust"
@@ -59,6 +60,10 @@ def gather(base: np.ndarray, view: View) -> np.ndarray:
     """[nb, rows, cols]: the elements of `base` a view reads (a copy)."""
     batch, (r, rs), (c, cs) = view
     flat = np.ascontiguousarray(base).reshape(-1)
+    last = sum((n - 1) * st for n, st in batch) + (r - 1) * rs + (c - 1) * cs
+    if flat.size and last >= flat.size:  # as_strided would read past the buffer
+        raise OutOfBoundsError(f"FusedAttention: a view reaching element {last} of an input "
+                               f"of {flat.size} elements (shape {tuple(base.shape)})")
     size = flat.itemsize
     shape = tuple(s for s, _ in batch) + (r, c)
     strides = tuple(st * size for _, st in batch) + (rs * size, cs * size)

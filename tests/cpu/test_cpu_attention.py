@@ -181,3 +181,13 @@ def test_a_view_past_its_buffer_is_not_generated():
             {3: kir.Buffer(3, "out", "float32", (2 * 10 * 64,), "temp")}
     assert attention.spec_for(call, buffers(10 * 128)) is not None
     assert attention.spec_for(call, buffers(10 * 128 - 1)) is None
+
+
+def test_the_reference_refuses_a_view_past_its_input():
+    """The NumPy reference (the call's fallback) gathers through as_strided, which would
+    read past the buffer: it raises OutOfBoundsError naming the element instead."""
+    from autoclust.errors import OutOfBoundsError
+    base = np.zeros((10, 128), np.float32)
+    assert attn.gather(base, (((2, 64),), (10, 128), (64, 1))).shape == (2, 10, 64)
+    with pytest.raises(OutOfBoundsError, match="element 1280 of an input of 1280"):
+        attn.gather(base, (((2, 64),), (10, 128), (65, 1)))
