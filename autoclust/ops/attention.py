@@ -16,7 +16,9 @@ cost no kernel. Attributes:
     fill         the select's value for masked-out scores
     causal       key j is masked out (-inf) where j > i + causal_offset (0: no such mask)
     nan_to_zero  1: a row whose scores are all -inf gives 0 (the exporters' IsNaN/Where
-                 guard), else NaN (as Softmax does)
+                 guard; a NaN row too), else NaN (as Softmax does); 2: rows of -inf
+                 scores give 0, NaN rows stay NaN (torch 2.13's decomposition:
+                 Where(all(S == -inf), 0, P))
 
 Output: [*batch, Sq, Dv] in Q's dtype. The reference below is the unfused math in float32
 (float64 inputs: float64), rounded once to the output dtype.
@@ -99,8 +101,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, m: np.ndarray | None,
         top = s.max(axis=2, keepdims=True)
         e = np.exp(s - top)
         p = e / e.sum(axis=2, keepdims=True)
-        if attrs.get("nan_to_zero", 0):
+        guard = int(attrs.get("nan_to_zero", 0))
+        if guard == 1:
             p = np.where(np.isnan(p), work(0), p)
+        elif guard == 2:
+            p = np.where(np.all(s == -np.inf, axis=2, keepdims=True), work(0), p)
         return np.matmul(p, v.astype(work))
 
 

@@ -61,11 +61,18 @@ def fuse_attention(graph: Graph, max_head_dim: int = 128, dtypes: tuple[str, ...
 
 # ---- the pattern -------------------------------------------------------------------------
 
-def _only_reader(graph: Graph, v: Value) -> Node | None:
-    """The one node reading v (once), or None (several readers, or a graph output)."""
-    if len(v.uses) != 1 or v in graph.outputs:
+Besides = tuple[Value, Node] | None  # a read that does not count: the torch guard's Equal
+
+
+def _only_reader(graph: Graph, v: Value, besides: Besides = None) -> Node | None:
+    """The one node reading v (once), or None (several readers, or a graph output);
+    `besides` (value, node): that node's read of that value does not count."""
+    uses = v.uses
+    if besides is not None and v is besides[0]:
+        uses = [u for u in uses if u[0] is not besides[1]]
+    if len(uses) != 1 or v in graph.outputs:
         return None
-    return v.uses[0][0]
+    return uses[0][0]
 
 
 def _scalar(graph: Graph, v: Value | None) -> float | None:
@@ -85,10 +92,10 @@ def _regrouped(v: Value, w: Value) -> bool:
         math.prod(a[:-2]) == math.prod(b[:-2])
 
 
-def _up(graph: Graph, v: Value) -> Value:
+def _up(graph: Graph, v: Value, besides: Besides = None) -> Value:
     """v's source through batch-regrouping Reshapes read only there."""
     node = v.producer
-    while _is(node, "Reshape") and _only_reader(graph, v) is not None \
+    while _is(node, "Reshape") and _only_reader(graph, v, besides) is not None \
             and _regrouped(node.inputs[0], v):
         v = node.inputs[0]
         node = v.producer
@@ -104,11 +111,15 @@ def _down(graph: Graph, v: Value) -> Value:
         v = reader.outputs[0]
 
 
-def _consumer_chain(graph: Graph, softmax: Node) -> tuple[Node, int] | None:
-    """(the MatMul reading the probabilities, nan_to_zero) after a Softmax."""
+def _consumer_chain(graph: Graph, softmax: Node) -> tuple[Node, int, Besides] | None:
+    """(the MatMul reading the probabilities, nan_to_zero, the read of the scores by the
+    guard of torch's decomposition) after a Softmax."""
     p = softmax.outputs[0]
-    guard = 0
-    if len(p.uses) == 2 and p not in graph.outputs:  # Where(IsNaN(P), 0, P)
+    guard, besides = 0, None
+    torch_guard = _torch_guard(graph, softmax)
+    if torch_guard is not None:  # Where(all(S == -inf), 0, P)
+        p, guard, besides = torch_guard[0].outputs[0], 2, (softmax.inputs[0], torch_guard[1])
+    elif len(p.uses) == 2 and p not in graph.outputs:  # Where(IsNaN(P), 0, P)
         users = {n.op: n for n, _ in p.uses}
         isnan, where = users.get("IsNaN"), users.get("Where")
         if isnan is None or where is None or _only_reader(graph, isnan.outputs[0]) is not where:
@@ -120,8 +131,61 @@ def _consumer_chain(graph: Graph, softmax: Node) -> tuple[Node, int] | None:
     p = _down(graph, p)
     reader = _only_reader(graph, p)
     if _is(reader, "MatMul") and reader.inputs[0] is p:
-        return reader, guard
+        return reader, guard, besides
     return None
+
+
+def _torch_guard(graph: Graph, softmax: Node) -> tuple[Node, Node] | None:
+    """(the Where, the Equal) of torch 2.13's guard on the probabilities P of scores S,
+    which zeroes the rows whose every score is -inf (NaN rows stay NaN):
+
+        Where(Not(Cast(ReduceMax(Cast(Not(Equal(S, -inf))), axis -1, keepdims))), 0, P)
+    """
+    s, p = softmax.inputs[0], softmax.outputs[0]
+    where = _only_reader(graph, p)
+    if not _is(where, "Where") or where.inputs[2] is not p or p in graph.outputs:
+        return None
+    if not _zeros(graph, where.inputs[1]):
+        return None
+    node = where.inputs[0].producer
+    for op in ("Not", "Cast", "ReduceMax", "Cast", "Not", "Equal"):
+        if not _is(node, op) or len(node.outputs[0].uses) != 1:
+            return None
+        if op == "ReduceMax" and not _last_axis_kept(graph, node):
+            return None
+        if op == "Equal":
+            break
+        node = node.inputs[0].producer
+    a, b = node.inputs
+    other = b if a is s else a if b is s else None
+    c = graph.constant_value(other) if other is not None else None
+    if c is None or c.size != 1 or not np.isneginf(c.reshape(-1)[0]):
+        return None
+    return where, node
+
+
+def _zeros(graph: Graph, v: Value | None) -> bool:
+    """Whether v is a constant of +0s: an initializer, or a ConstantOfShape of 0 (torch's
+    full_like, left unfolded: it outgrows its input)."""
+    node = v.producer if v is not None else None
+    if _is(node, "ConstantOfShape"):
+        fill = node.attr("value", None)
+        return fill is None or (np.asarray(fill).size == 1 and
+                                float(np.asarray(fill).reshape(-1)[0]) == 0.0 and
+                                not np.signbit(np.asarray(fill).reshape(-1)[0]))
+    c = graph.constant_value(v)
+    return c is not None and c.size > 0 and not np.any(c != 0) and not np.any(np.signbit(c))
+
+
+def _last_axis_kept(graph: Graph, node: Node) -> bool:
+    """Whether a ReduceMax reduces its input's last axis alone, keeping it."""
+    rank = len(node.inputs[0].shape)
+    axes = node.attr("axes", None)
+    if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+        c = graph.constant_value(node.inputs[1])
+        axes = None if c is None else [int(x) for x in c.reshape(-1)]
+    return axes is not None and [a % rank for a in axes] == [rank - 1] and \
+        node.attr("keepdims", 1) == 1
 
 
 def _from_scores(v: Value) -> bool:
@@ -135,34 +199,35 @@ def _from_scores(v: Value) -> bool:
     return node is not None and node.op in ("MatMul", "FusedMatMul")
 
 
-def _scores(graph: Graph, s: Value, attrs: dict) -> tuple[Node, float] | None:
+def _scores(graph: Graph, s: Value, attrs: dict, besides: Besides = None
+            ) -> tuple[Node, float] | None:
     """Walk up from the Softmax input through the mask and scale to the scores' MatMul:
     (that node, the scale), filling attrs' mask entries (the mask with the shape it is
     added at)."""
     scale = 1.0
-    s = _up(graph, s)
+    s = _up(graph, s, besides)
     node = s.producer
-    if _is(node, "Add") and _only_reader(graph, s) is not None:
+    if _is(node, "Add") and _only_reader(graph, s, besides) is not None:
         x, m = node.inputs
         if _from_scores(m) and not _from_scores(x):
             x, m = m, x   # Add(mask, S)
         attrs.update(mask="add", _mask=(m, tuple(s.shape[:-2])))
         s = x
     elif _is(node, "Where") and _scalar(graph, node.inputs[2]) is not None \
-            and _only_reader(graph, s) is not None:
+            and _only_reader(graph, s, besides) is not None:
         attrs.update(mask="select", _mask=(node.inputs[0], tuple(s.shape[:-2])),
                      fill=_scalar(graph, node.inputs[2]))
         s = node.inputs[1]
-    s = _up(graph, s)
+    s = _up(graph, s, besides)
     node = s.producer
-    if node is None or _only_reader(graph, s) is None:
+    if node is None or _only_reader(graph, s, besides) is None:
         return None
     if (_is(node, "Mul") or _is(node, "Div")) and _scalar(graph, node.inputs[1]) is not None:
         c = _scalar(graph, node.inputs[1])
         scale = c if node.op == "Mul" else 1.0 / c
         s = _up(graph, node.inputs[0])
         node = s.producer
-        if node is None or _only_reader(graph, s) is None:
+        if node is None or _only_reader(graph, s, besides) is None:
             return None
     if _is(node, "MatMul") or (node.op == "FusedMatMul" and node.domain == "com.microsoft"
                                and not node.attr("transA", 0)):
@@ -191,9 +256,9 @@ def _fuse(graph: Graph, softmax: Node, max_head_dim: int, dtypes: tuple[str, ...
     chain = _consumer_chain(graph, softmax)
     if chain is None:
         return False
-    out_mm, nan_to_zero = chain
+    out_mm, nan_to_zero, besides = chain
     attrs: dict = {"nan_to_zero": nan_to_zero}
-    found = _scores(graph, softmax.inputs[0], attrs)
+    found = _scores(graph, softmax.inputs[0], attrs, besides)
     if found is None:
         return False
     mm, scale = found

@@ -21,7 +21,7 @@ so the softmax's row maxima and sums are plain vector operations.
                ops/normalization.py)
         a = exp(m - c);  l = l * a + sum_j p[j];  o[e] = o[e] * a + sum_j p[j] * V[b, j, e]
         m = m'
-    out[b, i0 + r, e] = o[e] / l             nan_to_zero: 0 where l is 0 or NaN
+    out[b, i0 + r, e] = o[e] / l             guards: 0 where l is 0 (and, IsNaN's, NaN)
 
 The online softmax (FlashAttention's) rounds differently from the unfused plan: the sums run
 tile by tile and each tile's terms are rescaled by a; results agree with onnxruntime's to
@@ -422,8 +422,9 @@ class _Emitter:
             out_rows = b.mul(b.add(rows[h], self.splat(row0)), self.splat(dv))
             zero = None
             if s.nan_to_zero:  # the reference's p are all NaN there: its guard gives 0
-                zero = b.or_(b.fcmp_unordered("uno", lv, lv),
-                             b.fcmp_ordered("==", lv, self.c(0.0)))
+                zero = b.fcmp_ordered("==", lv, self.c(0.0))  # every score -inf
+                if s.nan_to_zero == 1:  # the IsNaN guard: a NaN row too (torch's: not)
+                    zero = b.or_(zero, b.fcmp_unordered("uno", lv, lv))
             with for_range(b, I64(0), dv, "fe") as e:
                 o = b.load(self.slot(self.ot, b.add(b.mul(e, I64(2)), I64(h))), typ=self.vty)
                 y = b.fdiv(o, lv)

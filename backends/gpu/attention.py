@@ -186,7 +186,8 @@ class _Writer:
         s = self.s
         empty = "0.0f" if s.nan_to_zero or s.sk == 0 else "AC_NANF"
         # the exporters' guard zeroes every NaN probability: a NaN or empty sum gives 0
-        bad = f"!({ls} > 0.0f)" if s.nan_to_zero else f"{ls} == 0.0f"
+        # (torch's guard, nan_to_zero 2, zeroes the rows of -inf only: a NaN sum stays)
+        bad = f"!({ls} > 0.0f)" if s.nan_to_zero == 1 else f"{ls} == 0.0f"
         return f"{bad} ? {empty} : {acc} / {ls}"
 
     # ---- CUDA ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from autoclust.backends import cpu
 from autoclust.backends.cpu import attention
-from support.attention_models import _feeds, bert_like, dynamo_like, select_like
+from support.attention_models import _feeds, bert_like, dynamo_like, select_like, torch_like
 
 import autoclust
 from autoclust.ops import attention as attn
@@ -75,6 +75,10 @@ CASES = [  # id, model, masked rows, expected attributes
      {"mask": "select"}),
     ("causal", lambda: select_like(1, 2, 40, 40, 16, causal=0), (), {"causal": 1}),
     ("causal-offset", lambda: select_like(1, 2, 40, 90, 64, causal=50), (), {"causal": 1}),
+    ("torch-guard-masked-rows", lambda: torch_like(2, 3, 21, 70, 32), (0, 20),
+     {"mask": "add", "nan_to_zero": 2}),
+    ("torch-guard-no-mask", lambda: torch_like(1, 2, 9, 40, 16, mask=False, zeros_op=False),
+     (), {"nan_to_zero": 2}),
 ]
 
 
@@ -92,6 +96,7 @@ def test_fused_attention_matches_onnxruntime(any_length, name, build, masked, at
 
 
 SPECIAL = {"guard": lambda: dynamo_like(1, 2, 2, 20, 70, 16, 16),
+           "torch-guard": lambda: torch_like(1, 2, 20, 70, 16),
            "no-guard": lambda: dynamo_like(1, 2, 2, 20, 70, 16, 16, guard=False),
            "causal": lambda: select_like(1, 2, 70, 70, 16, causal=0)}
 
@@ -107,9 +112,9 @@ def test_special_values_give_onnxruntimes_answer(any_length, value, kind):
     guard zeroes."""
     model = SPECIAL[kind]()
     feeds = _feeds(model, seed=3)
-    feeds["q"][0, 0, 3, 5] = value
-    feeds["k"][0, 1, 40, 2] = value
-    feeds["v"][0, 0, 67, 1] = value
+    for name, at in (("q", (0, 3, 5)), ("k", (1, 40, 2)), ("v", (0, 67, 1))):
+        x = feeds[name]  # [B, H, S, D], or [B * H, S, D] (torch's)
+        x[(0,) * (x.ndim - 3) + at] = value
     sess, got = _run(model, feeds)
     assert len(_generated(sess)) == 1
     want = _ort(model, feeds)[0]

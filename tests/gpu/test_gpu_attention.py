@@ -31,6 +31,7 @@ from support.attention_models import (
     bert_like,
     dynamo_like,
     select_like,
+    torch_like,
 )
 from support.gpu_render import needs_cc, needs_nvcc, ptxas_report
 
@@ -81,6 +82,8 @@ CASES = [  # id, model builder, masked rows, tolerance, expected attributes
     ("dynamo-f16", lambda: dynamo_like(1, 4, 2, 21, 50, 64, 64, "float16"), (7,), 4e-3, {}),
     ("select-bool-masked-rows", lambda: select_like(2, 2, 11, 34, 16), (2,), 1e-5,
      {"mask": "select"}),
+    ("torch-guard-masked-rows", lambda: torch_like(2, 2, 13, 40, 16), (1, 12), 1e-5,
+     {"mask": "add", "nan_to_zero": 2}),
     ("select-finite-fill", lambda: select_like(1, 3, 8, 8, 32, fill=-3.4e38), (4,), 1e-5,
      {"mask": "select"}),
     ("causal-const", lambda: select_like(1, 2, 40, 40, 32, fill=-3.4e38, causal=0), (), 1e-5,

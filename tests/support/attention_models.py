@@ -132,3 +132,41 @@ def _feeds(model, seed=0, masked_rows=(), bool_mask_p=0.7):
 def _np_dtype(elem_type):
     return BF16 if elem_type == TensorProto.BFLOAT16 else \
         helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def torch_like(b, h, sq, sk, d, mask=True, zeros_op=True):
+    """torch 2.13's decomposition through the torch front end: bmm over [B*H] heads,
+    scaled, viewed [B, H, Sq, Sk], an additive mask, Softmax, and the guard that zeroes
+    rows whose every score is -inf, Where(Not(any(S != -inf)), 0, P) -- a second reader of
+    the scores -- then bmm with V. Its zeros: a ConstantOfShape, as torch's full_like
+    (`zeros_op`), or an initializer."""
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+             helper.make_node("Mul", ["s0", "c"], ["s1"]),
+             helper.make_node("Reshape", ["s1", "s4d"], ["s2"])]
+    ins = [_info("q", "float32", [b * h, sq, d]), _info("k", "float32", [b * h, sk, d]),
+           _info("v", "float32", [b * h, sk, d])]
+    inits = [_const("c", d ** -0.5), _const("s4d", [b, h, sq, sk], "int64"),
+             _const("s3d", [b * h, sq, sk], "int64"), _const("ninf", -np.inf),
+             _const("axis", [-1], "int64")]
+    if zeros_op:
+        nodes.append(helper.make_node("ConstantOfShape", ["s4d"], ["zeros"],
+                                      value=_const("fill", [0.0])))
+    else:
+        inits.append(_const("zeros", np.zeros((b, h, sq, sk))))
+    last = "s2"
+    if mask:
+        nodes.append(helper.make_node("Add", ["s2", "mask"], ["s3"]))
+        ins.append(_info("mask", "float32", [b, 1, sq, sk]))
+        last = "s3"
+    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1),
+              helper.make_node("Equal", [last, "ninf"], ["eq"]),
+              helper.make_node("Not", ["eq"], ["ne"]),
+              helper.make_node("Cast", ["ne"], ["ne_i"], to=TensorProto.INT32),
+              helper.make_node("ReduceMax", ["ne_i", "axis"], ["any_i"], keepdims=1),
+              helper.make_node("Cast", ["any_i"], ["any"], to=TensorProto.BOOL),
+              helper.make_node("Not", ["any"], ["none"]),
+              helper.make_node("Where", ["none", "zeros", "p"], ["pg"]),
+              helper.make_node("Reshape", ["pg", "s3d"], ["p3"]),
+              helper.make_node("MatMul", ["p3", "v"], ["y"])]
+    return _model(nodes, ins, [_info("y", "float32", [b * h, sq, d])], inits, opset=18)
