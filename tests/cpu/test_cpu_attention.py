@@ -196,3 +196,20 @@ def test_the_reference_refuses_a_view_past_its_input():
     assert attn.gather(base, (((2, 64),), (10, 128), (64, 1))).shape == (2, 10, 64)
     with pytest.raises(OutOfBoundsError, match="element 1280 of an input of 1280"):
         attn.gather(base, (((2, 64),), (10, 128), (65, 1)))
+
+
+@pytest.mark.parametrize("name,build,masked,attrs", [c for c in CASES if c[0] in (
+    "dynamo-guard-masked-rows", "dynamo-gqa-dv", "dynamo-d128-tiles", "causal-offset",
+    "torch-guard-masked-rows")], ids=lambda c: c if isinstance(c, str) else "")
+def test_the_avx2_blocking_matches_onnxruntime(any_length, monkeypatch, name, build, masked,
+                                                attrs):
+    """The blocks an AVX2 host gets (16 query rows, 4 keys and 4 output dims a block, 8-lane
+    vectors), run here on AVX-512 hardware: its code differs in every trip count."""
+    monkeypatch.setattr(attention, "has_avx512", lambda: False)
+    assert attention.block_rows() == 16
+    model = build()
+    feeds = _feeds(model, masked_rows=masked)
+    sess, got = _run(model, feeds, threads=2)
+    (spec,) = _generated(sess)
+    assert spec.rows == spec.nb * -(-spec.sq // 16)
+    _close(got, _ort(model, feeds)[0])
