@@ -143,7 +143,9 @@ def _torch_guard(graph: Graph, softmax: Node) -> tuple[Node, Node] | None:
     """
     s, p = softmax.inputs[0], softmax.outputs[0]
     where = _only_reader(graph, p)
-    if not _is(where, "Where") or where.inputs[2] is not p or p in graph.outputs:
+    if not _is(where, "Where") or where.inputs[2] is not p or p in graph.outputs or \
+            tuple(where.outputs[0].shape) != tuple(p.shape):  # zeros broadcasting P up (the
+        # views below would refuse it too: a defence, no test reaches it alone)
         return None
     if not _zeros(graph, where.inputs[1]):
         return None
