@@ -244,25 +244,24 @@ def _generated_spec(t: kir.Thunk, buffers: dict
 
 
 def _gemm_unit(spec: gemm.GemmSpec | dwconv.DwSpec | attention.AttnSpec) -> Unit:
+    """The unit of a generated library call: its module, code key and symbol prefix by the
+    spec's kind (GEMM, depthwise Conv, attention)."""
     if isinstance(spec, attention.AttnSpec):
-        key = cache.make_key(attention.code_key(spec), jit.version_key())
-        sym = f"a_{key[:20]}"
-
-        def build_attention() -> str:
-            module = ir.Module(name="autoclust_attention")
-            attention.emit(module, sym, spec)
-            return str(module)
-        return sym, key, build_attention, sym, True
-    conv = isinstance(spec, dwconv.DwSpec)
-    key = cache.make_key(dwconv.code_key(spec) if conv else f"gemm|{gemm.code_key(spec)}",
-                         jit.version_key())
-    sym = f"{'d' if conv else 'g'}_{key[:20]}"
+        mod, text, prefix, loops = attention, attention.code_key(spec), "a", True
+    elif isinstance(spec, dwconv.DwSpec):
+        mod, text, prefix, loops = dwconv, dwconv.code_key(spec), "d", True
+    else:
+        mod, text, prefix = gemm, f"gemm|{gemm.code_key(spec)}", "g"
+        loops = gemm.loop_passes(spec)
+    title = "autoclust_attention" if mod is attention else "autoclust_gemm"
+    key = cache.make_key(text, jit.version_key())
+    sym = f"{prefix}_{key[:20]}"
 
     def build() -> str:
-        module = ir.Module(name="autoclust_gemm")
-        (dwconv if conv else gemm).emit(module, sym, spec)
+        module = ir.Module(name=title)
+        mod.emit(module, sym, spec)  # type: ignore[arg-type]
         return str(module)
-    return sym, key, build, sym, conv or gemm.loop_passes(spec)
+    return sym, key, build, sym, loops
 
 
 def _build(units: list[Unit], flags: Flags) -> tuple[object, dict[str, int], str, str]:

@@ -43,7 +43,7 @@ import math
 
 from autoclust.backends.cpu import mathlib
 from autoclust.backends.cpu.jit import has_avx512
-from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, splat
+from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, kernel_entry, splat
 from llvmlite import ir
 
 from autoclust import symbolic
@@ -148,12 +148,8 @@ def code_key(spec: AttnSpec) -> str:
 def emit(module: ir.Module, name: str, spec: AttnSpec) -> None:
     """Emit `void name(ptr bufs, i64 start, i64 stop)` over blocks of query rows
     (AttnSpec.rows); bufs holds the q, k, v (, mask) and output pointers."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
-    set.add(fn.attributes, '"reciprocal-estimates"="none"')
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
     names = ["q", "k", "v"] + (["m"] if spec.mask else []) + ["o"]
-    ptr = {nm: b.load(b.gep(fn.args[0], [I64(j)], source_etype=PTR), typ=PTR, name=nm)
-           for j, nm in enumerate(names)}
+    b, ptr, fn = kernel_entry(module, name, names, exact_division=True)
     _Emitter(b, spec, ptr).rows(fn.args[1], fn.args[2])
     b.ret_void()
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, splat
+from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, kernel_entry, splat
 from llvmlite import ir
 
 from autoclust.ir import Node
@@ -165,11 +165,8 @@ def code_key(spec: DwSpec) -> str:
 def emit(module: ir.Module, name: str, spec: DwSpec) -> None:
     """Emit `void name(ptr bufs, i64 start, i64 stop)` computing planes [start, stop);
     bufs holds x, w, (bias,) y."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
     names = ["x", "w"] + (["bias"] if spec.bias else []) + ["y"]
-    ptr = {nm: b.load(b.gep(fn.args[0], [I64(j)], source_etype=PTR), typ=PTR, name=nm)
-           for j, nm in enumerate(names)}
+    b, ptr, fn = kernel_entry(module, name, names)
     _Emitter(b, spec, ptr).planes(fn.args[1], fn.args[2])
     b.ret_void()
 

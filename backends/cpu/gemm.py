@@ -39,7 +39,7 @@ import dataclasses
 import math
 
 from autoclust.backends.cpu.jit import has_avx512
-from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, splat
+from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, kernel_entry, splat
 from llvmlite import ir
 
 from autoclust import symbolic
@@ -270,12 +270,8 @@ def code_key(spec: GemmSpec) -> str:
 
 def emit(module: ir.Module, name: str, spec: GemmSpec) -> None:
     """Emit `void name(ptr bufs, i64 start, i64 stop)` computing rows [start, stop)."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name)
-    set.add(fn.attributes, '"reciprocal-estimates"="none"')
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
     names = ["a", "b"] + (["bias"] if spec.bias else []) + ["c"]
-    ptr = {nm: b.load(b.gep(fn.args[0], [I64(j)], source_etype=PTR), typ=PTR, name=nm)
-           for j, nm in enumerate(names)}
+    b, ptr, fn = kernel_entry(module, name, names, exact_division=True)
     desc: list[ir.Value] = []
     if spec.strided is not None:  # its descriptor's values follow the pointers
         count = 12 + 4 * len(spec.strided.batch)

@@ -110,3 +110,20 @@ def splat(builder: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
     v = builder.insert_element(ir.Constant(vty, ir.Undefined), x, ir.Constant(i32, 0))
     return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined),
                                   ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+
+
+def kernel_entry(module: ir.Module, name: str, names: list[str], exact_division: bool = False
+                 ) -> tuple[ir.IRBuilder, dict[str, ir.Value], ir.Function]:
+    """`void name(ptr bufs, i64 start, i64 stop)`, the form of every generated library
+    kernel (GEMM, depthwise Conv, attention): its builder at the entry block, the buffer
+    pointers bufs[0..] loaded under `names`, and the function (args 1, 2: start, stop).
+    `exact_division`: no reciprocal estimates for fdiv (what LLVM's defaults allow)."""
+    ptr_ty = ir.PointerType()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr_ty, I64, I64]), name)
+    if exact_division:
+        set.add(fn.attributes, '"reciprocal-estimates"="none"')
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    ptr = {nm: b.load(b.gep(fn.args[0], [ir.Constant(I64, j)], source_etype=ptr_ty),
+                      typ=ptr_ty, name=nm)
+           for j, nm in enumerate(names)}
+    return b, ptr, fn

@@ -18,7 +18,14 @@ import onnxruntime as ort
 import pytest
 from autoclust.backends import cpu
 from autoclust.backends.cpu import attention
-from support.attention_models import _feeds, bert_like, dynamo_like, select_like, torch_like
+from support.attention_models import (
+    _feeds,
+    bert_like,
+    dynamo_like,
+    fused_calls,
+    select_like,
+    torch_like,
+)
 
 import autoclust
 from autoclust.ops import attention as attn
@@ -39,11 +46,6 @@ def _generated(sess) -> list:
     """The AttnSpecs of the session's FusedAttention calls that run generated code."""
     return [spec for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
             for _, spec in exe._gemms.values() if isinstance(spec, attention.AttnSpec)]
-
-
-def _calls(sess) -> list:
-    return [t for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
-            for t in exe.program.thunks if getattr(t, "op", "") == attn.OP]
 
 
 def _run(model, feeds, threads=1):
@@ -88,7 +90,7 @@ def test_fused_attention_matches_onnxruntime(any_length, name, build, masked, at
     model = build()
     feeds = _feeds(model, masked_rows=masked)
     sess, got = _run(model, feeds, threads)
-    calls = _calls(sess)
+    calls = fused_calls(sess)
     assert len(calls) == 1 and len(_generated(sess)) == 1
     have = dict(calls[0].attrs)
     assert all(have.get(k, 0 if k != "mask" else "") == v for k, v in attrs.items()), have
@@ -132,7 +134,7 @@ def test_short_rows_stay_unfused_long_rows_fuse():
         model = dynamo_like(1, 2, 2, 33, keys, 32, 32)
         feeds = _feeds(model, masked_rows=(4,))
         sess, got = _run(model, feeds, threads=2)
-        assert len(_calls(sess)) == len(_generated(sess)) == fused
+        assert len(fused_calls(sess)) == len(_generated(sess)) == fused
         _close(got, _ort(model, feeds)[0])
 
 
@@ -142,12 +144,12 @@ def test_head_dims_past_the_kernels_stay_unfused(any_length):
     model = dynamo_like(1, 2, 2, 20, 40, attention.MAX_HEAD_DIM + 32, 16)
     feeds = _feeds(model)
     sess, got = _run(model, feeds)
-    assert _calls(sess) == []
+    assert fused_calls(sess) == []
     _close(got, _ort(model, feeds)[0])
     assert cpu.POLICY.attention_dtypes == ("float32",)
     model = dynamo_like(1, 2, 2, 20, 40, 16, 16, "float16")
     sess, _ = _run(model, _feeds(model))
-    assert _calls(sess) == []
+    assert fused_calls(sess) == []
 
 
 @pytest.mark.parametrize("seed", range(12))

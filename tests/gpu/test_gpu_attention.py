@@ -30,6 +30,7 @@ from support.attention_models import (
     _model,
     bert_like,
     dynamo_like,
+    fused_calls,
     select_like,
     torch_like,
 )
@@ -48,11 +49,6 @@ pytestmark = needs_cc  # the stand-in runs the C rendering through the host C co
 @pytest.fixture(autouse=True)
 def sim_device(monkeypatch):
     monkeypatch.setitem(registry.BACKENDS, "gpu-sim", "support.gpu_sim_backend")
-
-
-def _fused(sess) -> list:
-    return [t for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
-            for t in exe.program.thunks if getattr(t, "op", "") == attn.OP]
 
 
 def _ort(model, feeds):
@@ -98,7 +94,7 @@ def test_fused_attention_matches_onnxruntime(case_id, build, masked, tol, want):
     model = build()
     feeds = _feeds(model, masked_rows=masked)
     sess, got = _sim(model, feeds)
-    (call,) = _fused(sess)
+    (call,) = fused_calls(sess)
     attrs = dict(call.attrs)
     assert {k: attrs.get(k, "" if k == "mask" else 0) for k in want} == want
     (expected,) = _ort(model, feeds)
@@ -114,7 +110,7 @@ def test_bfloat16_storage():
     model = dynamo_like(1, 4, 2, 17, 40, 64, 64, "bfloat16")
     feeds = _feeds(model, masked_rows=(3,))
     sess, got = _sim(model, feeds)
-    assert len(_fused(sess)) == 1 and got[0].dtype == BF16
+    assert len(fused_calls(sess)) == 1 and got[0].dtype == BF16
     ref_model = dynamo_like(1, 4, 2, 17, 40, 64, 64, "float32")
     (want,) = _ort(ref_model, {k: v.astype(np.float32) for k, v in feeds.items()})
     np.testing.assert_allclose(got[0].astype(np.float32), want, rtol=2 ** -7, atol=1e-2)
@@ -253,9 +249,9 @@ def test_bit_for_bit_with_the_unfused_plan_where_the_math_is_exact():
     model = dynamo_like(2, 4, 2, 12, 64, 16, 8, guard=True)
     feeds = _exact_feeds(model, np.float32, 6)
     sess, fused = _sim(model, feeds)
-    assert len(_fused(sess)) == 1
+    assert len(fused_calls(sess)) == 1
     plain, unfused = _sim(model, feeds, disable_passes=["fuse_attention"])
-    assert _fused(plain) == []
+    assert fused_calls(plain) == []
     np.testing.assert_array_equal(fused[0], unfused[0])
     assert (fused[0][:, :, 5] == 0).all()
 
@@ -275,7 +271,7 @@ def test_zoo_attention_is_fused_on_the_gpu_only(name, calls, kernels):
     model = zoo.build(name)
     feeds = zoo.feeds(model)
     sess, got = _sim(model, feeds)
-    assert len(_fused(sess)) == calls
+    assert len(fused_calls(sess)) == calls
     assert [c["kernels"] for c in sess.stats()["clusters"]] == kernels
     for g, w in zip(got, _ort(model, feeds)):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5)
@@ -284,10 +280,10 @@ def test_zoo_attention_is_fused_on_the_gpu_only(name, calls, kernels):
                                                if x.ndim >= 2)
     cpu_sess = autoclust.InferenceSession(model, must_compile=True)
     cpu_sess.run(None, feeds)
-    assert _fused(cpu_sess) == []
+    assert fused_calls(cpu_sess) == []
 
 
-def test_tiny_transformers_exports_are_fused(tmp_path):
+def test_tiny_transformers_exports_arefused_calls(tmp_path):
     """BERT (padding mask), GPT-2 (causal), LLaMA (grouped-query heads, causal) and ViT (no
     mask) through torch.onnx.export(dynamo=True): one FusedAttention each, onnxruntime's
     answer."""
@@ -328,7 +324,7 @@ def test_tiny_transformers_exports_are_fused(tmp_path):
             feeds["attention_mask"][0, -4:] = 0  # padding
         sess = autoclust.InferenceSession(model, device="gpu-sim", min_cluster_size=1)
         got = sess.run(None, feeds)
-        (call,) = _fused(sess)
+        (call,) = fused_calls(sess)
         attrs = dict(call.attrs)
         assert {k: attrs.get(k, "" if k == "mask" else 0) for k in want} == want, name
         np.testing.assert_allclose(got[0], _ort(model, feeds)[0], rtol=1e-4, atol=1e-4)
@@ -347,7 +343,7 @@ def _wrapped(torch, model, names, extra):
     return Wrapped().eval()
 
 
-def test_torch_front_end_aten_attention_is_fused():
+def test_torch_front_end_aten_attention_isfused_calls():
     """The torch front end's ATen graph of attention (bmm over [B * H, S, D] views, the
     scale, an additive mask) is recognised through its cluster's Reshapes, and its kernel
     gives torch's answer."""

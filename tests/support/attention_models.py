@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from autoclust.ops import attention as attn
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
              "bfloat16": TensorProto.BFLOAT16}
@@ -170,3 +172,9 @@ def torch_like(b, h, sq, sk, d, mask=True, zeros_op=True):
               helper.make_node("Reshape", ["pg", "s3d"], ["p3"]),
               helper.make_node("MatMul", ["p3", "v"], ["y"])]
     return _model(nodes, ins, [_info("y", "float32", [b * h, sq, d])], inits, opset=18)
+
+
+def fused_calls(sess) -> list:
+    """The FusedAttention library calls in a session's compiled clusters."""
+    return [t for r in sess._runtime.compiled_clusters() for exe in r.cache.values()
+            for t in exe.program.thunks if getattr(t, "op", "") == attn.OP]
