@@ -69,6 +69,9 @@ SPECS: tuple[FlagSpec, ...] = (
              "sleeping between splits; onnxruntime's session.intra_op.allow_spinning for our "
              "helpers (ONNX exports 0-3% faster; not in plans calling oneDNN, whose "
              "OpenMP threads it slowed). Off: helpers sleep between splits"),
+    FlagSpec("cpu_packed_gemm", bool, True, "our prefetching GEMM over packed constant "
+             "weights (backends/cpu/packed.py) competes with MLAS and oneDNN for large "
+             "MatMul/Gemm calls, measured in the plan; off: MLAS and oneDNN only"),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),

@@ -138,7 +138,7 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
             "".join(f"  {', '.join(program.thunks[i].nodes)}: {spec}\n"
                     for i, (_, spec) in gemms.items())
     code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds, flags.cpu_helpers,
-                flags.fast_math, flags.cpu_allow_spinning)
+                flags.fast_math, flags.cpu_allow_spinning, flags.cpu_packed_gemm)
     if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
         dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
         return Parametric(program, code, dims)
@@ -158,6 +158,7 @@ class Code:
     helpers: str = "native"  # --cpu_helpers
     fast_math: bool = False  # --fast_math: approximate epilogues too (backends/cpu/epilogue.py)
     spinning: bool = False  # --cpu_allow_spinning: helpers poll between a run's splits
+    packed_gemm: bool = True  # --cpu_packed_gemm: packed.py's GEMM among the libraries
 
     def executable(self, program: kir.Program, env: dict[str, int],
                    dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,
@@ -173,7 +174,8 @@ class Code:
                  for i, (name, spec) in self.gemms.items()} if env else self.gemms
         return Executable(program, self.addrs, split, self.threads, self.engine, self.dumps,
                           library, MIN_CHUNK_WORK, gemms, self.check_bounds, dims, arena,
-                          impls, self.helpers, self.fast_math, self.spinning)
+                          impls, self.helpers, self.fast_math, self.spinning,
+                          self.packed_gemm)
 
 
 class Parametric:

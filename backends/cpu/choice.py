@@ -1,9 +1,10 @@
 """The fastest GEMM for each shape: oneDNN beside MLAS and NumPy, measured once and cached.
 
 A MatMul/FusedMatMul/Gemm call big enough for a library (below that, gemm.py generates
-code, or NumPy's call overhead wins) has up to three implementations: MLAS through a
-single-node onnxruntime session, NumPy/OpenBLAS, and oneDNN's matmul primitive
-(onednn.py, optional). `measure` times each on the call's own shapes, layouts and
+code, or NumPy's call overhead wins) has up to four implementations: MLAS through a
+single-node onnxruntime session, NumPy/OpenBLAS, oneDNN's matmul primitive (onednn.py,
+optional) and, for constant weights, our prefetching GEMM over packed weights
+(packed.py). `measure` times each on the call's own shapes, layouts and
 constant weights (alternating short blocks, medians), keeps the fastest, and remembers the
 answer per signature in this process and, with --cache_dir, in
 `DIR/gemm_choices.json` for the next process (keyed by the CPU and library versions).
@@ -105,11 +106,12 @@ def known(key: tuple, builders: dict[str, Callable]) -> tuple[str, str] | None:
     --cache_dir recorded, oneDNN alone, or MLAS when oneDNN does not apply (None: measure
     MLAS against oneDNN, which library.py does in the background). NumPy is left out
     (OpenBLAS's busy-waiting threads collapse under load, and it copies strided stacks)."""
-    if "onednn" not in builders:
+    rivals = [r for r in ("onednn", "packed") if r in builders]
+    if not rivals:
         why = onednn.unavailable() or "does not apply to these types"
         return ("mlas" if "mlas" in builders else "numpy"), f"large, onednn: {why}"
-    if "mlas" not in builders:
-        return "onednn", "large, only oneDNN among the large-GEMM libraries"
+    if "mlas" not in builders and len(rivals) == 1:
+        return rivals[0], f"large, only {rivals[0]} among the large-GEMM implementations"
     hit = _disk_get(_disk_key(key))
     if hit is not None and hit[0] in builders:
         return hit[0], hit[1] + " (--cache_dir)"

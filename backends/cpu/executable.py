@@ -242,11 +242,12 @@ class Executable:
                  min_chunk_work: int = 1 << 16, gemms: dict | None = None,
                  check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
                  arena: Arena | None = None, impls: dict[int, str] | None = None,
-                 helpers: str = "native", fast_math: bool = False, spinning: bool = False):
+                 helpers: str = "native", fast_math: bool = False, spinning: bool = False,
+                 packed_gemm: bool = True):
         self.program = program
-        # --cpu_helpers, --fast_math, --cpu_allow_spinning; the helpers polling while a run
-        # is on (pool.linger), once a split step takes them
-        self._helpers, self._fast_math, self._spinning = helpers, fast_math, spinning
+        # --cpu_helpers, --fast_math, --cpu_allow_spinning, --cpu_packed_gemm (Code's fields)
+        self._helpers, self._fast_math, self._spinning, self._packed_gemm = \
+            helpers, fast_math, spinning, packed_gemm
         self._init_polling()
         constants = program.constants
         self.engine, self.dumps = engine, dumps  # the engine keeps the code alive
@@ -269,8 +270,7 @@ class Executable:
         self._plan_trial, self._trial_lock = _PENDING, threading.Lock()  # inplan.PlanTrial
         self._gate(library)
         self._fixed(constants)
-        self._constants = constants
-        self._min_chunk_work = min_chunk_work
+        self._constants, self._min_chunk_work = constants, min_chunk_work
         self.split: set[str] = set()  # kernels split over threads (names)
         self._gemms = dict(gemms or {})  # thunk index -> (function name, spec)
         # (thunk, step) for `profile`: the same steps one by one, without the driver; a
@@ -409,7 +409,8 @@ class Executable:
                                 int(spec.flops // 2), big, threads), False
         fn = self._library.make_call_for(t, self.program.buffers, threads, self._constants,
                                          epilogue_run, impl=self._impls.get(i),
-                                         fast_math=self._fast_math)
+                                         fast_math=self._fast_math,
+                                         packed_gemm=self._packed_gemm)
         self.library_fns[i] = fn
         fused = getattr(fn, "fused", False)
         arrays = self._arrays

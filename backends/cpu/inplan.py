@@ -11,10 +11,11 @@ stacked), oneDNN 7% faster alone, took 5.5 ms on oneDNN and 3.5 ms on MLAS in th
 (one thread).
 
 So once choice.measure has answered for a signature, its calls enter a `Trial`: they
-alternate between the two implementations (call by call over every call of the signature,
-so a layer's neighbours see both), each call timed where it runs, until each side has
-MIN_SAMPLES. The faster median then serves every call of the signature, the measured
-answer unless the other is faster by more than MARGIN; `explain` and --cache_dir keep
+take the implementations in turn (MLAS, oneDNN and, for constant weights, packed.py's
+GEMM; call by call over every call of the signature, so a layer's neighbours see each),
+each call timed where it runs, until each side has MIN_SAMPLES. The fastest median then
+serves every call of the signature, the measured answer unless another is faster by more
+than MARGIN; `explain` and --cache_dir keep
 both medians, so a second process takes the answer without a trial. An executable whose
 calls are in a trial is not settled (measured placement waits for it: autotune.py).
 
@@ -25,7 +26,8 @@ chose oneDNN (0.15 ms a call against MLAS's 0.18 in the alternation); the plan r
 on oneDNN alone and 1.65 ms on MLAS alone. BART (the sweep's) ran 2.40 ms on MLAS alone
 against 2.62 as decided, ELECTRA 1.11 against 1.20, T5 13.5 on oneDNN alone against 13.8.
 So once the calls have decided, the executable's runs alternate between its calls as
-decided, all on MLAS and all on oneDNN (the calls that have both), whole runs timed after
+decided, all on MLAS, all on oneDNN and all on packed.py's GEMM (each variant moving the
+calls that have it), whole runs timed after
 an untimed run of the same variant; a variant faster than as-decided by more than MARGIN
 in the median serves, and its calls' decisions are remembered as theirs (--cache_dir).
 """
@@ -53,11 +55,12 @@ class Trial:
     measures another signature, on the same cores) calls run `first`, untimed. `clock` is
     injectable for tests."""
 
-    def __init__(self, first: str, other: str, decided: Callable[[str, str], None],
+    def __init__(self, first: str, other: str | tuple[str, ...],
+                 decided: Callable[[str, str], None],
                  ready: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.perf_counter):
-        self.sides = (first, other)
-        self.times: dict[str, list[float]] = {first: [], other: []}
+        self.sides = (first,) + ((other,) if isinstance(other, str) else tuple(other))
+        self.times: dict[str, list[float]] = {side: [] for side in self.sides}
         self.ready = ready
         self.clock = clock
         self.done = False
@@ -67,10 +70,10 @@ class Trial:
         self._lock = threading.Lock()
 
     def side(self) -> str:
-        """The implementation the next call runs: each call the other one."""
+        """The implementation the next call runs: each call the next one, in turn."""
         with self._lock:
             self._count += 1
-            return self.sides[(self._count - 1) % 2]
+            return self.sides[(self._count - 1) % len(self.sides)]
 
     def record(self, impl: str, seconds: float) -> None:
         """One call's time; decides when both sides have MIN_SAMPLES."""
@@ -84,13 +87,15 @@ class Trial:
         self._decided(*self.verdict())
 
     def verdict(self) -> tuple[str, str]:
-        """(winner, note): `other` where its median call is more than MARGIN faster."""
-        first, other = self.sides
-        a, b = (statistics.median(self.times[s]) for s in self.sides)
-        winner = other if b < a * (1 - MARGIN) else first
+        """(winner, note): the fastest of the others where its median call is more than
+        MARGIN faster than `first`'s, else `first`."""
+        medians = {s: statistics.median(self.times[s]) for s in self.sides}
+        first = self.sides[0]
+        best = min(self.sides[1:], key=medians.__getitem__)
+        winner = best if medians[best] < medians[first] * (1 - MARGIN) else first
         n = min(len(t) for t in self.times.values())
-        return winner, (f"in the plan: {first} {a * 1e3:.3f} ms, {other} {b * 1e3:.3f} ms "
-                        f"(medians of {n} calls each)")
+        shown = ", ".join(f"{s} {medians[s] * 1e3:.3f} ms" for s in self.sides)
+        return winner, f"in the plan: {shown} (medians of {n} calls each)"
 
 
 class PlanTrial:
@@ -103,8 +108,10 @@ class PlanTrial:
     def __init__(self, fns: list, decided: Callable[[str, str], None]):
         self.fns = fns  # library.LibraryFn with both implementations (alternatives)
         self.as_decided = [(fn.impl, fn._current) for fn in fns]
-        variants = [DECIDED] + [lib for lib in ("mlas", "onednn")
-                                if any(fn.impl != lib for fn in fns)]
+        libs = dict.fromkeys(lib for fn in fns for lib in fn.alternatives)
+        # a library's variant runs every call that has it on it, the others as decided
+        variants = [DECIDED] + [lib for lib in libs if any(
+            fn.impl != lib and lib in fn.alternatives for fn in fns)]
         self.times: dict[str, list[float]] = {v: [] for v in variants}
         self.done = False
         self.shapes: list = []  # the input shapes its runs are timed at (the executable's)
@@ -124,7 +131,7 @@ class PlanTrial:
 
     def apply(self, name: str) -> None:
         for fn, (impl, current) in zip(self.fns, self.as_decided):
-            if name == DECIDED:
+            if name == DECIDED or name not in fn.alternatives:
                 fn.impl, fn._current = impl, current
                 SWITCHES[0] += 1
             else:

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from autoclust.backends.cpu import background, epilogue, inplan, mlas, onednn
+from autoclust.backends.cpu import background, epilogue, inplan, mlas, onednn, packed
 from autoclust.backends.cpu import choice as gemm_choice
 from autoclust.backends.cpu.numpy_library import (
     NUMPY_BUILDERS,
@@ -75,6 +75,8 @@ SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
 POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
 SWITCHES = inplan.SWITCHES  # bumped at every change of a call's impl (see inplan.py)
 FUSED = "onednn+post-ops"  # the impl of a call that runs its epilogue too
+# the large-GEMM implementations measured against MLAS (choice.py, then in the plan)
+RIVALS = ("onednn", "packed")
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
 # the background thread's gates (background.py), which an Executable finds on its library
@@ -164,7 +166,7 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
               out_types: Sequence[TypeShape], threads: int = 0,
               constants: dict[int, np.ndarray] | None = None,
               impl: str | None = None, layouts: tuple = (),
-              prefer: str | None = None) -> LibraryFn:
+              prefer: str | None = None, packed_gemm: bool = True) -> LibraryFn:
     """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy" or
     "onednn". layouts: element strides per operand (inputs, then outputs; None or absent:
     C-contiguous) of the strided arrays the call will be given. `prefer`: the large-GEMM
@@ -177,11 +179,16 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     out_types = [(np.dtype(t[0]), tuple(t[1])) for t in out_types]
     constants = dict(constants or {})
     if op == "Gemm" and len(in_types[0][1]) > 2:
-        return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl, prefer)
+        return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl, prefer,
+                               packed_gemm)
     builders = _candidates(op, attrs, in_types, out_types, threads, constants)
     dnnl = gemm_choice.onednn_builder(op, attrs, in_types, out_types, threads, constants, layouts)
     if dnnl is not None:
         builders["onednn"] = dnnl
+    own = packed.builder(op, attrs, in_types, out_types, threads, constants, layouts) \
+        if packed_gemm else None
+    if own is not None:
+        builders["packed"] = own
     if impl is not None:
         if impl not in builders:
             raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation {impl!r} "
@@ -190,17 +197,18 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
             builders["mlas"] = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
         return LibraryFn(op, impl, builders[impl](), "forced")
     key = (op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
-           tuple(sorted(constants)), tuple(layouts))
+           tuple(sorted(constants)), tuple(layouts), own is not None)
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
         if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
-            if prefer in ("mlas", "onednn") and prefer in builders:
+            if prefer in ("mlas", *RIVALS) and prefer in builders:
                 _DECISIONS[key] = (prefer, "measured for another shape of this call")
             else:
                 _DECISIONS[key] = gemm_choice.known(key, builders) or _DECISIONS[key]
     choice, note = _DECISIONS[key]
     fn = _build(op, choice, builders, note)
-    if fn.impl == "mlas" and "onednn" in builders and not note.startswith("measured"):
+    if fn.impl == "mlas" and any(r in builders for r in RIVALS) \
+            and not note.startswith("measured"):
         _measure_later(fn, key, builders, (op, attrs, in_types, out_types, threads,
                                            constants), layouts)
     else:
@@ -246,10 +254,11 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
 
     def measure() -> None:
         try:
-            choice, note = gemm_choice.measure(
-                key, {"mlas": _as_called(op, "mlas", _forced_mlas(*call)),
-                      "onednn": _as_called(op, "onednn", builders["onednn"])},
-                in_types, out_types, layouts, constants, background.quiet_cores)
+            candidates = {"mlas": _as_called(op, "mlas", _forced_mlas(*call))}
+            candidates.update({r: _as_called(op, r, builders[r]) for r in RIVALS
+                               if r in builders})
+            choice, note = gemm_choice.measure(key, candidates, in_types, out_types, layouts,
+                                               constants, background.quiet_cores)
         except Exception as exc:  # noqa: BLE001 - MLAS refused or oneDNN failed: keep MLAS
             choice, note = "mlas", f"not measured: {str(exc)[:80]}"
         measured = note.startswith("measured")
@@ -302,9 +311,10 @@ def _start_trials(key: tuple, first: str, note: str, waiting: list, settled: boo
             fn.note = note
             continue
         try:
-            runs = {"mlas": fn._current[0], "onednn": their_builders["onednn"]()}
+            runs = {"mlas": fn._current[0]}
+            runs.update({r: their_builders[r]() for r in RIVALS if r in their_builders})
         except Exception as exc:  # noqa: BLE001 - its own weights refused: keep MLAS
-            fn.note = f"{note}; onednn failed here: {str(exc)[:80]}"
+            fn.note = f"{note}; a rival library failed here: {str(exc)[:80]}"
             continue
         fn.switch(first, runs[first], note)
         if not settled:  # read from --cache_dir: no trial of its own, nor of the plan's
@@ -323,8 +333,8 @@ def _start_trials(key: tuple, first: str, note: str, waiting: list, settled: boo
         for fn, runs in final:
             fn.switch(winner, runs[winner], full)
 
-    other = "onednn" if first == "mlas" else "mlas"
-    trial = inplan.Trial(first, other, decided, ready=lambda: wait_background(timeout=0))
+    others = tuple(r for r in calls[0][1] if r != first)
+    trial = inplan.Trial(first, others, decided, ready=lambda: wait_background(timeout=0))
     trial.calls = calls
     return trial
 
@@ -334,12 +344,13 @@ def _join_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> Non
     had answered: another layer compiled later, a loaded machine) joins that trial and
     takes its winner. Left out, it served the measured answer for good while the trial
     could switch its siblings to the other library: one signature on two libraries."""
-    if fn.impl not in ("mlas", "onednn"):
+    if fn.impl not in ("mlas", *RIVALS):
         return  # MLAS refused it: NumPy serves
     try:
         runs = {fn.impl: fn._current[0]}
-        other = "onednn" if fn.impl == "mlas" else "mlas"
-        runs[other] = builders[other]()
+        for other in ("mlas", *RIVALS):
+            if other != fn.impl and other in builders:
+                runs[other] = builders[other]()
     except Exception as exc:  # noqa: BLE001 - its own weights refused: stays as built
         fn.note = f"{fn.note}; not in the plan's trial: {str(exc)[:80]}"
         return
@@ -366,7 +377,7 @@ def plan_trial(fns: Sequence[Any]) -> inplan.PlanTrial | None:
 
     def decided(winner: str, how: str) -> None:
         for fn in calls:
-            impl = fn.impl if winner == inplan.DECIDED else winner
+            impl = winner if winner in fn.alternatives else fn.impl
             fn.switch(impl, fn.alternatives[impl], f"{fn.note}; {how}")
             fn.alternatives = {}  # decided for good
         # once per signature (each remember rewrites --cache_dir's file): a layer's calls
@@ -381,14 +392,14 @@ def plan_trial(fns: Sequence[Any]) -> inplan.PlanTrial | None:
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
                     constants: dict[int, np.ndarray], impl: str | None,
-                    prefer: str | None = None) -> LibraryFn:
+                    prefer: str | None = None, packed_gemm: bool = True) -> LibraryFn:
     """Gemm whose A is [..., K] (a MatMul with its bias Add folded in): batch dims join M."""
     if attrs.get("transA", 0):
         raise UnsupportedOpError(f"Gemm with transA on a {len(in_types[0][1])}-D A")
     (da, sa), (dy, sy) = in_types[0], out_types[0]
     flat_in = [(da, (math.prod(sa[:-1]), sa[-1]))] + list(in_types[1:])
     fn = make_call("Gemm", attrs, flat_in, [(dy, (math.prod(sy[:-1]), sy[-1]))], threads,
-                   constants, impl, prefer=prefer)
+                   constants, impl, prefer=prefer, packed_gemm=packed_gemm)
     views = _ViewCache()
 
     def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
@@ -418,11 +429,13 @@ class _ViewCache:
 def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads: int = 0,
                   constants: dict[int, np.ndarray] | None = None,
                   epilogue_run: Callable[[], None] | None = None,
-                  impl: str | None = None, fast_math: bool = False) -> LibraryFn:
+                  impl: str | None = None, fast_math: bool = False,
+                  packed_gemm: bool = True) -> LibraryFn:
     """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value. `impl`
     (optional): the implementation an earlier binding of the same call chose (see
     make_call's `prefer`). `fast_math` (--fast_math): epilogues may run as post-ops that
-    approximate them (epilogue.FAST_ACTIVATIONS).
+    approximate them (epilogue.FAST_ACTIVATIONS). `packed_gemm` (--cpu_packed_gemm):
+    packed.py's GEMM competes with the libraries.
 
     A call with an epilogue (thunk.epilogue) gets a LibraryFn with `fused` set when the
     epilogue runs inside it (oneDNN post-ops, measured faster than the library call
@@ -448,7 +461,8 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
     # again for this shape: a new sequence length's first run would pay ~0.1-0.25 s a call)
     fused_before = None if impl is None else impl == FUSED
     fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
-                   layouts=layouts, prefer="onednn" if fused_before else impl)
+                   layouts=layouts, prefer="onednn" if fused_before else impl,
+                   packed_gemm=packed_gemm)
     if thunk.epilogue is not None and epilogue_run is not None:
         fused = _fused(thunk, by_id, fn, epilogue_run, (in_types, out_types, threads, consts,
                                                         layouts), fused_before, fast_math)

@@ -303,7 +303,7 @@ def test_missing_onednn_is_one_clear_reason(monkeypatch):
     a, b = np.ones((256, 256), np.float32), np.ones((256, 512), np.float32)
     library._DECISIONS.clear()
     fn = library.make_call("MatMul", {}, [(a.dtype, a.shape), (b.dtype, b.shape)],
-                           [(a.dtype, (256, 512))], 2, {1: b})
+                           [(a.dtype, (256, 512))], 2, {1: b}, packed_gemm=False)
     assert fn.impl == "mlas" and "onednn: oneDNN not installed" in fn.note
     library._DECISIONS.clear()
 
@@ -319,7 +319,8 @@ def test_measured_choice_is_cached_on_disk(tmp_path):
                                [(a.dtype, (128, 512))], 2, {1: b})
         assert fn.impl == "mlas"  # until the background measurement says otherwise
         assert library.wait_background(30)
-        assert fn.impl in ("mlas", "onednn") and fn.note.startswith("measured"), fn.note
+        assert fn.impl in ("mlas", "onednn", "packed") and fn.note.startswith("measured"), \
+            fn.note
         entries = json.loads((tmp_path / "gemm_choices.json").read_text())
         assert [v[0] for v in entries.values()] == [fn.impl]
         library._DECISIONS.clear()

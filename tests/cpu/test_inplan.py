@@ -374,7 +374,7 @@ def test_an_executable_runs_its_plan_trial_and_its_calls_take_the_winner(monkeyp
     library._DECISIONS.clear()
     try:
         sess = autoclust.InferenceSession(model, min_cluster_size=1, autotune=False,
-                                          cache_dir=str(tmp_path))
+                                          cache_dir=str(tmp_path), cpu_packed_gemm=False)
         exe = None
         for _ in range(80):
             np.testing.assert_allclose(sess.run(None, x)[0], want, rtol=1e-4, atol=1e-4)

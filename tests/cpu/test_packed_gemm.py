@@ -1,0 +1,185 @@
+"""Our prefetching GEMM over packed weights (backends/cpu/packed.py): the kernel against
+onnxruntime for every shape class it takes (a partial last panel, balanced row tiles, M
+blocks, Gemm's alpha, beta and bias, transB), on one and two threads and with AVX2's
+blocking; which calls it takes; and the three-way trial that decides between it, MLAS and
+oneDNN in the plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from autoclust.backends.cpu import inplan, library, packed
+from onnx import TensorProto, helper, numpy_helper
+
+RNG = np.random.default_rng(27)
+F32 = np.float32
+
+
+def _ort(op: str, attrs: dict, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
+         out_shape: tuple) -> np.ndarray:
+    """onnxruntime's result of one MatMul/Gemm node with B (and C) as initializers."""
+    inits = [numpy_helper.from_array(b, "b")] + ([] if c is None else
+                                                  [numpy_helper.from_array(c, "c")])
+    node = helper.make_node(op, ["a", "b"] + ([] if c is None else ["c"]), ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        "a", TensorProto.FLOAT, list(a.shape))], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, list(out_shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"a": a})[0]
+
+
+def _run(op: str, attrs: dict, a: np.ndarray, b: np.ndarray, c: np.ndarray | None,
+         threads: int) -> tuple[np.ndarray, packed.PackedSpec]:
+    in_types = [(F32, a.shape), (F32, b.shape)] + ([] if c is None else [(F32, c.shape)])
+    n = b.shape[0] if attrs.get("transB", 0) else b.shape[1]
+    out_shape = a.shape[:-1] + (n,)
+    consts = {1: b} if c is None else {1: b, 2: c}
+    spec = packed.spec_for(op, attrs, in_types, [(F32, out_shape)], consts)
+    assert spec is not None
+    run = packed.runner(spec, b, bool(attrs.get("transB", 0)), threads,
+                        None if c is None else c)
+    y = np.full(out_shape, np.nan, F32)
+    run([a, None] + ([] if c is None else [None]), [y])
+    return y, spec
+
+
+CASES = [  # (m, k, n): the shapes of the exports it serves and the edges of its blocks
+    (128, 768, 3072),   # BERT's first FFN GEMM: whole panels, 10 row tiles
+    (49, 768, 3072),    # ConvNeXt's last stage: balanced tiles 13 + 13 + 13 + 10
+    (197, 768, 2304),   # ViT's fused Q/K/V
+    (64, 512, 1000),    # a partial last panel (1000 = 31 x 32 + 8)
+    (300, 700, 70),     # two panels, the second of 6 columns; K not a multiple of 16
+    (512, 768, 96),     # M blocks: 1 MB of A is 341 rows of 768
+    (15, 640, 4096),    # one tile and a row over (14 + 1)
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k,n", CASES)
+def test_matmul_matches_onnxruntime(m, k, n, threads):
+    a = RNG.standard_normal((1, m, k)).astype(F32)
+    b = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(F32)
+    y, spec = _run("MatMul", {}, a, b, None, threads)
+    want = _ort("MatMul", {}, a, b, None, (1, m, n))
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
+    assert spec.chunks(threads) >= 1 and (m > spec.m_block_rows()) == (len(spec.mblocks()) > 1)
+
+
+@pytest.mark.parametrize("bias", ["row", "row2d", "scalar"])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_alpha_beta_bias_and_trans_b(bias, trans_b):
+    m, k, n = 100, 384, 300
+    a = RNG.standard_normal((m, k)).astype(F32)
+    b = (RNG.standard_normal((n, k) if trans_b else (k, n)) / np.sqrt(k)).astype(F32)
+    c = {"row": RNG.standard_normal(n), "row2d": RNG.standard_normal((1, n)),
+         "scalar": RNG.standard_normal(1)}[bias].astype(F32)
+    attrs = {"alpha": 0.5, "beta": -2.0, "transB": trans_b}
+    y, spec = _run("Gemm", attrs, a, b, c, 2)
+    assert spec.bias == ("scalar" if bias == "scalar" else "row")
+    np.testing.assert_allclose(y, _ort("Gemm", attrs, a, b, c, (m, n)), rtol=2e-5, atol=2e-5)
+
+
+def test_special_values_propagate_as_onnxruntimes():
+    """NaN, +-inf and 1e20 in A and in the weights reach the same outputs (a NaN row or
+    column, inf - inf = NaN, overflow to inf) as onnxruntime's MLAS."""
+    m, k, n = 128, 512, 200
+    a = RNG.standard_normal((m, k)).astype(F32)
+    b = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(F32)
+    a[3, 5], a[7, :] = np.nan, 1e20
+    a[9, 2], a[9, 3] = np.inf, -np.inf
+    b[11, 40], b[:, 70] = np.inf, 1e-40   # one infinite weight, a column of denormals
+    y, _ = _run("MatMul", {}, a, b, None, 2)
+    want = _ort("MatMul", {}, a, b, None, (m, n))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(want))
+    fin = np.isfinite(want)
+    fin[7] = False  # 1e20 times a sum that cancels: compared at its own scale below
+    np.testing.assert_allclose(y[fin], want[fin], rtol=2e-5, atol=1e-3)
+    np.testing.assert_allclose(y[7] / 1e20, want[7] / 1e20, atol=1e-4)
+
+
+def test_avx2_blocking(monkeypatch):
+    """The AVX2 code (3 rows x 4 vectors of 8) on this host, as gemm.py's tests do: the
+    tile size shows which code ran."""
+    monkeypatch.setattr(packed, "has_avx512", lambda: False)
+    a = RNG.standard_normal((100, 320)).astype(F32)
+    b = (RNG.standard_normal((320, 400)) / np.sqrt(320)).astype(F32)
+    y, _ = _run("MatMul", {}, a, b, None, 2)
+    assert packed.rows_per_tile() == 3
+    np.testing.assert_allclose(y, _ort("MatMul", {}, a, b, None, (100, 400)), rtol=2e-5,
+                               atol=2e-5)
+
+
+def test_which_calls_it_takes():
+    """Constant 2-D float32 weights, one K block, at most MAX_ROWS rows, enough work."""
+    def spec(op="MatMul", a=(128, 768), b=(768, 3072), attrs=None, consts=(1,), dtype=F32,
+             c=None):
+        ins = [(dtype, a), (dtype, b)] + ([] if c is None else [(dtype, c)])
+        n = b[0] if (attrs or {}).get("transB") else b[-1]
+        return packed.spec_for(op, attrs or {}, ins, [(dtype, a[:-1] + (n,))],
+                               {i: None for i in consts})
+    assert spec() == packed.PackedSpec(128, 768, 3072)
+    assert spec(a=(2, 64, 768)).m == 128               # batch dims join the rows
+    assert spec(consts=()) is None                      # weights computed in the plan
+    assert spec(b=(2, 768, 3072)) is None               # batched weights
+    assert spec(dtype=np.float64) is None
+    assert spec(a=(128, 3072), b=(3072, 768)) is None   # K blocks: MLAS's (measured)
+    assert spec(a=(1024, 768)) is None                  # many rows: MLAS's (measured)
+    assert spec(a=(8, 64), b=(64, 64)) is None          # small: generated or NumPy
+    assert spec("Gemm", (64, 768), (768, 512), c=(64, 512)) is None  # a full C
+    assert spec("Gemm", (64, 768), (768, 512), {"transA": 1}) is None
+
+
+def test_three_way_trial_takes_the_fastest_beyond_the_margin():
+    """inplan.Trial over three implementations: each call the next side in turn; the
+    fastest other side wins only when faster than `first` by more than MARGIN."""
+    got = []
+    trial = inplan.Trial("mlas", ("onednn", "packed"), lambda w, note: got.append((w, note)))
+    sides = [trial.side() for _ in range(6)]
+    assert sides == ["mlas", "onednn", "packed"] * 2
+    for _ in range(inplan.MIN_SAMPLES):
+        trial.record("mlas", 1.0e-3)
+        trial.record("onednn", 0.99e-3)   # within the margin: not enough
+        trial.record("packed", 0.90e-3)
+    assert got and got[0][0] == "packed"
+    assert "mlas 1.000 ms, onednn 0.990 ms, packed 0.900 ms" in got[0][1]
+    close = []
+    trial = inplan.Trial("mlas", ("onednn", "packed"), lambda w, n: close.append(w))
+    for _ in range(inplan.MIN_SAMPLES):
+        for side, t in (("mlas", 1.0e-3), ("onednn", 0.98e-3), ("packed", 0.985e-3)):
+            trial.record(side, t)
+    assert close == ["mlas"]
+
+
+def test_a_large_gemm_has_the_packed_rival_unless_the_flag_is_off():
+    """make_call lists it among the builders measured against MLAS; --cpu_packed_gemm=false
+    (packed_gemm=False) leaves it out, and a forced impl="packed" runs it."""
+    a = RNG.standard_normal((64, 512)).astype(F32)
+    b = (RNG.standard_normal((512, 1024)) / np.sqrt(512)).astype(F32)
+    types = ([(F32, a.shape), (F32, b.shape)], [(F32, (64, 1024))])
+    fn = library.make_call("MatMul", {}, *types, 2, {1: b}, impl="packed")
+    y = np.empty((64, 1024), F32)
+    fn([a, b], [y])
+    np.testing.assert_allclose(y, _ort("MatMul", {}, a, b, None, (64, 1024)), rtol=2e-5,
+                               atol=2e-5)
+    assert fn.impl == "packed"
+    with pytest.raises(Exception, match="packed"):
+        library.make_call("MatMul", {}, *types, 2, {1: b}, impl="packed", packed_gemm=False)
+
+
+@pytest.mark.parametrize("k", [1537, 2304])
+def test_k_blocks_accumulate_through_c(k):
+    """The kernel's K blocks (KC rows of B each; spec_for does not give it such calls
+    today, the code keeps them right): blocks after the first add to C's values."""
+    m, n = 60, 160
+    a = RNG.standard_normal((m, k)).astype(F32)
+    b = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(F32)
+    spec = packed.PackedSpec(m, k, n)
+    assert len(spec.kblocks()) == -(-k // packed.KC)
+    y = np.empty((m, n), F32)
+    packed.runner(spec, b, False, 2)([a, None], [y])
+    np.testing.assert_allclose(y, _ort("MatMul", {}, a, b, None, (m, n)), rtol=2e-5,
+                               atol=2e-5)
