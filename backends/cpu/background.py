@@ -107,3 +107,22 @@ def wait_background(timeout: float | None = None) -> bool:
         pending = [f for f in _PENDING if not f.done()]
     not_done = concurrent.futures.wait(pending, timeout=timeout).not_done
     return not not_done
+
+
+def until_ready(future: concurrent.futures.Future, stand_in: Callable,
+                ready: Callable[[Any], Callable]) -> Callable:
+    """Calls run `stand_in` until `future` (background work) is done, then
+    ready(its result); a failed future leaves the stand-in in place for good."""
+    current: list[Callable | None] = [None]
+
+    def run(inputs: Any, outputs: Any) -> None:
+        fast = current[0]
+        if fast is None:
+            if not future.done():
+                stand_in(inputs, outputs)
+                return
+            fast = current[0] = stand_in if future.exception() is not None else \
+                ready(future.result())
+        fast(inputs, outputs)
+
+    return run

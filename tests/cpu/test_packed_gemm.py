@@ -183,3 +183,46 @@ def test_k_blocks_accumulate_through_c(k):
     packed.runner(spec, b, False, 2)([a, None], [y])
     np.testing.assert_allclose(y, _ort("MatMul", {}, a, b, None, (m, n)), rtol=2e-5,
                                atol=2e-5)
+
+
+def test_a_chosen_packed_gemm_compiles_in_the_background(monkeypatch):
+    """A call whose signature chose this GEMM before (another sequence length, --cache_dir)
+    runs MLAS until the background thread has compiled the kernel and packed the weights:
+    nothing of it on the first run's path."""
+    import concurrent.futures
+
+    from autoclust.backends.cpu import background
+    pending: list = []
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    real_submit = background.submit
+
+    def submit(fn, *args):  # packed.builder's work waits; MLAS's prepacking runs
+        if "builder" not in fn.__qualname__:
+            return real_submit(fn, *args)
+        pending.append(fn)
+        return future
+    monkeypatch.setattr(background, "submit", submit)
+    a = RNG.standard_normal((64, 512)).astype(F32)
+    b = (RNG.standard_normal((512, 1024)) / np.sqrt(512)).astype(F32)
+    types = ([(F32, a.shape), (F32, b.shape)], [(F32, (64, 1024))])
+    want = _ort("MatMul", {}, a, b, None, (64, 1024))
+    library._DECISIONS.clear()
+    try:
+        fn = library.make_call("MatMul", {}, *types, 2, {1: b}, prefer="packed")
+        assert fn.impl == "packed" and len(pending) == 1
+        y = np.full((64, 1024), np.nan, F32)
+        fn([a, b], [y])  # MLAS, the stand-in
+        np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
+        ran = []
+        built = pending[0]()
+
+        def counted(inputs, outputs):
+            ran.append(1)
+            built(inputs, outputs)
+        future.set_result(counted)
+        y[...] = np.nan
+        fn([a, b], [y])
+        assert ran == [1]
+        np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
+    finally:
+        library._DECISIONS.clear()
