@@ -52,17 +52,22 @@ F32 = ir.FloatType()
 NP = 32            # columns of a packed panel: two 512-bit vectors (four 256-bit on AVX2)
 KC = 768           # rows of B per K block: an A block of 128 x 768 floats is 384 KB
 A_BLOCK = 1 << 20  # bytes of A per M block (L2 is 2 MB a core here)
+SMALL_A_BLOCK = 1 << 17  # the same where B is at most SMALL_B bytes (m_block_rows)
+SMALL_B = 1 << 20
 PREFETCH_TILES = 2  # tiles of a panel that prefetch the next one
 MIN_FLOPS = 2e7    # below: call overhead and the unprefetched first panel dominate
 # The pool of the plan's split kernels under --cpu_allow_spinning (pool.py): its helper
 # polls while a plan runs, so a chunk never waits for a futex wake-up (T5: the normal
 # pool's sleeping helper left this GEMM level with MLAS in the whole plan)
 POLLING = True
-# Measured in whole plans (one process, A/B against MLAS and oneDNN alone, 2 threads): it
-# won where the weights' first read dominates, few rows and one K block; with K blocks
-# (ViT's [197, 3072] x [3072, 768]: 4.4 ms in the plan against MLAS's 2.9) or many rows
-# (ConvNeXt's [3136, 96] x [96, 384], where each weight is reused 3136 times) MLAS's
-# blocking wins, and a plan mixing the two lost more than the calls gained.
+# Which calls it takes, measured in whole plans (one process, A/B against
+# --cpu_packed_gemm=false, 2 threads): it wins where the weights' first read dominates,
+# one K block and few rows. With K blocks (ViT's [197, 3072] x [3072, 768]) it ran level
+# with MLAS alone and lost in the plan (4.4 against 2.9 ms in ViT's trial). Past 512 rows
+# (Whisper's 1500 frames, ConvNeXt's 3136 and 784 positions) it won alone in turn
+# (Whisper's [1500, 384] x [384, 1536] 6.6 against 7.2 ms) but the plans read 1-2% slower
+# than with those calls left to MLAS (ConvNeXt 1.029 against 1.044, Whisper 1.005
+# against 1.023, two A/Bs each).
 MAX_ROWS = 512
 
 
@@ -97,10 +102,13 @@ class PackedSpec:
         return [(s, min(self.m, s + step)) for s in range(0, self.m, step)]
 
     def m_block_rows(self) -> int:
-        """Rows of an M block: its A block (rows x K block) within A_BLOCK bytes."""
+        """Rows of an M block: its A block (rows x K block) within A_BLOCK bytes, or
+        SMALL_A_BLOCK where B is small (SMALL_B): re-reading B per M block costs little
+        then, and a smaller A block stays in L2 beside the C it writes."""
         kc = self.kblocks()[0][1]
         rb = rows_per_tile()
-        return max(rb, A_BLOCK // (4 * kc) // rb * rb)
+        limit = SMALL_A_BLOCK if 4 * self.k * self.n <= SMALL_B else A_BLOCK
+        return max(rb, limit // (4 * kc) // rb * rb)
 
     def panel_group(self, threads: int) -> int:
         """Panels per chunk: at least 4 chunks a thread over all M blocks (claimed

@@ -226,3 +226,15 @@ def test_a_chosen_packed_gemm_compiles_in_the_background(monkeypatch):
         np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
     finally:
         library._DECISIONS.clear()
+
+
+def test_m_blocks_follow_the_size_of_b():
+    """One M block while A's block fits A_BLOCK and B is large (B streams once from
+    memory); small blocks of SMALL_A_BLOCK bytes of A where B is small (re-read per block
+    from cache), so A stays in L2 beside the C it writes."""
+    rb = packed.rows_per_tile()
+    assert len(packed.PackedSpec(128, 768, 3072).mblocks()) == 1
+    assert len(packed.PackedSpec(300, 768, 3072).mblocks()) == 1
+    small = packed.PackedSpec(512, 96, 384)   # B: 147 KB
+    assert small.m_block_rows() == packed.SMALL_A_BLOCK // (4 * 96) // rb * rb
+    assert len(small.mblocks()) == -(-512 // small.m_block_rows()) > 1
