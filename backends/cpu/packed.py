@@ -62,8 +62,7 @@ MIN_FLOPS = 2e7    # below: call overhead and the unprefetched first panel domin
 POLLING = True
 # Which calls it takes, measured in whole plans (one process, A/B against
 # --cpu_packed_gemm=false, 2 threads): it wins where the weights' first read dominates,
-# one K block and few rows. With K blocks (ViT's [197, 3072] x [3072, 768]) it ran level
-# with MLAS alone and lost in the plan (4.4 against 2.9 ms in ViT's trial). Past 512 rows
+# few rows (K blocks included, in one chunk a thread: see panel_group). Past 512 rows
 # (Whisper's 1500 frames, ConvNeXt's 3136 and 784 positions) it won alone in turn
 # (Whisper's [1500, 384] x [384, 1536] 6.6 against 7.2 ms) but the plans read 1-2% slower
 # than with those calls left to MLAS (ConvNeXt 1.029 against 1.044, Whisper 1.005
@@ -113,8 +112,13 @@ class PackedSpec:
     def panel_group(self, threads: int) -> int:
         """Panels per chunk: at least 4 chunks a thread over all M blocks (claimed
         dynamically: a helper that starts late takes fewer), at least 2 panels each (a
-        chunk's first panel is not prefetched)."""
-        want = 4 * max(threads, 1)
+        chunk's first panel is not prefetched). With K blocks, one chunk a thread: each
+        chunk reads all of A once a K block, and A is then larger than L2 (197 x 3072
+        floats, 2.4 MB). Alone, twelve weights in turn, against MLAS: [197, 3072] x [3072,
+        768] 3.40 against 3.59 ms, [128, 2048] x [2048, 512] 1.02 against 1.20; with 4
+        chunks a thread 4.21 against 3.60 and 1.09 against 1.21 (in ViT's plan trial
+        4.4 against 2.9)."""
+        want = (1 if len(self.kblocks()) > 1 else 4) * max(threads, 1)
         per_m = max(1, -(-want // len(self.mblocks())))
         return max(2, -(-self.panels // per_m))
 
@@ -137,7 +141,7 @@ def spec_for(op: str, attrs: dict, in_types: list, out_types: list,
         return None
     k, n = (sb[1], sb[0]) if attrs.get("transB", 0) else sb
     m = math.prod(sa[:-1])
-    if sa[-1] != k or 2 * m * k * n < MIN_FLOPS or k > KC or m > MAX_ROWS:
+    if sa[-1] != k or 2 * m * k * n < MIN_FLOPS or m > MAX_ROWS:
         return None
     bias, alpha, beta = "", float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     if op == "Gemm" and len(in_types) > 2 and in_types[2] is not None:

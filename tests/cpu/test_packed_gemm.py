@@ -114,7 +114,7 @@ def test_avx2_blocking(monkeypatch):
 
 
 def test_which_calls_it_takes():
-    """Constant 2-D float32 weights, one K block, at most MAX_ROWS rows, enough work."""
+    """Constant 2-D float32 weights, at most MAX_ROWS rows, enough work."""
     def spec(op="MatMul", a=(128, 768), b=(768, 3072), attrs=None, consts=(1,), dtype=F32,
              c=None):
         ins = [(dtype, a), (dtype, b)] + ([] if c is None else [(dtype, c)])
@@ -126,7 +126,8 @@ def test_which_calls_it_takes():
     assert spec(consts=()) is None                      # weights computed in the plan
     assert spec(b=(2, 768, 3072)) is None               # batched weights
     assert spec(dtype=np.float64) is None
-    assert spec(a=(128, 3072), b=(3072, 768)) is None   # K blocks: MLAS's (measured)
+    assert spec(a=(128, 3072), b=(3072, 768)).kblocks() == [(0, 768), (768, 1536),
+                                                            (1536, 2304), (2304, 3072)]
     assert spec(a=(1024, 768)) is None                  # many rows: MLAS's (measured)
     assert spec(a=(8, 64), b=(64, 64)) is None          # small: generated or NumPy
     assert spec("Gemm", (64, 768), (768, 512), c=(64, 512)) is None  # a full C
@@ -172,13 +173,13 @@ def test_a_large_gemm_has_the_packed_rival_unless_the_flag_is_off():
 
 @pytest.mark.parametrize("k", [1537, 2304])
 def test_k_blocks_accumulate_through_c(k):
-    """The kernel's K blocks (KC rows of B each; spec_for does not give it such calls
-    today, the code keeps them right): blocks after the first add to C's values."""
+    """K blocks (KC rows of B each): blocks after the first add to C's values; one chunk
+    a thread."""
     m, n = 60, 160
     a = RNG.standard_normal((m, k)).astype(F32)
     b = (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(F32)
     spec = packed.PackedSpec(m, k, n)
-    assert len(spec.kblocks()) == -(-k // packed.KC)
+    assert len(spec.kblocks()) == -(-k // packed.KC) and spec.chunks(2) == 2
     y = np.empty((m, n), F32)
     packed.runner(spec, b, False, 2)([a, None], [y])
     np.testing.assert_allclose(y, _ort("MatMul", {}, a, b, None, (m, n)), rtol=2e-5,
