@@ -167,8 +167,8 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
               constants: dict[int, np.ndarray] | None = None,
               impl: str | None = None, layouts: tuple = (),
               prefer: str | None = None, packed_gemm: bool = True) -> LibraryFn:
-    """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy" or
-    "onednn". layouts: element strides per operand (inputs, then outputs; None or absent:
+    """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy",
+    "onednn" or "packed". layouts: element strides per operand (inputs, then outputs; None or absent:
     C-contiguous) of the strided arrays the call will be given. `prefer`: the large-GEMM
     implementation measured for another shape of the same call (a new sequence length of
     a cluster with symbolic dims), taken instead of measuring again."""

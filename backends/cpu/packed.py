@@ -56,9 +56,11 @@ SMALL_A_BLOCK = 1 << 17  # the same where B is at most SMALL_B bytes (m_block_ro
 SMALL_B = 1 << 20
 PREFETCH_TILES = 2  # tiles of a panel that prefetch the next one
 MIN_FLOPS = 2e7    # below: call overhead and the unprefetched first panel dominate
-# The pool of the plan's split kernels under --cpu_allow_spinning (pool.py): its helper
-# polls while a plan runs, so a chunk never waits for a futex wake-up (T5: the normal
-# pool's sleeping helper left this GEMM level with MLAS in the whole plan)
+# The pool of the plan's split kernels under --cpu_allow_spinning (pool.py), while a plan
+# run keeps its helpers polling (its LINGER word): a chunk never waits for a futex wake-up
+# (A/B against --cpu_packed_gemm=false: LLaMA 1.05 on it, 0.96-0.98 on the normal pool;
+# Qwen2 1.05, against 0.87-1.01). Otherwise -- the flag off, a plan calling oneDNN, whose
+# OpenMP threads starve SCHED_IDLE helpers -- the normal-priority pool's helpers.
 POLLING = True
 # Which calls it takes, measured in whole plans (one process, A/B against
 # --cpu_packed_gemm=false, 2 threads): it wins where the weights' first read dominates,
@@ -213,7 +215,9 @@ def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
     engine, addrs = jit.load_object(obj, [sym])
     packed = pack(b, trans_b)
     fn, kernel = addrs[sym], KERNEL(addrs[sym])
-    workers = pool.get(threads, polling=POLLING) if threads > 1 else None
+    polling = pool.get(threads, polling=True) if threads > 1 and POLLING else None
+    plain = pool.get(threads) if threads > 1 else None
+    lingering = polling.state if polling is not None else np.zeros(pool.STATE_WORDS, np.int64)
     count = spec.chunks(threads)
     bounds = np.stack([np.arange(count), np.arange(1, count + 1)], 1).astype(np.int64)
     bufs = (ctypes.c_void_p * 4)()
@@ -230,6 +234,7 @@ def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
             for j, at in enumerate(ptrs):
                 bufs[j] = at
             last[0] = ptrs
+        workers = polling if lingering[pool.LINGER] > 0 else plain
         if workers is None:
             kernel(ctypes.addressof(bufs), 0, count)
         else:

@@ -239,3 +239,36 @@ def test_m_blocks_follow_the_size_of_b():
     small = packed.PackedSpec(512, 96, 384)   # B: 147 KB
     assert small.m_block_rows() == packed.SMALL_A_BLOCK // (4 * 96) // rb * rb
     assert len(small.mblocks()) == -(-512 // small.m_block_rows()) > 1
+
+
+def test_it_runs_on_the_polling_helpers_only_while_a_plan_keeps_them_polling(monkeypatch):
+    """The SCHED_IDLE pool while its LINGER word counts a plan run (its helpers poll, no
+    futex wake-up); the normal-priority pool otherwise (--cpu_allow_spinning off, a plan
+    calling oneDNN, whose OpenMP threads starve SCHED_IDLE helpers)."""
+    from autoclust.backends.cpu import pool
+
+    used = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name, self.state = name, np.zeros(pool.STATE_WORDS, np.int64)
+
+        def run(self, fn, bufs, bounds):
+            used.append(self.name)
+            for start, stop in bounds.reshape(-1, 2):
+                packed.KERNEL(fn)(bufs, int(start), int(stop))
+
+    fakes = {True: Fake("polling"), False: Fake("plain")}
+    monkeypatch.setattr(pool, "get", lambda threads, polling=False: fakes[polling])
+    a = RNG.standard_normal((64, 512)).astype(F32)
+    b = (RNG.standard_normal((512, 1024)) / np.sqrt(512)).astype(F32)
+    run = packed.runner(packed.PackedSpec(64, 512, 1024), b, False, 2)
+    y = np.empty((64, 1024), F32)
+    run([a, None], [y])
+    fakes[True].state[pool.LINGER] = 1
+    run([a, None], [y])
+    fakes[True].state[pool.LINGER] = 0
+    run([a, None], [y])
+    assert used == ["plain", "polling", "plain"]
+    np.testing.assert_allclose(y, _ort("MatMul", {}, a, b, None, (64, 1024)), rtol=2e-5,
+                               atol=2e-5)
