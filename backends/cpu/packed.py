@@ -201,7 +201,7 @@ def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
            bias: np.ndarray | None = None
            ) -> Callable[[Sequence[np.ndarray | None], Sequence[np.ndarray]], None]:
     """run(inputs, outputs) of the call: its kernel compiled (or found in the in-process
-    cache) and B packed now; inputs are A, B (unused: packed here) and Gemm's bias unless
+    cache or --cache_dir) and B packed now; inputs are A, B (unused: packed here) and Gemm's bias unless
     `bias` (a constant one) is given, outputs C (C-contiguous, as LibraryFn passes them)."""
     key = cache.make_key(code_key(spec, threads), jit.version_key())
     sym = f"p_{key[:20]}"
@@ -211,7 +211,7 @@ def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
         emit(module, sym, spec, threads)
         return str(module)
 
-    obj = jit.kernel_object(key, build, "", False)[0]
+    obj = jit.kernel_object(key, build, pool.cache_dir(), False)[0]
     engine, addrs = jit.load_object(obj, [sym])
     packed = pack(b, trans_b)
     fn, kernel = addrs[sym], KERNEL(addrs[sym])

@@ -289,6 +289,11 @@ def use_cache_dir(path: str | None) -> None:
     _CACHE_DIR[0] = path or ""
 
 
+def cache_dir() -> str:
+    """The sessions' --cache_dir ("" without one): packed.py keeps its kernels there too."""
+    return _CACHE_DIR[0]
+
+
 def supported() -> bool:
     """The raw futex syscall and pthreads: Linux on x86-64."""
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")

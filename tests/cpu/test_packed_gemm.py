@@ -272,3 +272,18 @@ def test_it_runs_on_the_polling_helpers_only_while_a_plan_keeps_them_polling(mon
     assert used == ["plain", "polling", "plain"]
     np.testing.assert_allclose(y, _ort("MatMul", {}, a, b, None, (64, 1024)), rtol=2e-5,
                                atol=2e-5)
+
+
+def test_its_kernels_are_kept_in_the_cache_dir(tmp_path, monkeypatch):
+    """With --cache_dir (pool.use_cache_dir, set by every CPU compile) the kernel's object
+    code goes there, so a warm process loads it instead of compiling (BERT-base: its first
+    run 0.45 -> 0.32 s)."""
+    from autoclust.backends.cpu import jit, pool
+
+    from autoclust.runtime import disk_cache
+    monkeypatch.setattr(pool, "_CACHE_DIR", [str(tmp_path)])
+    b = (RNG.standard_normal((384, 640)) / np.sqrt(384)).astype(F32)
+    spec = packed.PackedSpec(96, 384, 640)
+    packed.runner(spec, b, False, 2)
+    key = disk_cache.make_key(packed.code_key(spec, 2), jit.version_key())
+    assert disk_cache.contains(str(tmp_path), key), sorted(p.name for p in tmp_path.iterdir())
