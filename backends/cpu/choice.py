@@ -28,6 +28,8 @@ import onnxruntime as ort
 from autoclust.backends.cpu import onednn
 
 GEMM_OPS = ("MatMul", "FusedMatMul", "Gemm")
+# the large-GEMM implementations measured against MLAS (here, then in the plan: inplan.py)
+RIVALS = ("onednn", "packed")
 # Each candidate's best block: the host's bursts (another process, a noisy neighbour) only
 # ever add time, and with medians of 3 rounds the same signature was measured both ways in
 # one session (GPT-2's [64,3072]x[3072,768]: "mlas 2.12 ms, onednn 2.81 ms" in one process,
@@ -106,7 +108,7 @@ def known(key: tuple, builders: dict[str, Callable]) -> tuple[str, str] | None:
     --cache_dir recorded, oneDNN alone, or MLAS when oneDNN does not apply (None: measure
     MLAS against oneDNN, which library.py does in the background). NumPy is left out
     (OpenBLAS's busy-waiting threads collapse under load, and it copies strided stacks)."""
-    rivals = [r for r in ("onednn", "packed") if r in builders]
+    rivals = [r for r in RIVALS if r in builders]
     if not rivals:
         why = onednn.unavailable() or "does not apply to these types"
         return ("mlas" if "mlas" in builders else "numpy"), f"large, onednn: {why}"

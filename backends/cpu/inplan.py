@@ -106,7 +106,7 @@ class PlanTrial:
     runs on."""
 
     def __init__(self, fns: list, decided: Callable[[str, str], None]):
-        self.fns = fns  # library.LibraryFn with both implementations (alternatives)
+        self.fns = fns  # library.LibraryFn with implementations to try (alternatives)
         self.as_decided = [(fn.impl, fn._current) for fn in fns]
         libs = dict.fromkeys(lib for fn in fns for lib in fn.alternatives)
         # a library's variant runs every call that has it on it, the others as decided

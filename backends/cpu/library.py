@@ -75,8 +75,7 @@ SMALL_FLOPS = 5.3e5        # below: numpy (one OpenBLAS thread: m*n*k < 262144)
 POOL_SMALL_WORK = 2e4      # pools: window reads below which numpy's passes are cheaper
 SWITCHES = inplan.SWITCHES  # bumped at every change of a call's impl (see inplan.py)
 FUSED = "onednn+post-ops"  # the impl of a call that runs its epilogue too
-# the large-GEMM implementations measured against MLAS (choice.py, then in the plan)
-RIVALS = ("onednn", "packed")
+RIVALS = gemm_choice.RIVALS  # the large-GEMM implementations measured against MLAS
 
 _DECISIONS: dict[tuple, tuple[str, str]] = {}
 # the background thread's gates (background.py), which an Executable finds on its library

@@ -287,3 +287,17 @@ def test_its_kernels_are_kept_in_the_cache_dir(tmp_path, monkeypatch):
     packed.runner(spec, b, False, 2)
     key = disk_cache.make_key(packed.code_key(spec, 2), jit.version_key())
     assert disk_cache.contains(str(tmp_path), key), sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_calls_of_one_shape_share_one_loaded_kernel():
+    """Twelve layers' calls of one shape load its object code once (one engine)."""
+    b1 = (RNG.standard_normal((256, 320)) / 16).astype(F32)
+    b2 = (RNG.standard_normal((256, 320)) / 16).astype(F32)
+    spec = packed.PackedSpec(80, 256, 320)
+    r1, r2 = packed.runner(spec, b1, False, 2), packed.runner(spec, b2, False, 2)
+    assert r1.keep[0] is r2.keep[0] and r1.keep[1] is not r2.keep[1]
+    a = RNG.standard_normal((80, 256)).astype(F32)
+    y = np.empty((80, 320), F32)
+    r2([a, None], [y])
+    np.testing.assert_allclose(y, _ort("MatMul", {}, a, b2, None, (80, 320)), rtol=2e-5,
+                               atol=2e-5)
