@@ -72,6 +72,11 @@ SPECS: tuple[FlagSpec, ...] = (
     FlagSpec("cpu_packed_gemm", bool, True, "our prefetching GEMM over packed constant "
              "weights (backends/cpu/packed.py) competes with MLAS and oneDNN for large "
              "MatMul/Gemm calls, measured in the plan; off: MLAS and oneDNN only"),
+    FlagSpec("cpu_gemm_epilogues", bool, True, "where our packed GEMM takes a call, it "
+             "computes the call's epilogue (bias, GELU, layer scale, residual Add: the "
+             "elementwise kernel after it) in its store, and the libraries it competes "
+             "with run that kernel after the call (backends/cpu/packed_epilogue.py); off: "
+             "the epilogue is a kernel of its own after the call"),
     FlagSpec("must_compile", bool, False, "raise NotCompilableError instead of falling back"),
     FlagSpec("disable_passes", list, (), "cluster optimizer passes to skip, by name",
              changes_code=True),

@@ -138,7 +138,9 @@ def compile(program: kir.Program, flags: Flags) -> Executable | Parametric:
             "".join(f"  {', '.join(program.thunks[i].nodes)}: {spec}\n"
                     for i, (_, spec) in gemms.items())
     code = Code(addrs, engine, dumps, gemms, threads, flags.check_bounds, flags.cpu_helpers,
-                flags.fast_math, flags.cpu_allow_spinning, flags.cpu_packed_gemm)
+                flags.fast_math, flags.cpu_allow_spinning,
+                ("epilogues" if flags.cpu_gemm_epilogues else "plain")
+                if flags.cpu_packed_gemm else "")
     if symbolic.has_syms(program.buffers) or symbolic.has_syms(kernels):
         dims = {k.name: tuple(codegen.code_dims(k)) for k in kernels}
         return Parametric(program, code, dims)
@@ -158,7 +160,9 @@ class Code:
     helpers: str = "native"  # --cpu_helpers
     fast_math: bool = False  # --fast_math: approximate epilogues too (backends/cpu/epilogue.py)
     spinning: bool = False  # --cpu_allow_spinning: helpers poll between a run's splits
-    packed_gemm: bool = True  # --cpu_packed_gemm: packed.py's GEMM among the libraries
+    # --cpu_packed_gemm, --cpu_gemm_epilogues: packed.py's GEMM among the libraries
+    # ("plain"), computing epilogues too ("epilogues"), or not at all ("")
+    packed_gemm: str = "epilogues"
 
     def executable(self, program: kir.Program, env: dict[str, int],
                    dims: dict[str, tuple[int, ...]] | None = None, arena: Arena | None = None,

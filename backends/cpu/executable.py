@@ -243,9 +243,9 @@ class Executable:
                  check_bounds: bool = False, dims: dict[str, tuple[int, ...]] | None = None,
                  arena: Arena | None = None, impls: dict[int, str] | None = None,
                  helpers: str = "native", fast_math: bool = False, spinning: bool = False,
-                 packed_gemm: bool = True):
+                 packed_gemm: str = "epilogues"):
         self.program = program
-        # --cpu_helpers, --fast_math, --cpu_allow_spinning, --cpu_packed_gemm (Code's fields)
+        # Code's fields: --cpu_helpers, --fast_math, --cpu_allow_spinning, --cpu_packed_gemm
         self._helpers, self._fast_math, self._spinning, self._packed_gemm = \
             helpers, fast_math, spinning, packed_gemm
         self._init_polling()
@@ -391,7 +391,8 @@ class Executable:
         return self._call_step(i, t, addrs, threads)[0]
 
     def _call_step(self, i: int, t: kir.LibraryCall, addrs: dict[str, int], threads: int,
-                   epilogue_run: Callable[[], None] | None = None
+                   epilogue_run: Callable[[], None] | None = None,
+                   epilogue_step: Callable[[], None] | None = None
                    ) -> tuple[Native | Callable[[], None], bool]:
         """(step, whether it runs the call's epilogue too) of a library call."""
         gemm = self._gemms.get(i)
@@ -410,7 +411,9 @@ class Executable:
         fn = self._library.make_call_for(t, self.program.buffers, threads, self._constants,
                                          epilogue_run, impl=self._impls.get(i),
                                          fast_math=self._fast_math,
-                                         packed_gemm=self._packed_gemm)
+                                         packed_gemm=bool(self._packed_gemm),
+                                         epilogue_step=epilogue_step
+                                         if self._packed_gemm == "epilogues" else None)
         self.library_fns[i] = fn
         fused = getattr(fn, "fused", False)
         arrays = self._arrays
@@ -422,13 +425,15 @@ class Executable:
     def _with_epilogue(self, i: int, t: kir.LibraryCall, addrs: dict[str, int],
                        parallel: dict[str, int], threads: int) -> list[tuple]:
         """(thunk, step) pairs of a call with an epilogue (the i-th thunk): the call running
-        it (oneDNN post-ops), or the call and then the epilogue kernel."""
+        it (packed.py's GEMM or, after the others, the epilogue's step; oneDNN post-ops),
+        or the call and then the epilogue kernel."""
         k = t.epilogue
         epi = self._step(i, k, addrs, parallel, threads)
         probe = None
         if epi is not None and i not in self._gemms:
             probe = self._probe(k, addrs, parallel, threads)
-        step, fused = self._call_step(i, t, addrs, threads, probe)
+        step, fused = self._call_step(i, t, addrs, threads, probe,
+                                      None if epi is None else as_call(epi))
         if fused or epi is None:
             return [(t, step)]
         return [(t, step), (k, epi)]

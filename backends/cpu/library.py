@@ -1,39 +1,26 @@
 """Library calls of the CPU backend: MatMul, Gemm, Conv, ConvTranspose, pooling, Einsum.
 
 `make_call(op, attrs, in_types, out_types, threads, constants)` returns a LibraryFn that
-writes an op's results into preallocated output arrays. Two implementations:
+writes an op's results into preallocated output arrays. Implementations:
 
 - "mlas": a single-node onnxruntime session (ORT_ENABLE_ALL, spinning off, compile-time
   constants as initializers so MLAS prepacks weights), run through an io_binding whose
-  outputs are OrtValues over our arrays. The binding is rebuilt only when a caller passes
-  different array objects than last time (binding memory is shared, not copied).
+  outputs are OrtValues over our arrays (rebuilt only when the arrays change).
 - "numpy": OpenBLAS, im2col Conv, pooling over kernel offsets, einsum (numpy_library.py);
   "ref": the op's NumPy reference plus a copy, for ConvTranspose and MaxPool Indices.
+- for large GEMMs, rivals of MLAS: "onednn" (onednn.py, choice.py) and "packed", our own
+  GEMM over packed constant weights (packed.py), which can also compute the call's
+  epilogue in its store (packed_epilogue.py; then every rival runs the epilogue kernel
+  after the call). Which serves is measured alone, then in the plan (inplan.py).
 
-When both apply, the choice is a size rule, decided once per (op, attrs, types, threads)
-per process: below the op's small-work threshold numpy wins on call overhead; above it mlas
-is taken. (An earlier version probed both on random inputs at compile time: it cost ~1 s of
-compile time for BERT and its answers were noise on a shared machine: one probe timed
-OpenBLAS at 371 ms for a 0.5 ms MatMul; picking numpy for a mid-size GEMM was a 10-100x
-loss whenever other processes ran.)
-
-Measured on the 2-core znver4 build machine (noisy: other jobs share it), 2 threads:
-- per-call overhead: numpy matmul 1.0 us; onnxruntime io_binding run 3-5 us, plus 3 us
-  when inputs are rebound; plain sess.run 6.9 us plus an output copy; run_with_ort_values
-  ~45 us.
-- MatMul float32, numpy vs mlas(bound): [32,64]x[64,64] 2.7 vs 8.5 us; [64,64]x[64,64]
-  4.3-6 vs 8-11 us; [128,128]^2 36 vs 30-34 us quiet, 11900 vs 61 us loaded;
-  [256,256]x[256,1024] 0.80-1.1 ms vs 0.86-1.2 ms (both ~150 GFLOP/s on a quiet machine);
-  [512,256]x[256,688] 12.3 ms vs 1.24 ms loaded; MLAS with a constant B (prepacked) is
-  7-12% faster than with B as an input.
-- OpenBLAS goes multi-threaded above m*n*k = 262144 (5.2e5 flops), and its busy-waiting
-  threads collapse under load (48 ms instead of 1.2 ms for [256,256]x[256,1024]); mlas
-  (spinning off) stays at 1.3-1.7 ms. So numpy only takes what OpenBLAS runs on one thread.
-- batched [16,12,128,64]x[16,12,64,128]: stacked np.matmul 520-650 ms (no BLAS),
-  per-matrix loop 22 ms, mlas 12-16 ms.
-- pooling through numpy makes one strided pass per kernel offset: MaxPool 2x2 on
-  [8,16,64,64] took 0.62 ms; pools go to mlas above POOL_SMALL_WORK window reads.
-- the numpy side uses OpenBLAS's own thread count (process-global), not `threads`.
+Below an op's small-work threshold numpy wins on call overhead, above it MLAS (a size
+rule, once per signature and process: probing both at compile time cost ~1 s for BERT and
+answered noise on a shared machine). Measured on a 2-core Zen 4, 2 threads: numpy matmul
+1.0 us a call, an io_binding run 3-5 us; [32,64]x[64,64] 2.7 us in numpy against 8.5 in
+MLAS, [256,256]x[256,1024] ~1 ms in both. OpenBLAS goes multi-threaded above m*n*k =
+262144 (5.2e5 flops) and its busy-waiting threads collapse under load (48 ms instead of
+1.2), so numpy only takes what OpenBLAS runs on one thread; stacked batched np.matmul has
+no BLAS (520 ms against MLAS's 12-16 ms). The numpy side uses OpenBLAS's own thread count.
 """
 
 from __future__ import annotations
@@ -58,6 +45,7 @@ from autoclust.backends.cpu.numpy_library import (
     ref_run,
     staged,
 )
+from autoclust.backends.cpu.packed_epilogue import Inline
 
 from autoclust import ops
 from autoclust.errors import UnsupportedOpError
@@ -165,12 +153,14 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
               out_types: Sequence[TypeShape], threads: int = 0,
               constants: dict[int, np.ndarray] | None = None,
               impl: str | None = None, layouts: tuple = (),
-              prefer: str | None = None, packed_gemm: bool = True) -> LibraryFn:
+              prefer: str | None = None, packed_gemm: bool = True,
+              inline: Inline | None = None) -> LibraryFn:
     """Build the fastest LibraryFn for op on these types; impl forces "mlas", "numpy",
     "onednn" or "packed". layouts: element strides per operand (inputs, then outputs; None or absent:
     C-contiguous) of the strided arrays the call will be given. `prefer`: the large-GEMM
     implementation measured for another shape of the same call (a new sequence length of
-    a cluster with symbolic dims), taken instead of measuring again."""
+    a cluster with symbolic dims), taken instead of measuring again. `inline`: every
+    implementation runs the call's epilogue too (packed.py's in its store)."""
     why = supported(op, attrs)
     if why is not None:
         raise UnsupportedOpError(why)
@@ -179,13 +169,15 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     constants = dict(constants or {})
     if op == "Gemm" and len(in_types[0][1]) > 2:
         return _flattened_gemm(attrs, in_types, out_types, threads, constants, impl, prefer,
-                               packed_gemm)
+                               packed_gemm, inline)
     builders = _candidates(op, attrs, in_types, out_types, threads, constants)
     dnnl = gemm_choice.onednn_builder(op, attrs, in_types, out_types, threads, constants, layouts)
     if dnnl is not None:
         builders["onednn"] = dnnl
-    own = packed.builder(op, attrs, in_types, out_types, threads, constants, layouts) \
-        if packed_gemm else None
+    wrap = inline.then_kernel if inline is not None else _same
+    builders = {name: wrap(build) for name, build in builders.items()}
+    own = packed.builder(op, attrs, in_types, out_types, threads, constants, layouts,
+                         inline and inline.plan) if packed_gemm else None
     if own is not None:
         builders["packed"] = own
     if impl is not None:
@@ -193,10 +185,12 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
             raise UnsupportedOpError(f"{op} on {_describe(in_types)}: implementation {impl!r} "
                                      f"is not available (have {sorted(builders)})")
         if impl == "mlas":  # forced: onnxruntime's refusal is the caller's error
-            builders["mlas"] = _forced_mlas(op, attrs, in_types, out_types, threads, constants)
+            builders["mlas"] = wrap(_forced_mlas(op, attrs, in_types, out_types, threads,
+                                                 constants))
         return LibraryFn(op, impl, builders[impl](), "forced")
     key = (op, _freeze(attrs), tuple(in_types), tuple(out_types), threads,
-           tuple(sorted(constants)), tuple(layouts), own is not None)
+           tuple(sorted(constants)), tuple(layouts), own is not None) + \
+        ((inline.plan.key,) if inline is not None else ())
     if key not in _DECISIONS:
         _DECISIONS[key] = _decide(op, attrs, in_types, out_types, builders)
         if _DECISIONS[key][1].startswith("large") and op in gemm_choice.GEMM_OPS:
@@ -209,10 +203,14 @@ def make_call(op: str, attrs: dict[str, Any], in_types: Sequence[TypeShape | Non
     if fn.impl == "mlas" and any(r in builders for r in RIVALS) \
             and not note.startswith("measured"):
         _measure_later(fn, key, builders, (op, attrs, in_types, out_types, threads,
-                                           constants), layouts)
+                                           constants), layouts, wrap)
     else:
         _follow_trial(fn, key, builders)
     return fn
+
+
+def _same(build: Callable) -> Callable:
+    return build
 
 
 def _follow_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> None:
@@ -231,7 +229,7 @@ def _follow_trial(fn: LibraryFn, key: tuple, builders: dict[str, Callable]) -> N
 
 
 def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], call: tuple,
-                   layouts: tuple) -> None:
+                   layouts: tuple, wrap: Callable = _same) -> None:
     """Time MLAS (prepacked) against oneDNN on this call in the background thread, after
     the prepacking queued before it, and switch `fn` to oneDNN if it wins: a first run
     never waits for a measurement (nor for prepacking: see _mlas_runner). One measurement
@@ -253,7 +251,7 @@ def _measure_later(fn: LibraryFn, key: tuple, builders: dict[str, Callable], cal
 
     def measure() -> None:
         try:
-            candidates = {"mlas": _as_called(op, "mlas", _forced_mlas(*call))}
+            candidates = {"mlas": _as_called(op, "mlas", wrap(_forced_mlas(*call)))}
             candidates.update({r: _as_called(op, r, builders[r]) for r in RIVALS
                                if r in builders})
             choice, note = gemm_choice.measure(key, candidates, in_types, out_types, layouts,
@@ -391,18 +389,19 @@ def plan_trial(fns: Sequence[Any]) -> inplan.PlanTrial | None:
 
 def _flattened_gemm(attrs: dict[str, Any], in_types: list, out_types: list, threads: int,
                     constants: dict[int, np.ndarray], impl: str | None,
-                    prefer: str | None = None, packed_gemm: bool = True) -> LibraryFn:
+                    prefer: str | None = None, packed_gemm: bool = True,
+                    inline: Inline | None = None) -> LibraryFn:
     """Gemm whose A is [..., K] (a MatMul with its bias Add folded in): batch dims join M."""
     if attrs.get("transA", 0):
         raise UnsupportedOpError(f"Gemm with transA on a {len(in_types[0][1])}-D A")
     (da, sa), (dy, sy) = in_types[0], out_types[0]
     flat_in = [(da, (math.prod(sa[:-1]), sa[-1]))] + list(in_types[1:])
     fn = make_call("Gemm", attrs, flat_in, [(dy, (math.prod(sy[:-1]), sy[-1]))], threads,
-                   constants, impl, prefer=prefer, packed_gemm=packed_gemm)
+                   constants, impl, prefer=prefer, packed_gemm=packed_gemm, inline=inline)
     views = _ViewCache()
 
-    def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:
-        fn([views.flat(inputs[0], 0), *inputs[1:]], [views.flat(outputs[0], 1)])
+    def run(inputs: Arrays, outputs: Sequence[np.ndarray]) -> None:  # an epilogue's: as they are
+        fn([views.flat(inputs[0], 0), *inputs[1:]], [views.flat(outputs[0], 1), *outputs[1:]])
 
     flat = LibraryFn("Gemm", fn.impl, run, f"{fn.note}, A flattened to {flat_in[0][1]}")
     flat.inner = fn  # type: ignore[attr-defined]  # its impl may switch (current_impl)
@@ -429,7 +428,8 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
                   constants: dict[int, np.ndarray] | None = None,
                   epilogue_run: Callable[[], None] | None = None,
                   impl: str | None = None, fast_math: bool = False,
-                  packed_gemm: bool = True) -> LibraryFn:
+                  packed_gemm: bool = True,
+                  epilogue_step: Callable[[], None] | None = None) -> LibraryFn:
     """make_call for a kernel-IR LibraryCall; constants maps buffer id -> value. `impl`
     (optional): the implementation an earlier binding of the same call chose (see
     make_call's `prefer`). `fast_math` (--fast_math): epilogues may run as post-ops that
@@ -437,10 +437,14 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
     packed.py's GEMM competes with the libraries.
 
     A call with an epilogue (thunk.epilogue) gets a LibraryFn with `fused` set when the
-    epilogue runs inside it (oneDNN post-ops, measured faster than the library call
-    followed by `epilogue_run`, the epilogue kernel on probe buffers): it is then called
-    with the inputs plus the buffers in `fn.extra` and writes `fn.dest`, not
-    thunk.outputs. Otherwise the caller runs the epilogue kernel after the call."""
+    epilogue runs inside it: it is then called with the inputs plus the buffers in
+    `fn.extra` and writes `fn.dest`, not thunk.outputs. That is when packed.py's GEMM
+    takes the call and can compute the epilogue in its store (_inline: each of its rivals
+    then runs `epilogue_step`, the epilogue kernel's step, after the call, and the
+    fastest is measured as without an epilogue), or the epilogue is oneDNN post-ops
+    measured faster than the call followed by `epilogue_run`, the epilogue kernel on
+    probe buffers (_fused). Otherwise the caller runs the epilogue kernel after the
+    call."""
     by_id = {b.id: b for b in buffers}
     n_in = len(thunk.inputs)
 
@@ -459,6 +463,15 @@ def make_call_for(thunk: kir.LibraryCall, buffers: Sequence[kir.Buffer], threads
     # an earlier binding's choice: whether its epilogue ran as post-ops too (not measured
     # again for this shape: a new sequence length's first run would pay ~0.1-0.25 s a call)
     fused_before = None if impl is None else impl == FUSED
+    inline = None if fused_before or not packed_gemm else \
+        packed.inline_epilogue(thunk, by_id, epilogue_step, epilogue_run, in_types,
+                               out_types, consts)
+    if inline is not None:
+        fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
+                       layouts=layouts, prefer=impl, inline=inline)
+        fn.fused, fn.extra = True, inline.plan.inputs
+        fn.dest = thunk.outputs[:1] + inline.plan.outputs
+        return fn
     fn = make_call(thunk.op, dict(thunk.attrs), in_types, out_types, threads, consts,
                    layouts=layouts, prefer="onednn" if fused_before else impl,
                    packed_gemm=packed_gemm)

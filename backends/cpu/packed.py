@@ -42,10 +42,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 from autoclust.backends.cpu import jit, pool
+from autoclust.backends.cpu import packed_epilogue as epi
 from autoclust.backends.cpu.jit import has_avx512
 from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, kernel_entry, splat
 from llvmlite import ir
 
+from autoclust.kernel import ir as kir
 from autoclust.runtime import disk_cache as cache
 
 I1, I32, I64 = ir.IntType(1), ir.IntType(32), ir.IntType(64)
@@ -159,10 +161,11 @@ def spec_for(op: str, attrs: dict, in_types: list, out_types: list,
 
 
 def builder(op: str, attrs: dict, in_types: list, out_types: list, threads: int,
-            constants: dict[int, np.ndarray], layouts: tuple
-            ) -> Callable[[], Callable[..., None]] | None:
+            constants: dict[int, np.ndarray], layouts: tuple,
+            epilogue: epi.Plan | None = None) -> Callable[[], Callable[..., None]] | None:
     """library.make_call's builder of this GEMM's run function for a call (dense operands,
-    spec_for's calls), or None."""
+    spec_for's calls), or None. With `epilogue` the run computes it in its store (see
+    runner)."""
     if any(lay is not None for lay in layouts):
         return None
     spec = spec_for(op, attrs, in_types, out_types, constants)
@@ -170,7 +173,28 @@ def builder(op: str, attrs: dict, in_types: list, out_types: list, threads: int,
         return None
     bias = constants.get(2) if spec.bias else None
     trans_b = bool(attrs.get("transB", 0))
-    return lambda: runner(spec, constants[1], trans_b, max(threads, 1), bias)
+    n_in = len(in_types)
+    return lambda: runner(spec, constants[1], trans_b, max(threads, 1), bias, epilogue, n_in)
+
+
+def inline_epilogue(call: kir.LibraryCall, by_id: dict[int, kir.Buffer],
+                    after: Callable[[], None] | None, probe: Callable[[], None] | None,
+                    in_types: list, out_types: list, consts: dict[int, np.ndarray]
+                    ) -> epi.Inline | None:
+    """The call's epilogue computed in this GEMM's store (library.make_call_for; `after`:
+    the epilogue kernel's step, `probe`: the same on buffers of its own), when this GEMM
+    takes the call (spec_for) and the epilogue (packed_epilogue.plan); else None."""
+    if call.epilogue is None or after is None or probe is None or \
+            any(v is not None for v in call.views):
+        return None
+    flat = list(in_types)
+    if call.op == "Gemm" and len(flat[0][1]) > 2:  # as library._flattened_gemm passes it on
+        flat[0] = (flat[0][0], (math.prod(flat[0][1][:-1]), flat[0][1][-1]))
+    spec = spec_for(call.op, dict(call.attrs), flat, out_types, consts)
+    if spec is None:
+        return None
+    plan = epi.plan(call.epilogue, call.outputs[0], by_id, spec.n)
+    return None if isinstance(plan, str) else epi.Inline(plan, after, probe, len(call.inputs))
 
 
 def pack(b: np.ndarray, trans_b: bool = False) -> np.ndarray:
@@ -191,8 +215,9 @@ def pack(b: np.ndarray, trans_b: bool = False) -> np.ndarray:
     return out
 
 
-def code_key(spec: PackedSpec, threads: int) -> str:
-    return f"packed|{spec}|{rows_per_tile()}|{spec.panel_group(threads)}"
+def code_key(spec: PackedSpec, threads: int, epilogue: epi.Plan | None = None) -> str:
+    return f"packed|{spec}|{rows_per_tile()}|{spec.panel_group(threads)}" + \
+        (f"|epilogue {epilogue.key}" if epilogue is not None else "")
 
 
 KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -202,15 +227,16 @@ _LOADED: dict[str, tuple[object, int]] = {}
 _LOADED_LOCK = threading.Lock()
 
 
-def _kernel(spec: PackedSpec, threads: int) -> tuple[object, int]:
+def _kernel(spec: PackedSpec, threads: int, epilogue: epi.Plan | None = None
+            ) -> tuple[object, int]:
     """(engine, address) of the shape's kernel: loaded once per process, its object code
     compiled or found in memory or the sessions' --cache_dir (pool.cache_dir())."""
-    key = cache.make_key(code_key(spec, threads), jit.version_key())
+    key = cache.make_key(code_key(spec, threads, epilogue), jit.version_key())
     sym = f"p_{key[:20]}"
 
     def build() -> str:
         module = ir.Module(name="autoclust_packed")
-        emit(module, sym, spec, threads)
+        emit(module, sym, spec, threads, epilogue)
         return str(module)
 
     # found in memory at once; also stores it in a --cache_dir met since
@@ -225,12 +251,17 @@ def _kernel(spec: PackedSpec, threads: int) -> tuple[object, int]:
 
 
 def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
-           bias: np.ndarray | None = None
+           bias: np.ndarray | None = None, epilogue: epi.Plan | None = None, n_in: int = 2
            ) -> Callable[[Sequence[np.ndarray | None], Sequence[np.ndarray]], None]:
     """run(inputs, outputs) of the call: its kernel (_kernel) and B packed now; inputs are
     A, B (unused: packed here) and Gemm's bias unless `bias` (a constant one) is given,
-    outputs C (C-contiguous, as LibraryFn passes them)."""
-    engine, fn = _kernel(spec, threads)
+    outputs C (C-contiguous, as LibraryFn passes them).
+
+    With `epilogue`, a plan calls it with the epilogue's inputs after the call's
+    (`n_in`) and its outputs after C: C is then written only as partial sums between K
+    blocks. Called with the call's own inputs and outputs alone (choice.measure, timing
+    it), the epilogue writes buffers of its own."""
+    engine, fn = _kernel(spec, threads, epilogue)
     packed = pack(b, trans_b)
     kernel = KERNEL(fn)
     polling = pool.get(threads, polling=True) if threads > 1 and POLLING else None
@@ -238,15 +269,26 @@ def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
     lingering = polling.state if polling is not None else np.zeros(pool.STATE_WORDS, np.int64)
     count = spec.chunks(threads)
     bounds = np.stack([np.arange(count), np.arange(1, count + 1)], 1).astype(np.int64)
-    bufs = (ctypes.c_void_p * 4)()
+    extra = (len(epilogue.slots) if epilogue is not None else 0)
+    bufs = (ctypes.c_void_p * (4 + extra))()
     fixed = None if bias is None else np.ascontiguousarray(bias, np.float32).reshape(-1)
     last: list = [None]
+    own: list = []  # the epilogue's buffers when timed alone
+
+    def operands(inputs: Sequence, outputs: Sequence) -> tuple:
+        if epilogue is None:
+            return ()
+        if len(outputs) > 1:
+            return tuple(inputs[n_in:]) + tuple(outputs[1:])
+        if not own:
+            own.extend(np.zeros(size, np.float32) for size in epilogue.sizes)
+        return tuple(own)
 
     def run(inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> None:
         a = inputs[0] if inputs[0].flags.c_contiguous else np.ascontiguousarray(inputs[0])
         c = (() if not spec.bias else (fixed,) if fixed is not None else
              (np.ascontiguousarray(inputs[2]),))
-        arrays = (a, packed) + c + (outputs[0],)
+        arrays = (a, packed) + c + (outputs[0],) + operands(inputs, outputs)
         ptrs = tuple(x.ctypes.data for x in arrays)
         if ptrs != last[0]:
             for j, at in enumerate(ptrs):
@@ -258,27 +300,32 @@ def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
         else:
             workers.run(fn, ctypes.addressof(bufs), bounds)
 
-    run.keep = (engine, packed, fixed)  # type: ignore[attr-defined]  # alive while run is
+    run.keep = (engine, packed, fixed, own)  # type: ignore[attr-defined]  # alive while run is
     return run
 
 
-def emit(module: ir.Module, name: str, spec: PackedSpec, threads: int) -> None:
+def emit(module: ir.Module, name: str, spec: PackedSpec, threads: int,
+         epilogue: epi.Plan | None = None) -> None:
     """`void name(ptr bufs, i64 start, i64 stop)` over chunks [start, stop) (chunks()):
-    bufs = A, packed B, (bias,) C."""
+    bufs = A, packed B, (bias,) C, then the epilogue's inputs and outputs."""
     names = ["a", "bp"] + (["bias"] if spec.bias else []) + ["c"]
-    b, ptr, fn = kernel_entry(module, name, names, exact_division=True)
-    _Emitter(b, spec, ptr, spec.panel_group(threads)).chunks(fn.args[1], fn.args[2])
+    slots = [f"e{s}" for s in epilogue.slots] if epilogue is not None else []
+    b, ptr, fn = kernel_entry(module, name, names + slots, exact_division=True)
+    _Emitter(b, spec, ptr, spec.panel_group(threads), epilogue).chunks(fn.args[1], fn.args[2])
     b.ret_void()
 
 
 class _Emitter:
-    def __init__(self, b: ir.IRBuilder, spec: PackedSpec, ptr: dict, group: int):
+    def __init__(self, b: ir.IRBuilder, spec: PackedSpec, ptr: dict, group: int,
+                 epilogue: epi.Plan | None = None):
         self.b, self.spec, self.ptr, self.group = b, spec, ptr, group
         self.vw = 16 if has_avx512() else 8
         self.u = NP // self.vw
         self.vty = ir.VectorType(F32, self.vw)
         self.rb = rows_per_tile()
         self.acc = entry_alloca(b, self.vty, "acc", count=self.rb * self.u)
+        self.epi = None if epilogue is None else epi.Emitter(
+            b, epilogue, spec.n, {s: ptr[f"e{s}"] for s in epilogue.slots}, self.vw)
 
     def chunks(self, start: ir.Value, stop: ir.Value) -> None:
         b, spec = self.b, self.spec
@@ -346,10 +393,17 @@ class _Emitter:
                     b.store(intrinsic(b, f"llvm.fma.v{self.vw}f32", vty,
                                       [av, bv[u], b.load(slot, typ=vty)]), slot)
         for j in range(rows):
+            row = b.add(r0, I64(j))
+            offsets = self.epi.row_offsets(row) if last and self.epi is not None else None
             for u in range(self.u):
                 v = b.load(b.gep(acc, [I64(j * self.u + u)], source_etype=vty), typ=vty)
-                self._store_c(self._finish(v, col0, u, mask) if last else v,
-                              b.add(r0, I64(j)), col0, u, mask)
+                if offsets is None:
+                    self._store_c(self._finish(v, col0, u, mask) if last else v,
+                                  row, col0, u, mask)
+                else:  # the epilogue's outputs instead of C
+                    self.epi.store(self._finish(v, col0, u, mask), row,
+                                   b.add(col0, I64(u * self.vw)), offsets,
+                                   None if mask is None else mask[u])
 
     def _prefetch(self, k: ir.Value, kc: int, nxt: ir.Value, t: int, tiles: int) -> None:
         """Tile t of `tiles` prefetches its share of the next block's 2 * kc lines (kc
