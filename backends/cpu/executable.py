@@ -443,7 +443,11 @@ class Executable:
         """Kernel k on buffers of its own where the executable has none bound yet (inputs
         and outputs): library.make_call_for times it to choose where an epilogue runs."""
         fn_name, ids = self._bindings.get(k.name, (k.name, tuple(range(len(self._arrays)))))
-        arrays = [self._arrays[b] if self._arrays[b] is not None else
+        # what it stores goes to buffers of its own: the background thread may run it
+        # between runs (packed_epilogue.Inline), when a bound buffer may hold what a run
+        # handed out
+        stored = {s.buf for s in k.stores}
+        arrays = [self._arrays[b] if self._arrays[b] is not None and b not in stored else
                   np.zeros(self.buffers[b].shape, self.buffers[b].dtype) for b in ids]
         # the layout _site gives the kernel: buffers, the guard array (--check_bounds),
         # then the symbolic dims' values its code reads
@@ -459,7 +463,8 @@ class Executable:
         addr = ctypes.addressof(site)
         bounds = chunk_bounds(k.shape[0], parallel.get(k.name, k.work), threads,
                               self._min_chunk_work)
-        keep: list = [site, arrays, guard]  # alive as long as the probe
+        # alive as long as the probe, the kernel's code too (the executable may go first)
+        keep: list = [site, arrays, guard, self.engine]
         # split as the executable's own step will be
         step = self._split_step(addrs[fn_name], addr, bounds, 0, threads, keep) \
             if k.name in parallel and len(bounds) > 1 else \

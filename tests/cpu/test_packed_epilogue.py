@@ -227,3 +227,41 @@ def test_timed_alone_the_epilogue_writes_buffers_of_its_own():
     assert not out.any()
     ours([a, None, r], [c, out])          # in a plan: r + A @ W into out
     np.testing.assert_allclose(out, a @ w + r, rtol=1e-5, atol=1e-5)
+
+
+LIFETIME = """
+import gc, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from cpu.test_packed_epilogue import _feeds, _layer_scale
+import autoclust
+from autoclust.backends.cpu import library
+model, shapes = _layer_scale(8, 384, 768)
+sess = autoclust.InferenceSession(model, min_cluster_size=1, autotune=False)
+sess.run(None, _feeds(shapes))
+del sess
+gc.collect()
+assert library.wait_background(120)  # measurements queued for the dropped plan
+model, shapes = _layer_scale(7, 384, 768)
+sess = autoclust.InferenceSession(model, min_cluster_size=1, autotune=False)
+got = sess.run(None, _feeds(shapes))[0]
+kept = got.copy()
+assert library.wait_background(120)
+np.testing.assert_array_equal(got, kept)  # the timing wrote no result handed out
+print("ok")
+"""
+
+
+def test_a_background_measurement_outlives_its_plan():
+    """The libraries' side of a call with a fusable epilogue is timed in the background
+    thread with the epilogue kernel run on probe buffers: the probe keeps the kernel's code
+    alive after its session is dropped (it ran freed code: a segfault), and writes buffers
+    of its own, not a result the caller holds."""
+    import pathlib
+    import subprocess
+    import sys
+    tests = str(pathlib.Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c",
+                           LIFETIME.format(tests=tests)], check=False, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
