@@ -9,6 +9,10 @@ makes it the call's `epilogue` (kernel IR LibraryCall.epilogue):
     kernel k4 [393216]                    ->        epilogue kernel k4 [393216]
       gelu[i0] = f(t[i0])                             gelu[i0] = f(t[i0])
 
+It also takes a kernel reading the result's two halves at the same row, [..., j] and
+[..., F + j] of a [..., 2F] result: the SwiGLU silu(gate) * up after the gate and up
+projections fused into one GEMM (passes/siblings.py).
+
 The backend then runs the epilogue while the result is in cache: inside the library call
 where the library takes it (oneDNN post-ops: backends/cpu/epilogue.py), else as the same
 kernel right after the call. Memory planning sees one thunk reading the call's inputs and
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from autoclust import symbolic
 from autoclust.kernel import ir as kir
 from autoclust.kernel.indexing import contiguous_strides
 
@@ -40,6 +45,29 @@ def _reads_elementwise(k: kir.Kernel, buf: int) -> bool:
                for e in kir.kernel_exprs(k) if isinstance(e, kir.Load) and e.buf == buf)
 
 
+def _size(shape: tuple) -> object:
+    size = 1
+    for d in shape:
+        size *= d
+    return size
+
+
+def reads_halves(k: kir.Kernel, buf: int, shape: tuple) -> bool:
+    """Whether k (shape [..., F]) reads `buf` (shape [..., 2F]) at the same row and column
+    j or F + j only: a SwiGLU's silu(gate) * up over the fused gate/up projection
+    (passes/siblings.py), each element of the result once."""
+    f = shape[-1] // 2 if isinstance(shape[-1], int) else None
+    if f is None or shape[-1] != 2 * f or k.shape[-1] != f or \
+            not symbolic.same(_size(shape), 2 * _size(k.shape)):
+        return False
+    twice = tuple(2 * s for s in contiguous_strides(k.shape)[:-1])
+    loads = [e for e in kir.kernel_exprs(k) if isinstance(e, kir.Load) and e.buf == buf]
+    return bool(loads) and all(
+        not e.clamps and not e.dyn and e.index.const in (0, f) and e.index.coeffs[-1] == 1
+        and all(d == 1 or c == t for c, t, d in zip(e.index.coeffs, twice, k.shape))
+        for e in loads)
+
+
 def _fits(call: kir.Thunk, k: kir.Thunk, buffers: dict[int, kir.Buffer],
           readers: dict[int, int], aliased: set[int], ops: frozenset) -> bool:
     if not isinstance(call, kir.LibraryCall) or not isinstance(k, kir.Kernel):
@@ -48,14 +76,15 @@ def _fits(call: kir.Thunk, k: kir.Thunk, buffers: dict[int, kir.Buffer],
             call.view(len(call.inputs)) is not None:
         return False
     out = buffers[call.outputs[0]]
-    size = 1
-    for d in k.shape:
-        size *= d
+    size = _size(k.shape)
     if out.role != "temp" or out.id in aliased or readers.get(out.id, 0) != 1 or \
             not out.dtype.startswith("float") or k.n_inner or k.reductions or k.empty or \
-            size != out.size or out.id not in kir.loaded_buffers(k):
+            out.id not in kir.loaded_buffers(k):
         return False
-    return _reads_elementwise(k, out.id) and all(
+    if not (size == out.size and _reads_elementwise(k, out.id) or
+            reads_halves(k, out.id, out.shape)):
+        return False
+    return all(
         is_flat(s.index, k) and not s.per_row and s.buf != out.id and
         buffers[s.buf].size == size for s in k.stores)
 

@@ -245,6 +245,9 @@ def post_ops(call: kir.LibraryCall, buffers: dict[int, kir.Buffer], fast_math: b
     out = buffers[k.stores[0].buf]
     if out.dtype != "float32" or buffers[t].dtype != "float32":
         return None
+    if any(isinstance(e, kir.Load) and e.buf == t and not is_flat(e.index, k)
+           for e in kir.walk([k.stores[0].expr])):
+        return None  # the result's halves (a SwiGLU: kernel/epilogues.reads_halves)
     reader = _Reader(k, t, tuple(buffers[t].shape), fast_math)
     try:
         steps = reader.chain(k.stores[0].expr)

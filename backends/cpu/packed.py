@@ -193,16 +193,22 @@ def inline_epilogue(call: kir.LibraryCall, by_id: dict[int, kir.Buffer],
     spec = spec_for(call.op, dict(call.attrs), flat, out_types, consts)
     if spec is None:
         return None
-    plan = epi.plan(call.epilogue, call.outputs[0], by_id, spec.n)
-    return None if isinstance(plan, str) else epi.Inline(plan, after, probe, len(call.inputs))
+    plan = epi.plan(call.epilogue, call.outputs[0], by_id, spec.n, NP)
+    if isinstance(plan, str) or plan.pairs and (spec.bias or spec.alpha != 1.0):
+        return None
+    return epi.Inline(plan, after, probe, len(call.inputs))
 
 
-def pack(b: np.ndarray, trans_b: bool = False) -> np.ndarray:
+def pack(b: np.ndarray, trans_b: bool = False, order: np.ndarray | None = None
+         ) -> np.ndarray:
     """B [k, n] (or [n, k] with trans_b) as [panels, k, NP] float32, 64-byte aligned,
-    the columns past n zero."""
+    the columns past n zero; `order`: B's columns in this order (packed_epilogue's
+    pair_order)."""
     w = np.asarray(b, np.float32)
     if trans_b:
         w = w.T
+    if order is not None:
+        w = w[:, order]
     k, n = w.shape
     panels = -(-n // NP)
     raw = np.zeros(panels * k * NP + 16, np.float32)
@@ -262,7 +268,8 @@ def runner(spec: PackedSpec, b: np.ndarray, trans_b: bool, threads: int,
     blocks. Called with the call's own inputs and outputs alone (choice.measure, timing
     it), the epilogue writes buffers of its own."""
     engine, fn = _kernel(spec, threads, epilogue)
-    packed = pack(b, trans_b)
+    pairs = epilogue is not None and epilogue.pairs
+    packed = pack(b, trans_b, epi.pair_order(spec.n, NP) if pairs else None)
     kernel = KERNEL(fn)
     polling = pool.get(threads, polling=True) if threads > 1 and POLLING else None
     plain = pool.get(threads) if threads > 1 else None
@@ -325,7 +332,9 @@ class _Emitter:
         self.rb = rows_per_tile()
         self.acc = entry_alloca(b, self.vty, "acc", count=self.rb * self.u)
         self.epi = None if epilogue is None else epi.Emitter(
-            b, epilogue, spec.n, {s: ptr[f"e{s}"] for s in epilogue.slots}, self.vw)
+            b, epilogue, spec.n // 2 if epilogue.pairs else spec.n,
+            {s: ptr[f"e{s}"] for s in epilogue.slots}, self.vw)
+        self.pairs = epilogue is not None and epilogue.pairs
 
     def chunks(self, start: ir.Value, stop: ir.Value) -> None:
         b, spec = self.b, self.spec
@@ -395,13 +404,21 @@ class _Emitter:
         for j in range(rows):
             row = b.add(r0, I64(j))
             offsets = self.epi.row_offsets(row) if last and self.epi is not None else None
-            for u in range(self.u):
-                v = b.load(b.gep(acc, [I64(j * self.u + u)], source_etype=vty), typ=vty)
-                if offsets is None:
+            vs = [b.load(b.gep(acc, [I64(j * self.u + u)], source_etype=vty), typ=vty)
+                  for u in range(self.u)]
+            if offsets is None:
+                for u, v in enumerate(vs):
                     self._store_c(self._finish(v, col0, u, mask) if last else v,
                                   row, col0, u, mask)
-                else:  # the epilogue's outputs instead of C
-                    self.epi.store(self._finish(v, col0, u, mask), row,
+            elif self.pairs:  # vectors u and u + U/2: the same output columns' gate, up
+                half = self.u // 2
+                for u in range(half):
+                    self.epi.store((vs[u], vs[u + half]), row,
+                                   b.add(b.mul(p, I64(NP // 2)), I64(u * self.vw)), offsets,
+                                   None)
+            else:  # the epilogue's outputs instead of C
+                for u, v in enumerate(vs):
+                    self.epi.store((self._finish(v, col0, u, mask),), row,
                                    b.add(col0, I64(u * self.vw)), offsets,
                                    None if mask is None else mask[u])
 

@@ -33,13 +33,14 @@ import hashlib
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from autoclust.backends.cpu import mathops, vectorize
 from autoclust.backends.cpu.llvm_types import constant
 from autoclust.backends.cpu.loops import intrinsic, splat
 from llvmlite import ir
 
 from autoclust.kernel import ir as kir
-from autoclust.kernel.epilogues import is_flat
+from autoclust.kernel.epilogues import is_flat, reads_halves
 from autoclust.kernel.indexing import contiguous_strides
 from autoclust.kernel.passes import renumber
 
@@ -70,20 +71,29 @@ class Plan:
     slots: tuple[int, ...]            # renumbered id of each input, then each output
     operands: dict                    # kir.Load -> Operand (t's loads excluded)
     sizes: tuple[int, ...]            # elements of each input, then each output
+    # the result's halves read (a SwiGLU, kernel/epilogues.reads_halves): packed.py packs
+    # the weights' columns in pairs of blocks, half a panel of each half (pair_order)
+    pairs: bool = False
 
     @property
     def key(self) -> str:
         """Digest of what the generated code depends on (packed.code_key)."""
-        text = repr((self.kernel.shape, self.kernel.stores, self.t, self.slots))
+        text = repr((self.kernel.shape, self.kernel.stores, self.t, self.slots, self.pairs))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def plan(k: kir.Kernel, t: int, buffers: dict[int, kir.Buffer], n: int) -> Plan | str:
-    """The Plan of epilogue kernel k of a call whose result t is [M, n], or why not."""
+def plan(k: kir.Kernel, t: int, buffers: dict[int, kir.Buffer], n: int, panel: int
+         ) -> Plan | str:
+    """The Plan of epilogue kernel k of a call whose result t is [M, n], or why not
+    (`panel`: packed.py's panel width, which a SwiGLU's halves must fill by halves)."""
     if k.reductions or k.n_inner or not all(isinstance(d, int) for d in k.shape):
         return "a reduction or symbolic dims"
     canon, order = renumber(k)
     ct = order.index(t) if t in order else -1
+    pairs = reads_halves(canon, ct, tuple(buffers[t].shape))
+    if pairs and (n // 2) % (panel // 2):
+        return f"halves of {n // 2} columns, not a multiple of {panel // 2}"
+    n = n // 2 if pairs else n
     stored = {s.buf for s in canon.stores}
     loaded: dict[int, None] = {}
     operands: dict = {}
@@ -94,7 +104,7 @@ def plan(k: kir.Kernel, t: int, buffers: dict[int, kir.Buffer], n: int) -> Plan 
         if not isinstance(e, kir.Load):
             continue
         if e.buf == ct:
-            if not is_flat(e.index, canon):
+            if not pairs and not is_flat(e.index, canon):
                 return "the result read out of order"
             continue
         if e.buf in stored:
@@ -109,7 +119,7 @@ def plan(k: kir.Kernel, t: int, buffers: dict[int, kir.Buffer], n: int) -> Plan 
     slots = tuple(loaded) + tuple(dict.fromkeys(s.buf for s in canon.stores))
     ins, outs = tuple(order[s] for s in loaded), tuple(order[s] for s in slots[len(loaded):])
     sizes = tuple(math.prod(buffers[b].shape) for b in ins + outs)
-    return Plan(canon, ct, ins, outs, slots, operands, sizes)
+    return Plan(canon, ct, ins, outs, slots, operands, sizes, pairs)
 
 
 def _unsupported(e: kir.Expr) -> str:
@@ -151,6 +161,15 @@ def _operand(e: kir.Load, shape: tuple[int, ...], n: int) -> Operand | None:
     return Operand(e.buf, e.index.const, tuple(rows), col) if col in (0, 1) else None
 
 
+def pair_order(n: int, panel: int) -> np.ndarray:
+    """The weights' column order for a Plan with `pairs` (n columns, two halves): each
+    panel holds panel / 2 columns of the first half, then the same of the second, so a
+    row tile's vectors hold gate and up for the same output columns."""
+    half, block = n // 2, panel // 2
+    starts = np.arange(0, half, block)
+    return np.concatenate([np.r_[j:j + block, half + j:half + j + block] for j in starts])
+
+
 class Emitter:
     """Emits a Plan's stores for one result vector (16 columns of one row) in packed.py's
     kernel. `ptr`: the pointer of each renumbered slot; `lanes`: the vector width."""
@@ -173,16 +192,17 @@ class Emitter:
             out[where] = off
         return out
 
-    def store(self, t: ir.Value, row: ir.Value, col: ir.Value, offsets: dict,
+    def store(self, t: tuple[ir.Value, ...], row: ir.Value, col: ir.Value, offsets: dict,
               mask: ir.Value | None) -> None:
-        """The epilogue's stores at (row, col .. col + lanes - 1), t the GEMM's vector."""
+        """The epilogue's stores at (row, col .. col + lanes - 1); t: the GEMM's vector
+        there, or with `pairs` its two halves' vectors (gate, up)."""
         memo: dict = {}
         flat = self.b.add(self.b.mul(row, I64(self.n)), col)
         for s in self.p.kernel.stores:
             v = self._value(s.expr, t, col, offsets, mask, memo)
             self._put(self.ptr[s.buf], flat, v, mask)
 
-    def _value(self, e: kir.Expr, t: ir.Value, col: ir.Value, offsets: dict,
+    def _value(self, e: kir.Expr, t: tuple[ir.Value, ...], col: ir.Value, offsets: dict,
                mask: ir.Value | None, memo: dict) -> ir.Value:
         got = memo.get(e)
         if got is not None:
@@ -191,7 +211,8 @@ class Emitter:
         if isinstance(e, kir.Const):
             v = splat(b, constant(e.value, e.dtype), self.lanes)
         elif isinstance(e, kir.Load):
-            v = t if e.buf == self.p.t else self._load(e, col, offsets, mask)
+            v = t[bool(e.index.const)] if e.buf == self.p.t else \
+                self._load(e, col, offsets, mask)
         else:
             args = [self._value(a, t, col, offsets, mask, memo) for a in e.args]
             dtype = e.args[-1].dtype if e.name == "select" else e.args[0].dtype

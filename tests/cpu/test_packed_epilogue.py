@@ -56,21 +56,21 @@ def test_which_epilogues_it_takes():
     t = _load(0, (256, 1))
     add = kir.Op("add", (t, _load(1, (0, 1))), "float32")
     k = kir.Kernel("k", (64, 256), 0, (), (kir.Store(2, kir.Affine(0, (256, 1)), add),))
-    p = pe.plan(k, 0, bufs, 256)
+    p = pe.plan(k, 0, bufs, 256, packed.NP)
     assert isinstance(p, pe.Plan) and p.inputs == (1,) and p.outputs == (2,)
     assert p.sizes == (64 * 256, 64 * 256)
     gather = kir.Op("add", (t, _load(1, (0, 3))), "float32")
     k2 = kir.Kernel("k", (64, 256), 0, (), (kir.Store(2, kir.Affine(0, (256, 1)), gather),))
-    assert "operand" in pe.plan(k2, 0, bufs, 256)
+    assert "operand" in pe.plan(k2, 0, bufs, 256, packed.NP)
     back = kir.Op("add", (t, _load(2, (256, 1))), "float32")
     k3 = kir.Kernel("k", (64, 256), 0, (), (kir.Store(2, kir.Affine(0, (256, 1)), back),))
-    assert pe.plan(k3, 0, bufs, 256) == "a stored buffer is read"
+    assert pe.plan(k3, 0, bufs, 256, packed.NP) == "a stored buffer is read"
     cast = kir.Op("add", (t, kir.Op("cast", (kir.Load(4, kir.Affine(0, (256, 1)), "int32"),),
                                     "float32")), "float32")
     k4 = kir.Kernel("k", (64, 256), 0, (), (kir.Store(2, kir.Affine(0, (256, 1)), cast),))
-    assert pe.plan(k4, 0, bufs, 256) == "op cast on float32"
+    assert pe.plan(k4, 0, bufs, 256, packed.NP) == "op cast on float32"
     summed = kir.Kernel("k", (64, 256), 0, (kir.Reduction("sum", t, "float32"),), k.stores)
-    assert pe.plan(summed, 0, bufs, 256) == "a reduction or symbolic dims"
+    assert pe.plan(summed, 0, bufs, 256, packed.NP) == "a reduction or symbolic dims"
 
 
 def _model(nodes: list, inputs: dict, inits: dict, out: str, out_shape: tuple) -> bytes:
@@ -211,7 +211,7 @@ def test_timed_alone_the_epilogue_writes_buffers_of_its_own():
     t = _load(0, (256, 1))
     add = kir.Op("add", (t, _load(1, (256, 1))), "float32")
     k = kir.Kernel("k", (32, 256), 0, (), (kir.Store(2, kir.Affine(0, (256, 1)), add),))
-    plan = pe.plan(k, 0, bufs, 256)
+    plan = pe.plan(k, 0, bufs, 256, packed.NP)
     assert isinstance(plan, pe.Plan)
     inline = pe.Inline(plan, lambda: calls.append("after"), lambda: calls.append("probe"), 2)
     run = inline.then_kernel(lambda: lambda ins, outs: calls.append(len(ins)))()
@@ -265,3 +265,53 @@ def test_a_background_measurement_outlives_its_plan():
                            LIFETIME.format(tests=tests)], check=False, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_pair_order_puts_gate_and_up_of_the_same_columns_in_one_panel():
+    order = pe.pair_order(64, 32)
+    assert order.tolist() == list(range(16)) + list(range(32, 48)) + \
+        list(range(16, 32)) + list(range(48, 64))
+
+
+def _swiglu(m: int, k: int, f: int) -> tuple[bytes, dict]:
+    """LLaMA's MLP: silu(x @ wg) * (x @ wu) @ wd; the gate and up projections become one
+    GEMM (passes/siblings.py) whose halves the SwiGLU kernel reads."""
+    nodes = [helper.make_node("MatMul", ["x", "wg"], ["g"]),
+             helper.make_node("MatMul", ["x", "wu"], ["u"]),
+             helper.make_node("Sigmoid", ["g"], ["sg"]),
+             helper.make_node("Mul", ["g", "sg"], ["silu"]),
+             helper.make_node("Mul", ["silu", "u"], ["h"]),
+             helper.make_node("MatMul", ["h", "wd"], ["y"])]
+    inits = {"wg": _w(k, f), "wu": _w(k, f), "wd": _w(f, 64)}
+    return _model(nodes, {"x": (1, m, k)}, inits, "y", (1, m, 64)), {"x": (1, m, k)}
+
+
+@pytest.mark.parametrize("impl", ["packed", "mlas"])
+def test_a_swiglu_is_computed_in_the_store_of_its_fused_projection(impl, forced):
+    """The SwiGLU over the fused gate/up GEMM's two halves is that GEMM's epilogue: in our
+    GEMM each panel holds 16 gate and 16 up columns of the same outputs
+    (packed_epilogue.pair_order), and the [M, F] product is stored, never the [M, 2F]
+    result; with MLAS the kernel runs after the call. Against onnxruntime."""
+    forced[0] = impl
+    model, shapes = _swiglu(64, 512, 1024)
+    feeds = _feeds(shapes)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got, gemms = _compiled(model, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    fused = [fn for fn in gemms if fn.fused]
+    assert [(fn.impl, len(fn.dest)) for fn in fused] == [(impl, 2)], gemms
+
+
+def test_halves_are_not_onednn_post_ops():
+    """oneDNN's post-ops apply to the result element for element: a kernel reading its
+    halves is not one (epilogue.post_ops would have read both halves as one)."""
+    from autoclust.backends.cpu import epilogue
+    bufs = {0: kir.Buffer(0, "t", "float32", (64, 512), "temp"),
+            1: kir.Buffer(1, "y", "float32", (64, 256), "temp")}
+    gate, up = _load(0, (512, 1)), _load(0, (512, 1), const=256)
+    prod = kir.Op("mul", (kir.Op("sigmoid", (gate,), "float32"), up), "float32")
+    k = kir.Kernel("k", (64, 256), 0, (), (kir.Store(1, kir.Affine(0, (256, 1)), prod),))
+    call = kir.LibraryCall("MatMul", (2, 3), (0,), (), epilogue=k)
+    assert epilogue.post_ops(call, bufs) is None
+    p = pe.plan(k, 0, bufs, 512, packed.NP)
+    assert isinstance(p, pe.Plan) and p.pairs and p.outputs == (1,)
