@@ -25,6 +25,7 @@ A backend asks for this with Policy.library_epilogues (the ops whose calls take 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from autoclust import symbolic
 from autoclust.kernel import ir as kir
@@ -45,8 +46,9 @@ def _reads_elementwise(k: kir.Kernel, buf: int) -> bool:
                for e in kir.kernel_exprs(k) if isinstance(e, kir.Load) and e.buf == buf)
 
 
-def _size(shape: tuple) -> object:
-    size = 1
+def _size(shape: tuple) -> Any:
+    """The element count of a shape (a Sym where a dim is symbolic)."""
+    size: Any = 1
     for d in shape:
         size *= d
     return size

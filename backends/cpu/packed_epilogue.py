@@ -272,6 +272,8 @@ class Inline:
                 run(inputs[:n_in], outputs[:1])
                 (after if len(outputs) > 1 else probe)()
 
+            if hasattr(run, "packed"):  # oneDNN's weights not packed yet: library.py's
+                with_epilogue.packed = run.packed  # type: ignore[attr-defined]  # _packing_later
             return with_epilogue
 
         return make

@@ -203,6 +203,33 @@ def test_the_libraries_run_the_epilogue_kernel_after_the_call(forced):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_onednn_unpacked_stays_visible_through_the_epilogue(monkeypatch):
+    """library._packing_later packs oneDNN's weights in the background when its first
+    run function says `packed` False; the wrapper running the epilogue after it says the
+    same (it said nothing: oneDNN then read its weights unpacked for good)."""
+    import concurrent.futures
+
+    from autoclust.backends.cpu import background
+
+    def onednn_build(pack: bool = True):
+        def run(inputs, outputs):
+            pass
+        run.packed = pack
+        return run
+
+    submitted = []
+
+    def submit(fn, *args):
+        submitted.append(fn)
+        return concurrent.futures.Future()
+
+    monkeypatch.setattr(background, "submit", submit)
+    monkeypatch.setattr(library, "BACKGROUND_PREPACK", True)
+    inline = pe.Inline(None, lambda: None, lambda: None, 2)  # type: ignore[arg-type]
+    library._packing_later(inline.then_kernel(onednn_build))
+    assert len(submitted) == 1  # the packing queued, the unpacked run serving meanwhile
+
+
 def test_timed_alone_the_epilogue_writes_buffers_of_its_own():
     """With the call's own inputs and outputs (choice.measure) the libraries' runs call
     the probe, packed.py's writes scratch buffers; in a plan, the plan's buffers."""
