@@ -25,7 +25,6 @@ A backend asks for this with Policy.library_epilogues (the ops whose calls take 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from autoclust import symbolic
 from autoclust.kernel import ir as kir
@@ -40,18 +39,10 @@ def is_flat(index: kir.Affine, k: kir.Kernel) -> bool:
                                     if d > 1)
 
 
-def _reads_elementwise(k: kir.Kernel, buf: int) -> bool:
+def reads_elementwise(k: kir.Kernel, buf: int) -> bool:
     """Whether every load of `buf` in k reads the element at k's own flat index."""
     return all(is_flat(e.index, k) and not e.clamps and not e.dyn
                for e in kir.kernel_exprs(k) if isinstance(e, kir.Load) and e.buf == buf)
-
-
-def _size(shape: tuple) -> Any:
-    """The element count of a shape (a Sym where a dim is symbolic)."""
-    size: Any = 1
-    for d in shape:
-        size *= d
-    return size
 
 
 def reads_halves(k: kir.Kernel, buf: int, shape: tuple) -> bool:
@@ -60,7 +51,7 @@ def reads_halves(k: kir.Kernel, buf: int, shape: tuple) -> bool:
     (passes/siblings.py), each element of the result once."""
     f = shape[-1] // 2 if isinstance(shape[-1], int) else None
     if f is None or shape[-1] != 2 * f or k.shape[-1] != f or \
-            not symbolic.same(_size(shape), 2 * _size(k.shape)):
+            not symbolic.same(symbolic.product(shape), 2 * symbolic.product(k.shape)):
         return False
     twice = tuple(2 * s for s in contiguous_strides(k.shape)[:-1])
     loads = [e for e in kir.kernel_exprs(k) if isinstance(e, kir.Load) and e.buf == buf]
@@ -78,12 +69,12 @@ def _fits(call: kir.Thunk, k: kir.Thunk, buffers: dict[int, kir.Buffer],
             call.view(len(call.inputs)) is not None:
         return False
     out = buffers[call.outputs[0]]
-    size = _size(k.shape)
+    size = symbolic.product(k.shape)
     if out.role != "temp" or out.id in aliased or readers.get(out.id, 0) != 1 or \
             not out.dtype.startswith("float") or k.n_inner or k.reductions or k.empty or \
             out.id not in kir.loaded_buffers(k):
         return False
-    if not (size == out.size and _reads_elementwise(k, out.id) or
+    if not (size == out.size and reads_elementwise(k, out.id) or
             reads_halves(k, out.id, out.shape)):
         return False
     return all(

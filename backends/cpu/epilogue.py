@@ -37,7 +37,7 @@ from collections.abc import Callable
 import numpy as np
 
 from autoclust.kernel import ir as kir
-from autoclust.kernel.epilogues import is_flat
+from autoclust.kernel.epilogues import is_flat, reads_elementwise
 from autoclust.kernel.passes import code_key, renumber
 
 SAMPLES = np.concatenate([np.linspace(-20.0, 20.0, 81), [-1e-3, -1e-6, 0.0, 1e-6, 1e-3,
@@ -245,8 +245,7 @@ def post_ops(call: kir.LibraryCall, buffers: dict[int, kir.Buffer], fast_math: b
     out = buffers[k.stores[0].buf]
     if out.dtype != "float32" or buffers[t].dtype != "float32":
         return None
-    if any(isinstance(e, kir.Load) and e.buf == t and not is_flat(e.index, k)
-           for e in kir.walk([k.stores[0].expr])):
+    if not reads_elementwise(k, t):
         return None  # the result's halves (a SwiGLU: kernel/epilogues.reads_halves)
     reader = _Reader(k, t, tuple(buffers[t].shape), fast_math)
     try:
