@@ -103,6 +103,27 @@ def intrinsic(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list,
     return builder.call(f, args, fastmath=fastmath)
 
 
+def vector_load(builder: ir.IRBuilder, at: ir.Value, vty: ir.VectorType,
+                mask: ir.Value | None = None) -> ir.Value:
+    """A float32 vector at `at` (element-aligned); with `mask` (one i1 a lane) only the
+    lanes set are read, the others give 0 (a partial last block: nothing past its end)."""
+    if mask is None:
+        return builder.load(at, typ=vty, align=4)
+    return intrinsic(builder, f"llvm.masked.load.v{vty.count}f32.p0", vty,
+                     [at, ir.Constant(ir.IntType(32), 4), mask,
+                      ir.Constant(vty, [0.0] * vty.count)])
+
+
+def vector_store(builder: ir.IRBuilder, v: ir.Value, at: ir.Value,
+                 mask: ir.Value | None = None) -> None:
+    """Store float32 vector v at `at` (element-aligned); with `mask`, its lanes set only."""
+    if mask is None:
+        builder.store(v, at, align=4)
+    else:
+        intrinsic(builder, f"llvm.masked.store.v{v.type.count}f32.p0", ir.VoidType(),
+                  [v, at, ir.Constant(ir.IntType(32), 4), mask])
+
+
 def splat(builder: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
     """x (a scalar of any type) in every lane of a vector of `lanes` lanes."""
     vty = ir.VectorType(x.type, lanes)

@@ -44,7 +44,15 @@ import numpy as np
 from autoclust.backends.cpu import jit, pool
 from autoclust.backends.cpu import packed_epilogue as epi
 from autoclust.backends.cpu.jit import has_avx512
-from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, kernel_entry, splat
+from autoclust.backends.cpu.loops import (
+    entry_alloca,
+    for_range,
+    intrinsic,
+    kernel_entry,
+    splat,
+    vector_load,
+    vector_store,
+)
 from llvmlite import ir
 
 from autoclust.kernel import ir as kir
@@ -450,22 +458,12 @@ class _Emitter:
         return b.gep(self.ptr["c"], [at], source_etype=F32)
 
     def _load_c(self, row: ir.Value, col0: ir.Value, u: int, mask: list | None) -> ir.Value:
-        b, vty = self.b, self.vty
-        at = self._c_ptr(row, col0, u)
-        if mask is None:
-            return b.load(at, typ=vty, align=4)
-        return intrinsic(b, f"llvm.masked.load.v{self.vw}f32.p0", vty,
-                         [at, I32(4), mask[u], ir.Constant(vty, [0.0] * self.vw)])
+        return vector_load(self.b, self._c_ptr(row, col0, u), self.vty,
+                           None if mask is None else mask[u])
 
     def _store_c(self, v: ir.Value, row: ir.Value, col0: ir.Value, u: int,
                  mask: list | None) -> None:
-        b = self.b
-        at = self._c_ptr(row, col0, u)
-        if mask is None:
-            b.store(v, at, align=4)
-        else:
-            intrinsic(b, f"llvm.masked.store.v{self.vw}f32.p0", ir.VoidType(),
-                      [v, at, I32(4), mask[u]])
+        vector_store(self.b, v, self._c_ptr(row, col0, u), None if mask is None else mask[u])
 
     def _finish(self, v: ir.Value, col0: ir.Value, u: int, mask: list | None) -> ir.Value:
         """alpha * acc + beta * bias, as Gemm computes it (MatMul: acc)."""
@@ -478,9 +476,7 @@ class _Emitter:
             bias = splat(b, b.load(self.ptr["bias"], typ=F32), self.vw)
         else:
             at = b.gep(self.ptr["bias"], [b.add(col0, I64(u * self.vw))], source_etype=F32)
-            bias = b.load(at, typ=vty, align=4) if mask is None else intrinsic(
-                b, f"llvm.masked.load.v{self.vw}f32.p0", vty,
-                [at, I32(4), mask[u], ir.Constant(vty, [0.0] * self.vw)])
+            bias = vector_load(b, at, vty, None if mask is None else mask[u])
         if spec.beta != 1.0:
             bias = b.fmul(bias, splat(b, F32(spec.beta), self.vw))
         return b.fadd(v, bias)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from autoclust.backends.cpu import mathops, vectorize
 from autoclust.backends.cpu.llvm_types import constant
-from autoclust.backends.cpu.loops import intrinsic, splat
+from autoclust.backends.cpu.loops import splat, vector_load, vector_store
 from llvmlite import ir
 
 from autoclust.kernel import ir as kir
@@ -44,7 +44,7 @@ from autoclust.kernel.epilogues import is_flat, reads_halves
 from autoclust.kernel.indexing import contiguous_strides
 from autoclust.kernel.passes import renumber
 
-I32, I64 = ir.IntType(32), ir.IntType(64)
+I64 = ir.IntType(64)
 F32 = ir.FloatType()
 OPS = vectorize.FLOAT_OPS | {"select"}
 
@@ -200,7 +200,8 @@ class Emitter:
         flat = self.b.add(self.b.mul(row, I64(self.n)), col)
         for s in self.p.kernel.stores:
             v = self._value(s.expr, t, col, offsets, mask, memo)
-            self._put(self.ptr[s.buf], flat, v, mask)
+            at = self.b.gep(self.ptr[s.buf], [flat], source_etype=F32)
+            vector_store(self.b, v, at, mask)
 
     def _value(self, e: kir.Expr, t: tuple[ir.Value, ...], col: ir.Value, offsets: dict,
                mask: ir.Value | None, memo: dict) -> ir.Value:
@@ -229,20 +230,7 @@ class Emitter:
             at = b.gep(self.ptr[e.buf], [off], source_etype=F32)
             return splat(b, b.load(at, typ=F32), self.lanes)
         at = b.gep(self.ptr[e.buf], [b.add(off, col)], source_etype=F32)
-        if mask is None:
-            return b.load(at, typ=self.vty, align=4)
-        return intrinsic(b, f"llvm.masked.load.v{self.lanes}f32.p0", self.vty,
-                         [at, I32(4), mask, ir.Constant(self.vty, [0.0] * self.lanes)])
-
-    def _put(self, base: ir.Value, flat: ir.Value, v: ir.Value, mask: ir.Value | None
-             ) -> None:
-        b = self.b
-        at = b.gep(base, [flat], source_etype=F32)
-        if mask is None:
-            b.store(v, at, align=4)
-        else:
-            intrinsic(b, f"llvm.masked.store.v{self.lanes}f32.p0", ir.VoidType(),
-                      [v, at, I32(4), mask])
+        return vector_load(b, at, self.vty, mask)
 
 
 @dataclasses.dataclass
