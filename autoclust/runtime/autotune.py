@@ -3,8 +3,8 @@
 A drop-in that makes a model slower is worse than none, and no cost model knows this CPU,
 this onnxruntime and this shape. So at the first runs of a new signature a `Trial` serves
 the cluster: it returns the compiled outputs, and once the executable has settled (the
-CPU backend prepacks GEMM weights in the background after a compile) it also runs
-onnxruntime over the same subgraph (the cluster's standalone ONNX, as dumps write it) on
+CPU backend prepacks GEMM weights and measures each GEMM's library after a compile: the
+SETTLE_* limits) it also runs onnxruntime over the same subgraph (the cluster's standalone ONNX, as dumps write it) on
 the same inputs, alternating which side goes first, with the threads the run uses. After
 a few pairs `decide` keeps the faster:
 
@@ -24,10 +24,9 @@ trial against one onnxruntime session over the whole model (`WholePlan`) has a b
 its own, of the same size. A trial decides on a few pairs in one window of time, so the
 winner of a first trial is then timed as it serves (`Watch`, two clock reads a run): if it
 runs slower than the loser did in the trial, one second trial decides for good. Every
-decision, with both times, goes to `explain` and, with
---cache_dir, to a small JSON file keyed by the cluster, the signature, the flags that
-change code, the versions and the CPU, so a second process does not measure again (and
-does not even compile a cluster that lost).
+decision, with both times, goes to `explain` and, with --cache_dir, to a small JSON file
+keyed by the cluster, the signature, the flags that change code, the versions and the
+CPU, so a second process does not measure again (nor compile a cluster that lost).
 """
 
 from __future__ import annotations
@@ -54,7 +53,8 @@ MAX_PAIRS = 9      # pairs before the median decides
 MARGIN = 0.03      # a ratio within 1 +- MARGIN is noise: the compiled code stays
 SAMPLE_S = 2e-4    # one timed sample repeats a short cluster until it takes about this long
 MAX_REPEAT = 64
-SETTLE_RUNS = 20   # measure anyway after this many runs of an executable still settling
+SETTLE_RUNS = 400  # measure anyway after this many runs of an executable still settling,
+SETTLE_S = 60.0    # or this many seconds since its first (GPT-2 settles in ~100 runs, 5 s)
 FORMAT = 1         # of the --cache_dir entries; bump when their meaning changes
 WATCH_RUNS = 12    # runs of a first trial's winner per look at its time as it serves
 WATCH_LOOKS = 2    # looks before the decision stands unwatched
@@ -178,6 +178,8 @@ class Trial:
         self.warm = True  # each timed run after an untimed one (_time); not for long runs
         self.pair_s = 0.0  # what the last pair cost beyond the caller's run
         self.runs = 0
+        self.since: float | None = None  # the clock at the first run
+        self.unsettled = False  # measured before the executable settled (SETTLE_*)
         self.finished = False
         self._lock = threading.Lock()
 
@@ -187,11 +189,22 @@ class Trial:
             return self.exe.run(inputs)
         try:
             self.runs += 1
-            if self.finished or (not self.settled() and self.runs < SETTLE_RUNS):
+            if self.finished or self._settling():
                 return self.exe.run(inputs)
             return self._measure(inputs)
         finally:
             self._lock.release()
+
+    def _settling(self) -> bool:
+        """Whether to wait for the executable: GEMM measurements slow its first ~100 runs
+        (GPT-2: 35-120 ms a run against 18; timed at its 20th run, the old limit, it lost
+        44 ms to 27 and was handed back for good in one process of three)."""
+        now = self.clock()
+        self.since = now if self.since is None else self.since
+        if self.settled() or self.unsettled:
+            return False
+        self.unsettled = self.runs >= SETTLE_RUNS or now - self.since >= SETTLE_S
+        return not self.unsettled
 
     def _measure(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if self.ort is None:
@@ -257,6 +270,8 @@ class Trial:
             assert final is not None  # final=True always decides
             verdict = (final[0], f"{note}; {final[1]}")
         winner, reason = verdict
+        if self.unsettled:
+            reason = f"measured before the executable settled; {reason}"
         measured = bool(self.compiled_s)
         decision = Decision(
             self.name, self.signature, winner, reason,

@@ -117,6 +117,28 @@ def test_trial_waits_for_the_executable_to_settle():
     assert done[0][0].winner == ONNXRUNTIME
 
 
+def test_trial_waits_for_a_slow_settle_then_measures_and_says_so():
+    """GPT-2's executable takes ~100 runs (5 s) to settle; a trial measuring it at its 20th
+    run (the old limit) handed it back for good. It waits SETTLE_RUNS runs or SETTLE_S
+    seconds, then measures and names the doubt in the reason."""
+    trial, exe, seg, done, _ = _trial(8.0, 10.0, settled=lambda: False)
+    for _ in range(100):  # 0.8 s of fake time: still waiting
+        trial.run([])
+    assert seg.runs == 0 and not done
+    while not done:
+        trial.run([])
+    assert exe.runs >= autotune.SETTLE_RUNS or trial.clock() >= autotune.SETTLE_S
+    (decision, _), = done
+    assert decision.winner == COMPILED
+    assert decision.reason.startswith("measured before the executable settled; faster")
+    # the time bound: long runs stop waiting after SETTLE_S seconds
+    trial, exe, seg, done, _ = _trial(1000.0, 10.0, settled=lambda: False)
+    while not done:
+        trial.run([])
+    assert autotune.SETTLE_S <= 1000 * exe.runs / 1e3 < autotune.SETTLE_S + 10
+    assert done[0][0].winner == ONNXRUNTIME
+
+
 def test_trial_respects_the_budget():
     # onnxruntime's warm-up costs 10 ms; a pair 30 ms beside the caller's compiled run
     # (each side one untimed and one timed run): a 45 ms budget allows one pair

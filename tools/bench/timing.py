@@ -59,7 +59,7 @@ def autoclust_session(model: Any, threads: int, flags: str = "") -> Any:
     return autoclust.InferenceSession(model, ort_options(threads), **overrides)
 
 
-def settle(sess: Any, feeds: dict[str, Any], max_runs: int = 120) -> int:
+def settle(sess: Any, feeds: dict[str, Any], max_runs: int = 600) -> int:
     """Run `sess` until its steady state: prepacked GEMM weights built in the background
     and measured placement decided for this signature (its trials, and the looks at their
     winners as they serve: autotune.Watch). Returns the runs it took."""
