@@ -79,8 +79,14 @@ POLLING = True
 # (Whisper's 1500 frames, ConvNeXt's 3136 and 784 positions) it won alone in turn
 # (Whisper's [1500, 384] x [384, 1536] 6.6 against 7.2 ms) but the plans read 1-2% slower
 # than with those calls left to MLAS (ConvNeXt 1.029 against 1.044, Whisper 1.005
-# against 1.023, two A/Bs each).
+# against 1.023, two A/Bs each). There it runs level with MLAS (320-340 GFLOP/s), so it
+# wins where it computes the call's epilogue in its store: the pass over the result that
+# it saves (a GELU over [3136, 384] read and written again, ~0.3 ns an element in this VM)
+# is worth more than the rows' cache effects. With an epilogue inside it takes up to
+# MAX_ROWS_EPILOGUE rows (A/B against 512, one process, 12 rounds: Swin 1.094 and 1.081,
+# ConvNeXt 1.021, Whisper 0.990 and 1.022).
 MAX_ROWS = 512
+MAX_ROWS_EPILOGUE = 4096
 
 
 def rows_per_tile() -> int:
@@ -140,8 +146,9 @@ class PackedSpec:
 
 
 def spec_for(op: str, attrs: dict, in_types: list, out_types: list,
-             constants: dict[int, np.ndarray]) -> PackedSpec | None:
-    """The PackedSpec of a MatMul or Gemm call with a constant 2-D B, else None."""
+             constants: dict[int, np.ndarray], epilogue: bool = False) -> PackedSpec | None:
+    """The PackedSpec of a MatMul or Gemm call with a constant 2-D B, else None;
+    `epilogue`: one computed in the store (more rows: MAX_ROWS_EPILOGUE)."""
     if op not in ("MatMul", "Gemm") or 1 not in constants or len(out_types) != 1:
         return None
     types = [t for t in in_types if t is not None] + list(out_types)
@@ -154,7 +161,8 @@ def spec_for(op: str, attrs: dict, in_types: list, out_types: list,
         return None
     k, n = (sb[1], sb[0]) if attrs.get("transB", 0) else sb
     m = math.prod(sa[:-1])
-    if sa[-1] != k or 2 * m * k * n < MIN_FLOPS or m > MAX_ROWS:
+    if sa[-1] != k or 2 * m * k * n < MIN_FLOPS or \
+            m > (MAX_ROWS_EPILOGUE if epilogue else MAX_ROWS):
         return None
     bias, alpha, beta = "", float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     if op == "Gemm" and len(in_types) > 2 and in_types[2] is not None:
@@ -176,7 +184,7 @@ def builder(op: str, attrs: dict, in_types: list, out_types: list, threads: int,
     runner)."""
     if any(lay is not None for lay in layouts):
         return None
-    spec = spec_for(op, attrs, in_types, out_types, constants)
+    spec = spec_for(op, attrs, in_types, out_types, constants, epilogue is not None)
     if spec is None:
         return None
     bias = constants.get(2) if spec.bias else None
@@ -198,7 +206,7 @@ def inline_epilogue(call: kir.LibraryCall, by_id: dict[int, kir.Buffer],
     flat = list(in_types)
     if call.op == "Gemm" and len(flat[0][1]) > 2:  # as library._flattened_gemm passes it on
         flat[0] = (flat[0][0], (math.prod(flat[0][1][:-1]), flat[0][1][-1]))
-    spec = spec_for(call.op, dict(call.attrs), flat, out_types, consts)
+    spec = spec_for(call.op, dict(call.attrs), flat, out_types, consts, epilogue=True)
     if spec is None:
         return None
     plan = epi.plan(call.epilogue, call.outputs[0], by_id, spec.n, NP)

@@ -114,13 +114,14 @@ def test_avx2_blocking(monkeypatch):
 
 
 def test_which_calls_it_takes():
-    """Constant 2-D float32 weights, at most MAX_ROWS rows, enough work."""
+    """Constant 2-D float32 weights, at most MAX_ROWS rows (MAX_ROWS_EPILOGUE with an
+    epilogue in the store), enough work."""
     def spec(op="MatMul", a=(128, 768), b=(768, 3072), attrs=None, consts=(1,), dtype=F32,
-             c=None):
+             c=None, epilogue=False):
         ins = [(dtype, a), (dtype, b)] + ([] if c is None else [(dtype, c)])
         n = b[0] if (attrs or {}).get("transB") else b[-1]
         return packed.spec_for(op, attrs or {}, ins, [(dtype, a[:-1] + (n,))],
-                               {i: None for i in consts})
+                               {i: None for i in consts}, epilogue)
     assert spec() == packed.PackedSpec(128, 768, 3072)
     assert spec(a=(2, 64, 768)).m == 128               # batch dims join the rows
     assert spec(consts=()) is None                      # weights computed in the plan
@@ -129,6 +130,8 @@ def test_which_calls_it_takes():
     assert spec(a=(128, 3072), b=(3072, 768)).kblocks() == [(0, 768), (768, 1536),
                                                             (1536, 2304), (2304, 3072)]
     assert spec(a=(1024, 768)) is None                  # many rows: MLAS's (measured)
+    assert spec(a=(1, 56, 56, 768), epilogue=True).m == 3136  # unless it saves a pass
+    assert spec(a=(4097, 768), epilogue=True) is None
     assert spec(a=(8, 64), b=(64, 64)) is None          # small: generated or NumPy
     assert spec("Gemm", (64, 768), (768, 512), c=(64, 512)) is None  # a full C
     assert spec("Gemm", (64, 768), (768, 512), {"transA": 1}) is None
