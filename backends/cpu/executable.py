@@ -92,7 +92,7 @@ def group_native(steps: list, keep: list) -> list[Callable[[], None]]:
         bounds = (ctypes.c_int64 * (2 * n))(*[v for r in run for v in (r.start, r.stop)])
         keep.extend((fns, bufs, bounds))
         small = sum(r.work for r in run) < GIL_HELD_WORK
-        driver = (DRIVER_FN_GIL if small else DRIVER_FN)(jit.driver_address())
+        driver = (DRIVER_FN_GIL if small else DRIVER_FN)(jit.driver_address(pool.cache_dir()))
         args = (ctypes.addressof(fns), ctypes.addressof(bufs), ctypes.addressof(bounds), n)
         out.append(functools.partial(driver, *args))  # no Python frame per run
         run.clear()
@@ -446,8 +446,14 @@ class Executable:
         # what it stores goes to buffers of its own: the background thread may run it
         # between runs (packed_epilogue.Inline), when a bound buffer may hold what a run
         # handed out
+        # and the slots of buffers it never touches point at one dummy (an unbound
+        # kernel's site is the whole pointer array: zeros for every input and output of
+        # the plan, per epilogue, cost a warm BERT-base process's first run 30 ms)
         stored = {s.buf for s in k.stores}
-        arrays = [self._arrays[b] if self._arrays[b] is not None and b not in stored else
+        used = stored | kir.loaded_buffers(k)
+        dummy = np.zeros(16, np.float64)
+        arrays = [dummy if b not in used else self._arrays[b]
+                  if self._arrays[b] is not None and b not in stored else
                   np.zeros(self.buffers[b].shape, self.buffers[b].dtype) for b in ids]
         # the layout _site gives the kernel: buffers, the guard array (--check_bounds),
         # then the symbolic dims' values its code reads
