@@ -75,8 +75,10 @@ def deferred_operands(graph: Graph, library: set[str], folds: dict[str, Node],
         if node.name not in library or node.name in folds or \
                 not views.takes_views(node, view_ops):
             continue
-        out.update((node.name, v.name) for v in node.inputs[:2]
+        out.update((node.name, v.name) for v in node.inputs[:views.view_inputs(node)]
                    if v is not None and views.maybe_view(graph, v))
+        if node.op == views.ATTENTION:
+            continue
         y = node.outputs[0]
         w = views.chain_end(graph, y)
         if w is not None and (w in graph.outputs or any(

@@ -27,6 +27,7 @@ from autoclust import ops, symbolic
 from autoclust.ir import Graph, Node, Value
 from autoclust.kernel import ir as kir
 from autoclust.kernel.indexing import contiguous_strides
+from autoclust.ops import attention
 
 # Ops whose consumers see the same elements rearranged: a result's chain of these ends
 # in the buffer it can be written into.
@@ -39,9 +40,22 @@ Probe = Callable[[Value, Value | None], kir.Expr | None]
 
 
 def takes_views(node: Node, ops_with_views: frozenset) -> bool:
-    """Whether `node` is a library call whose operands 0 and 1 and result may be views."""
-    return node.op in ops_with_views and node.domain in ("", "ai.onnx", "com.microsoft") \
+    """Whether `node` is a library call whose leading operands (view_inputs) and, unless
+    it is attention, result may be views."""
+    return node.op in ops_with_views and node.domain in ("", "ai.onnx", "com.microsoft",
+                                                         ATTENTION_DOMAIN) \
         and len(node.outputs) == 1
+
+
+# FusedAttention (ops/attention.py) reads Q, K and V through views of its own; a backend
+# taking its operands as views too (the CPU: a sibling-fused QKV projection's Slices,
+# read where they lie instead of copied out) composes the two. Its result stays a buffer.
+ATTENTION, ATTENTION_DOMAIN = attention.OP, attention.DOMAIN
+
+
+def view_inputs(node: Node) -> int:
+    """How many leading operands of a library call that takes views may be views."""
+    return 3 if node.op == ATTENTION else 2
 
 
 def maybe_view(graph: Graph, v: Value) -> bool:

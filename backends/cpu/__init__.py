@@ -31,6 +31,7 @@ from autoclust.backends.cpu.executable import Arena, Executable
 from llvmlite import ir
 
 from autoclust import ops, symbolic
+from autoclust.errors import CompileError
 from autoclust.flags import Flags
 from autoclust.ir import Graph, Node
 from autoclust.kernel import ir as kir
@@ -62,7 +63,7 @@ POLICY = Policy(
     generates=_takes_conv,                                  # but depthwise and tiling Convs
     onnxruntime_epilogues=ops.in_group("CONV_EPILOGUE"),   # BatchNorm, Relu, Add, ...
     fold_bias="alone",
-    library_views=frozenset({"MatMul", "FusedMatMul"}),
+    library_views=frozenset({"MatMul", "FusedMatMul", "FusedAttention"}),
     library_epilogues=frozenset({"MatMul", "FusedMatMul", "Gemm"}),
     writes_over=inplace.writes_over,                        # softmax over its scores, ...
     symbolic_dims=True,
@@ -243,7 +244,12 @@ def _generated_spec(t: kir.Thunk, buffers: dict
     if t.op == "Conv":
         return dwconv.spec_for(t, buffers)
     if t.op == "FusedAttention":
-        return attention.spec_for(t, buffers)
+        spec = attention.spec_for(t, buffers)
+        if spec is None and any(v is not None for v in t.views):
+            # the NumPy reference would read the views' buffers as if dense
+            raise CompileError(f"FusedAttention ({', '.join(t.nodes)}) reads operands in "
+                               "place that its generated kernel does not take")
+        return spec
     spec = gemm.spec_for(t, buffers)
     # symbolic rows are a run-time range; other symbolic sizes need a library call
     return spec if spec is not None and not symbolic.has_syms(gemm.code_spec(spec)) else None

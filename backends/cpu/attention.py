@@ -31,7 +31,11 @@ guard: the reference's every p is NaN then), a +inf score too (inf - inf).
 
 Q, K, V and the mask are read in place through their views (head split, K's transpose,
 grouped-query heads' repeat: ops/attention.py), with their sizes and strides in the code:
-one object per distinct attention shape, shared by a model's layers. float32 only (the CPU
+one object per distinct attention shape, shared by a model's layers. Where the call itself
+reads Q, K or V through a view (the CPU policy's library_views: ViT's projections are
+Slices of one sibling-fused GEMM's result, which a kernel used to copy out, 175 us a
+layer on ViT-base), `_compose` maps the op's view through it and the view starts at an
+element offset (AttnSpec.bases). float32 only (the CPU
 policy fuses nothing else); head dims up to MAX_HEAD_DIM (the stack holds the block's Q,
 output and one tile's scores: 48 KB at 128).
 """
@@ -41,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 from autoclust.backends.cpu import mathlib
 from autoclust.backends.cpu.jit import has_avx512
 from autoclust.backends.cpu.loops import entry_alloca, for_range, intrinsic, kernel_entry, splat
@@ -62,6 +67,7 @@ MAX_HEAD_DIM = 128
 # LLaMA-like 0.99, Qwen2-like 1.02, T5 1.01, ViT (197) 1.01, DeiT 1.01, Whisper (750) 1.05.
 MIN_KEYS = 192
 BK = 64            # keys per tile: its scores (BK x RB floats) stay in L1
+CHECK = 1 << 22    # elements of an operand view _compose checks one by one, at most
 LOG_TINY = math.log(float.fromhex("0x1p-126"))  # below: exp gives 0 (float32's smallest
 # normal; Softmax feeding a GEMM flushes the same: ops/normalization.py)
 
@@ -82,6 +88,7 @@ class AttnSpec:
     causal: int
     offset: int
     nan_to_zero: int
+    bases: tuple = ()          # element offset of each view in its buffer (empty: 0s)
 
     @property
     def rows(self) -> int:
@@ -120,6 +127,14 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> AttnSpec | N
     ids = list(t.inputs[:3]) + list(t.outputs)
     if any(buffers[b].dtype != "float32" for b in ids):
         return None
+    bases = [0] * len(views)
+    for j in range(3):  # operands the call reads in place (kernel/views.py): compose
+        call_view = t.view(j)
+        if call_view is not None:
+            composed = _compose(views[j], call_view)
+            if composed is None:
+                return None
+            views[j], bases[j] = composed
     q, k, v = views[:3]
     nb = math.prod(int(x) for x in a.get("batch", []))
     sq, sk, d, dv = q[1][0], k[1][0], q[2][0], v[2][0]
@@ -127,12 +142,52 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> AttnSpec | N
     if symbolic.has_syms(ints) or min(nb, sq, sk, d, dv) < 1 or max(d, dv) > MAX_HEAD_DIM \
             or min(ints) < 0 or k[2][0] != d or v[1][0] != sk:
         return None
-    if any(_last(view) >= buffers[b].size for view, b in zip(views, t.inputs)) or \
+    if any(base + _last(view) >= buffers[b].size
+           for view, base, b in zip(views, bases, t.inputs)) or \
             buffers[t.outputs[0]].size != nb * sq * dv:
         return None  # a view past its buffer: the code would read outside it
     return AttnSpec(nb, sq, sk, d, dv, tuple(views), mask, float(a.get("scale", 1.0)),
                     float(a.get("fill", -math.inf)), int(a.get("causal", 0)),
-                    int(a.get("causal_offset", 0)), int(a.get("nan_to_zero", 0)))
+                    int(a.get("causal_offset", 0)), int(a.get("nan_to_zero", 0)),
+                    tuple(bases) if any(bases) else ())
+
+
+def _compose(view: attn.View, call: kir.View) -> tuple[attn.View, int] | None:
+    """The op's view of an operand (over the operand's own contiguous elements) through
+    the call's view of that operand in a larger buffer (ViT's Q, a Slice of the fused
+    QKV projection: rows 2304 apart from element 0, 768 or 1536): (view over the
+    buffer, element offset), or None where a sub-dim would walk across the operand's
+    axes. Each sub-dim (n, s) walks one axis a of the operand (s a multiple of the axis's
+    place value p, the walk inside it): in the buffer it steps s / p * call.strides[a];
+    the result is checked element by element against the two maps composed."""
+    shape = tuple(int(x) for x in call.shape)
+    if symbolic.has_syms(list(call.strides) + [call.offset]) or 0 in shape:
+        return None
+    place = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+
+    def moved(n: int, st: int) -> tuple[int, int] | None:
+        if n == 1 or st == 0:
+            return (n, 0)
+        for a, p in enumerate(place):  # outermost first: the largest place value fitting
+            if st % p == 0 and (n - 1) * (st // p) < shape[a]:
+                return (n, st // p * int(call.strides[a]))
+        return None
+
+    batch, row, col = view
+    subs = [moved(n, st) for n, st in (*batch, row, col)]
+    if any(sd is None for sd in subs) or math.prod(n for n, _ in (*batch, row, col)) > CHECK:
+        return None
+    out = (tuple(subs[:-2]), subs[-2], subs[-1])
+    # every element: the op's offset in the operand, unravelled and mapped by the call's
+    # view, against the composed view's offset in the buffer
+    grids = np.meshgrid(*[np.arange(n) for n, _ in (*batch, row, col)], indexing="ij")
+    inner = sum(g * st for g, (_, st) in zip(grids, (*batch, row, col)))
+    if int(np.max(inner)) >= math.prod(shape):
+        return None
+    want = int(call.offset) + sum(i * int(st) for i, st in
+                                  zip(np.unravel_index(inner, shape), call.strides))
+    got = int(call.offset) + sum(g * st for g, (_, st) in zip(grids, subs))
+    return (out, int(call.offset)) if np.array_equal(got, want) else None
 
 
 def _last(view: attn.View) -> int:
@@ -216,11 +271,12 @@ class _Emitter:
                          [addrs, I32(4 if ty == F32 else 1), valid, zero])
 
     def offsets(self, bi: ir.Value) -> list[ir.Value]:
-        """Each view's element offset of batch index bi (mixed radix over its batch
-        sub-dims, last fastest)."""
+        """Each view's element offset of batch index bi (its base, then a mixed radix over
+        its batch sub-dims, last fastest)."""
         b, out = self.b, []
-        for batch, _, _ in self.s.views:
-            off, rest = I64(0), bi
+        bases = self.s.bases or (0,) * len(self.s.views)
+        for (batch, _, _), base in zip(self.s.views, bases):
+            off, rest = I64(base), bi
             for size, stride in reversed(batch):
                 off = b.add(off, b.mul(b.urem(rest, I64(size)), I64(stride)))
                 rest = b.udiv(rest, I64(size))

@@ -23,6 +23,7 @@ from support.attention_models import (
     bert_like,
     dynamo_like,
     fused_calls,
+    projected,
     select_like,
     torch_like,
 )
@@ -214,4 +215,56 @@ def test_the_avx2_blocking_matches_onnxruntime(any_length, monkeypatch, name, bu
     sess, got = _run(model, feeds, threads=2)
     (spec,) = _generated(sess)
     assert spec.rows == spec.nb * -(-spec.sq // 16)
+    _close(got, _ort(model, feeds)[0])
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_projections_are_read_where_the_fused_gemm_wrote_them(any_length, monkeypatch, views):
+    """ViT's Q, K and V are Slices of one sibling-fused GEMM's result: with FusedAttention
+    among the policy's library_views the kernel reads them there (bases 0, E, 2E, rows 3E
+    apart) instead of a kernel copying each out first (ViT-base: 175 us a layer)."""
+    if not views:
+        monkeypatch.setattr(cpu, "POLICY", dataclasses.replace(
+            cpu.POLICY, library_views=cpu.POLICY.library_views - {"FusedAttention"}))
+    model = projected(2, 37, 3, 16)
+    feeds = _feeds(model)
+    feeds["x"][1, 3, :4] = [np.inf, -np.inf, np.nan, 1e20]  # batch 1, row 3: NaN throughout
+    sess, got = _run(model, feeds, threads=2)
+    (call,) = fused_calls(sess)
+    (spec,) = _generated(sess)
+    exe = next(iter(sess._runtime.compiled_clusters()[0].cache.values()))
+    kernels = sum(1 for t in exe.program.thunks if not hasattr(t, "op"))
+    if views:
+        assert len({b for b in call.inputs[:3]}) == 1 and all(call.views[:3])
+        assert spec.bases[:3] == (0, 48, 96) and spec.views[0][1] == (37, 144)
+    else:
+        assert not call.views and spec.bases == ()
+    _close(got, _ort(model, feeds)[0])
+    # the Q/K/V copy goes (the heads' merge stays: a transpose, then the graph output)
+    assert kernels == (2 if views else 3), exe.program.thunks
+
+
+def test_compose_refuses_a_walk_across_axes():
+    """attention._compose maps the op's view of an operand through the call's view of it:
+    a sub-dim stepping across the operand's rows has no single stride in the buffer."""
+    from autoclust.kernel import ir as kir
+    call = kir.View((4, 6), (10, 1), 3)  # a [4, 6] operand, rows 10 apart, from element 3
+    assert attention._compose(((), (4, 6), (6, 1)), call) == (((), (4, 10), (6, 1)), 3)
+    assert attention._compose((((2, 3),), (4, 6), (3, 1)), call) == \
+        ((((2, 3),), (4, 10), (3, 1)), 3)
+    assert attention._compose(((), (8, 3), (3, 1)), call) is None  # 3-wide rows of 6
+
+
+def test_operands_in_place_that_the_kernel_refuses_fall_back(any_length, monkeypatch):
+    """A FusedAttention reading views that attention.spec_for cannot compose must not run
+    the NumPy reference (it would read the views' buffer as dense): the compile fails,
+    --must_compile says why, and by default onnxruntime serves with one warning."""
+    monkeypatch.setattr(attention, "_compose", lambda view, call: None)
+    model = projected(1, 20, 2, 8)
+    feeds = _feeds(model)
+    with pytest.raises(autoclust.errors.NotCompilableError, match="reads operands in place"):
+        _run(model, feeds)
+    sess = autoclust.InferenceSession(model, min_cluster_size=1, autotune=False)
+    with pytest.warns(RuntimeWarning, match="reads operands in place"):
+        got = sess.run(None, feeds)[0]
     _close(got, _ort(model, feeds)[0])

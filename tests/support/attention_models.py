@@ -49,6 +49,32 @@ def bert_like(b, s, h, d, dtype="float32"):
     return _model(nodes, ins, [_info("y", dtype, [b, s, h, d])], [_const("c", d ** 0.5, dtype)])
 
 
+def projected(b, s, h, d, seed=0):
+    """ViT's and BERT's attention with its projections: x [B, S, H*D] times three constant
+    weights plus biases (one GEMM after passes/siblings.py, Q, K and V Slices of it), head
+    split by Reshape and Transpose, Div by sqrt(D), an additive mask, merged heads."""
+    rng = np.random.default_rng(seed)
+    e = h * d
+    nodes, inits = [], [_const("c", d ** 0.5), _const("heads", [b, s, h, d], "int64"),
+                        _const("merged", [b, s, e], "int64")]
+    for n, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        inits += [_const(f"w{n}", rng.standard_normal((e, e)) / np.sqrt(e)),
+                  _const(f"b{n}", rng.standard_normal(e))]
+        nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}0"]),
+                  helper.make_node("Add", [f"{n}0", f"b{n}"], [f"{n}1"]),
+                  helper.make_node("Reshape", [f"{n}1", "heads"], [f"{n}2"]),
+                  helper.make_node("Transpose", [f"{n}2"], [f"{n}h"], perm=perm)]
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s0"]),
+              helper.make_node("Div", ["s0", "c"], ["s1"]),
+              helper.make_node("Add", ["s1", "mask"], ["s2"]),
+              helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vh"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["o2"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o2", "merged"], ["y"])]
+    ins = [_info("x", "float32", [b, s, e]), _info("mask", "float32", [b, 1, 1, s])]
+    return _model(nodes, ins, [_info("y", "float32", [b, s, e])], inits)
+
+
 def dynamo_like(b, h, hkv, sq, sk, d, dv, dtype="float32", mask=True, guard=True):
     """torch.onnx.export(dynamo=True)'s scaled_dot_product_attention: q and k scaled by
     D^-1/4 each, K transposed as Reshape/Transpose/Reshape, GQA heads by Unsqueeze/Expand/
