@@ -428,3 +428,17 @@ def test_exports_compile_autoclust_to_bytecode_first():
             os.remove(path)
     bench_exports.compile_bytecode()
     assert all(os.path.exists(p) for p in compiled), compiled
+
+
+def test_a_failed_torch_child_names_where_it_failed():
+    """`autoclust bench --torch` keeps a failed child's last line and, from its traceback,
+    the innermost frame (a ViT child once died of a UnicodeDecodeError whose line alone
+    did not say where)."""
+    from autoclust.tools.bench import torch as bench_torch
+    stderr = ("noise\nTraceback (most recent call last):\n  File \"/a.py\", line 3, in f\n"
+              "    g()\n  File \"/b.py\", line 9, in g\n    h()\n"
+              "UnicodeDecodeError: 'ascii' codec can't decode byte 0xe2\n")
+    assert bench_torch._failure(stderr) == ("UnicodeDecodeError: 'ascii' codec can't decode "
+                                            "byte 0xe2 (at File \"/b.py\", line 9, in g)")
+    assert bench_torch._failure("killed\n") == "killed"
+    assert bench_torch._failure("") == "failed"
