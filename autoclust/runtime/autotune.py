@@ -3,10 +3,10 @@
 A drop-in that makes a model slower is worse than none, and no cost model knows this CPU,
 this onnxruntime and this shape. So at the first runs of a new signature a `Trial` serves
 the cluster: it returns the compiled outputs, and once the executable has settled (the
-CPU backend prepacks GEMM weights and measures each GEMM's library after a compile: the
-SETTLE_* limits) it also runs onnxruntime over the same subgraph (the cluster's standalone ONNX, as dumps write it) on
-the same inputs, alternating which side goes first, with the threads the run uses. After
-a few pairs `decide` keeps the faster:
+CPU backend prepacks GEMM weights and measures each GEMM's library after a compile; the
+SETTLE_* limits) it also runs onnxruntime over the same subgraph (the cluster's standalone
+ONNX, as dumps write it) on the same inputs, alternating which side goes first, with the
+threads the run uses. After a few pairs `decide` keeps the faster:
 
     pairs (compiled ms, onnxruntime ms): (10.0, 12.1) (10.2, 12.0) (9.9, 12.3)
     -> compiled, faster in every pair: the executable serves from now on
