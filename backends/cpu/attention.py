@@ -43,6 +43,7 @@ output and one tile's scores: 48 KB at 128).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -152,6 +153,7 @@ def spec_for(t: kir.LibraryCall, buffers: dict[int, kir.Buffer]) -> AttnSpec | N
                     tuple(bases) if any(bases) else ())
 
 
+@functools.lru_cache(maxsize=256)
 def _compose(view: attn.View, call: kir.View) -> tuple[attn.View, int] | None:
     """The op's view of an operand (over the operand's own contiguous elements) through
     the call's view of that operand in a larger buffer (ViT's Q, a Slice of the fused
@@ -159,7 +161,8 @@ def _compose(view: attn.View, call: kir.View) -> tuple[attn.View, int] | None:
     buffer, element offset), or None where a sub-dim would walk across the operand's
     axes. Each sub-dim (n, s) walks one axis a of the operand (s a multiple of the axis's
     place value p, the walk inside it): in the buffer it steps s / p * call.strides[a];
-    the result is checked element by element against the two maps composed."""
+    the result is checked element by element against the two maps composed. Cached: a
+    model's layers ask for the same few (the check takes ~1 ms a view)."""
     shape = tuple(int(x) for x in call.shape)
     if symbolic.has_syms(list(call.strides) + [call.offset]) or 0 in shape:
         return None
@@ -173,20 +176,21 @@ def _compose(view: attn.View, call: kir.View) -> tuple[attn.View, int] | None:
                 return (n, st // p * int(call.strides[a]))
         return None
 
-    batch, row, col = view
-    subs = [moved(n, st) for n, st in (*batch, row, col)]
-    if any(sd is None for sd in subs) or math.prod(n for n, _ in (*batch, row, col)) > CHECK:
+    dims = (*view[0], view[1], view[2])
+    subs = [moved(n, st) for n, st in dims]
+    if any(sd is None for sd in subs) or math.prod(n for n, _ in dims) > CHECK:
         return None
-    out = (tuple(subs[:-2]), subs[-2], subs[-1])
-    # every element: the op's offset in the operand, unravelled and mapped by the call's
-    # view, against the composed view's offset in the buffer
-    grids = np.meshgrid(*[np.arange(n) for n, _ in (*batch, row, col)], indexing="ij")
-    inner = sum(g * st for g, (_, st) in zip(grids, (*batch, row, col)))
+    # every element: the op's offset in the operand, its digits by the operand's shape
+    # mapped by the call's strides, against the composed view's offset (both without
+    # the call's offset, which they share); the index ranges broadcast to the full grid
+    ranges = [np.arange(n).reshape((-1,) + (1,) * (len(dims) - 1 - i))
+              for i, (n, _) in enumerate(dims)]
+    inner = sum(r * st for r, (_, st) in zip(ranges, dims))
     if int(np.max(inner)) >= math.prod(shape):
         return None
-    want = int(call.offset) + sum(i * int(st) for i, st in
-                                  zip(np.unravel_index(inner, shape), call.strides))
-    got = int(call.offset) + sum(g * st for g, (_, st) in zip(grids, subs))
+    want = sum(inner // p % n * int(st) for p, n, st in zip(place, shape, call.strides))
+    got = sum(r * st for r, (_, st) in zip(ranges, subs))
+    out = (tuple(subs[:-2]), subs[-2], subs[-1])
     return (out, int(call.offset)) if np.array_equal(got, want) else None
 
 
